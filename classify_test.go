@@ -1,0 +1,299 @@
+package relay
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// cookbookMessages are the example messages of OpenAI's "How to count tokens
+// with tiktoken", whose published counts are 129 prompt tokens for
+// gpt-3.5-turbo-0613 and gpt-4-0613 (cl100k_base) and 124 for gpt-4o and
+// gpt-4o-mini (o200k_base).
+const cookbookMessages = `[
+ {"role": "system", "content": "You are a helpful, pattern-following assistant that translates corporate jargon into plain English."},
+ {"role": "system", "name": "example_user", "content": "New synergies will help drive top-line growth."},
+ {"role": "system", "name": "example_assistant", "content": "Things working well together will increase revenue."},
+ {"role": "system", "name": "example_user", "content": "Let's circle back when we have more bandwidth to touch base on opportunities for increased leverage."},
+ {"role": "system", "name": "example_assistant", "content": "Let's talk later when we're less busy about how to do better."},
+ {"role": "user", "content": "This late pivot means we don't have time to boil the ocean for the client deliverable."}
+]`
+
+func classifyBody(t *testing.T, r *Router, path, body string) Request {
+	t.Helper()
+	return r.classify(http.MethodPost, path, nil, []byte(body)).req
+}
+
+func testRouter(t *testing.T) *Router {
+	t.Helper()
+	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1/v1"}}})
+	require.NoError(t, err)
+	return r
+}
+
+func TestCountCookbookFormula(t *testing.T) {
+	r := testRouter(t)
+	for _, c := range []struct {
+		model string
+		want  int
+	}{
+		{"gpt-3.5-turbo-0613", 129},
+		{"gpt-4-0613", 129},
+		{"gpt-4o", 124},
+		{"gpt-4o-mini", 124},
+	} {
+		t.Run(c.model, func(t *testing.T) {
+			q := classifyBody(t, r, "/v1/chat/completions", `{"model":"`+c.model+`","messages":`+cookbookMessages+`}`)
+			assert.Equal(t, c.want, q.PromptTokens)
+			// Warm memo gives the same count.
+			q = classifyBody(t, r, "/v1/chat/completions", `{"model":"`+c.model+`","messages":`+cookbookMessages+`}`)
+			assert.Equal(t, c.want, q.PromptTokens)
+		})
+	}
+}
+
+func TestEncodingFor(t *testing.T) {
+	for model, want := range map[string]encoding{
+		"gpt-4o": o200k, "gpt-4o-mini-2024-07-18": o200k, "gpt-4.1": o200k, "gpt-5": o200k, "gpt-5.5-codex": o200k,
+		"o1": o200k, "o3-mini": o200k, "o4-mini": o200k,
+		"gpt-4": cl100k, "gpt-4-turbo": cl100k, "gpt-3.5-turbo": cl100k, "text-embedding-3-small": cl100k,
+		"openai/gpt-4": cl100k, "claude-sonnet-4.5": o200k, "gemini-2.5-flash": o200k, "deepseek-v3.2": o200k, "": o200k,
+	} {
+		assert.Equal(t, want, encodingFor(model), model)
+	}
+}
+
+func TestClassifyShapes(t *testing.T) {
+	r := testRouter(t)
+	enc := func(s string) int { return countTokens(o200k, s) }
+	cases := []struct {
+		name, path, body string
+		want             int
+	}{
+		{"chat string", "/v1/chat/completions", `{"model":"gpt-4o","messages":[{"role":"user","content":"Hello world"}]}`,
+			3 + enc("user") + enc("Hello world") + 3},
+		{"chat parts with image", "/v1/chat/completions",
+			`{"model":"gpt-4o","messages":[{"role":"user","content":[{"type":"text","text":"What is this?"},{"type":"image_url","image_url":{"url":"https://x/y.png"}}]}]}`,
+			3 + enc("user") + enc("What is this?") + 85 + 3},
+		{"chat tool call", "/v1/chat/completions",
+			`{"model":"gpt-4o","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},{"role":"tool","tool_call_id":"c1","content":"sunny"}]}`,
+			3 + enc("assistant") + enc("get_weather") + enc(`{"city":"Paris"}`) + 3 + enc("tool") + enc("c1") + enc("sunny") + 3},
+		{"chat empty", "/v1/chat/completions", `{"model":"gpt-4o","messages":[]}`, 3},
+		{"chat no messages", "/v1/chat/completions", `{"model":"gpt-4o"}`, 0},
+		{"chat junk messages", "/v1/chat/completions", `{"model":"gpt-4o","messages":[1,"x",null]}`, 3},
+		{"responses string", "/v1/responses", `{"model":"gpt-4o","instructions":"Be brief.","input":"Hi there"}`,
+			3 + enc("Be brief.") + 3 + enc("Hi there") + 3},
+		{"responses items", "/v1/responses",
+			`{"model":"gpt-4o","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"Hi there"}]},{"type":"function_call_output","call_id":"c1","output":"42"}]}`,
+			3 + enc("user") + enc("Hi there") + 3 + enc("c1") + enc("42") + 3},
+		{"completions string", "/v1/completions", `{"model":"gpt-3.5-turbo-instruct","prompt":"Say this is a test"}`, countTokens(cl100k, "Say this is a test")},
+		{"completions array", "/v1/completions", `{"model":"gpt-4o","prompt":["a b","c d"]}`, enc("a b") + enc("c d")},
+		{"completions token ids", "/v1/completions", `{"model":"gpt-4o","prompt":[[1,2,3],[4]]}`, 4},
+		{"embeddings", "/v1/embeddings", `{"model":"text-embedding-3-small","input":["hello world","bye"]}`, countTokens(cl100k, "hello world") + countTokens(cl100k, "bye")},
+		{"embeddings ids", "/v1/embeddings", `{"model":"text-embedding-3-small","input":[1,2,3]}`, 3},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			q := classifyBody(t, r, c.path, c.body)
+			assert.Equal(t, c.want, q.PromptTokens)
+		})
+	}
+}
+
+func TestClassifyFields(t *testing.T) {
+	r := testRouter(t)
+	q := classifyBody(t, r, "/v1/chat/completions", `{"model":"gpt-4.1","stream":true,"max_completion_tokens":512,"messages":[{"role":"user","content":"x"}]}`)
+	assert.Equal(t, Request{Endpoint: EndpointChat, Model: "gpt-4.1", Stream: true, MaxTokens: 512, PromptTokens: q.PromptTokens, Bucket: BucketShort, Load: r}, q)
+	q = classifyBody(t, r, "/v1/responses", `{"model":"gpt-4.1","max_output_tokens":77,"input":"x"}`)
+	assert.Equal(t, 77, q.MaxTokens)
+	q = classifyBody(t, r, "/v1/chat/completions", `{"model":"gpt-4.1","max_tokens":-5,"stream":"yes"}`)
+	assert.Zero(t, q.MaxTokens)
+	assert.False(t, q.Stream)
+}
+
+func TestClassifyWireFixtures(t *testing.T) {
+	r := testRouter(t)
+	for _, name := range []string{"chat_request_default.json", "chat_request_with_tools.json", "chat_request_recorded_tools_stream.json",
+		"chat_request_stream_include_usage.json", "responses_request_items_input.json", "responses_request_stream_instructions.json",
+		"responses_request_string_input.json"} {
+		t.Run(name, func(t *testing.T) {
+			path := "/v1/chat/completions"
+			if strings.HasPrefix(name, "responses") {
+				path = "/v1/responses"
+			}
+			q := classifyBody(t, r, path, string(fixture(t, name)))
+			assert.Positive(t, q.PromptTokens)
+			assert.NotEmpty(t, q.Model)
+		})
+	}
+}
+
+func TestToolsCountedAndMemoized(t *testing.T) {
+	r := testRouter(t)
+	base := `{"model":"gpt-4o","messages":[{"role":"user","content":"What's the weather like in Boston today?"}]}`
+	with := string(fixture(t, "chat_request_with_tools.json"))
+	without := classifyBody(t, r, "/v1/chat/completions", base).PromptTokens
+	withTools := classifyBody(t, r, "/v1/chat/completions", with).PromptTokens
+	assert.Greater(t, withTools, without+20, "tool definitions count")
+	assert.Equal(t, withTools, classifyBody(t, r, "/v1/chat/completions", with).PromptTokens)
+}
+
+func TestBuckets(t *testing.T) {
+	b := Buckets{Mid: 200, Long: 900}
+	for n, want := range map[int]string{0: "short", 199: "short", 200: "mid", 899: "mid", 900: "long", 1 << 20: "long"} {
+		assert.Equal(t, want, b.Bucket(n), n)
+	}
+	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1"}}, Buckets: Buckets{Mid: 2, Long: 10}})
+	require.NoError(t, err)
+	q := r.classify("POST", "/v1/chat/completions", nil, []byte(chatBody("gpt-4o", "hello")))
+	assert.Equal(t, BucketMid, q.req.Bucket)
+}
+
+func TestMemoBoundedAndResendPaysOnlyNew(t *testing.T) {
+	m := newMemo(64)
+	for i := range 10000 {
+		m.put(o200k, kindText, fmt.Sprintf("message number %d", i), i)
+	}
+	total := 0
+	for i := range m.shards {
+		total += len(m.shards[i].cur) + len(m.shards[i].old)
+	}
+	assert.LessOrEqual(t, total, 64+memoShards*2)
+
+	// A conversation that resends its history counts only new messages.
+	c := newCounter(1024)
+	calls := 0
+	counted := func(s string) int {
+		if _, ok := c.memo.get(o200k, kindText, s); !ok {
+			calls++
+		}
+		return c.count(o200k, s)
+	}
+	history := []string{}
+	for turn := range 5 {
+		history = append(history, strings.Repeat(fmt.Sprintf("turn %d says something long enough to memoize. ", turn), 3))
+		calls = 0
+		for _, h := range history {
+			counted(h)
+		}
+		assert.Equal(t, 1, calls, "turn %d", turn)
+	}
+}
+
+func TestClusterPolicy(t *testing.T) {
+	busy := fakeLoad{"gpt-5.5-codex": true}
+	idle := fakeLoad{}
+	p := ClusterPolicy{Fast: "gemini-2.5-flash", Cheap: "deepseek-v3.2", Fallbacks: []string{"gpt-4.1"}}
+	pb := p
+	pb.WhenBusy = true
+	cases := []struct {
+		name   string
+		p      ClusterPolicy
+		tokens int
+		bucket string
+		load   Load
+		want   Route
+	}{
+		{"window", p, 150, BucketShort, idle, Route{Model: "gemini-2.5-flash", Fallbacks: []string{"gpt-5.5-codex", "gpt-4.1"}, Bucket: BucketShort}},
+		{"window edge low", p, 80, BucketShort, idle, Route{Model: "gemini-2.5-flash", Fallbacks: []string{"gpt-5.5-codex", "gpt-4.1"}, Bucket: BucketShort}},
+		{"window edge high", p, 260, BucketMid, idle, Route{Model: "gemini-2.5-flash", Fallbacks: []string{"gpt-5.5-codex", "gpt-4.1"}, Bucket: BucketMid}},
+		{"below window", p, 79, BucketShort, idle, Route{Model: "gpt-5.5-codex", Fallbacks: []string{"gpt-4.1"}, Bucket: BucketShort}},
+		{"mid", p, 261, BucketMid, idle, Route{Model: "deepseek-v3.2", Fallbacks: []string{"gpt-5.5-codex", "gpt-4.1"}, Bucket: BucketMid}},
+		{"long", p, 5000, BucketLong, idle, Route{Model: "gpt-5.5-codex", Fallbacks: []string{"gpt-4.1"}, Bucket: BucketLong}},
+		{"window when busy", pb, 150, BucketShort, busy, Route{Model: "gemini-2.5-flash", Fallbacks: []string{"gpt-5.5-codex", "gpt-4.1"}, Bucket: BucketShort}},
+		{"window when idle", pb, 150, BucketShort, idle, Route{Model: "gpt-5.5-codex", Fallbacks: []string{"gpt-4.1"}, Bucket: BucketShort}},
+		{"window no load", pb, 150, BucketShort, nil, Route{Model: "gpt-5.5-codex", Fallbacks: []string{"gpt-4.1"}, Bucket: BucketShort}},
+		{"custom window", ClusterPolicy{Fast: "f", WindowMin: 10, WindowMax: 20}, 15, BucketShort, idle, Route{Model: "f", Fallbacks: []string{"gpt-5.5-codex"}, Bucket: BucketShort}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := c.p.Route(Request{Model: "gpt-5.5-codex", PromptTokens: c.tokens, Bucket: c.bucket, Load: c.load})
+			assert.Equal(t, c.want, got)
+		})
+	}
+}
+
+type fakeLoad map[string]bool
+
+func (f fakeLoad) Busy(model string) bool { return f[model] }
+
+func TestDecide(t *testing.T) {
+	r, err := New(Config{
+		Upstreams: []Upstream{
+			{Name: "flash", BaseURL: "http://127.0.0.1:1/v1", Models: []string{"gemini-2.5-flash"}},
+			{Name: "codex-us", BaseURL: "http://127.0.0.1:2/v1", Models: []string{"gpt-5.5-codex"}},
+			{Name: "codex-eu", BaseURL: "http://127.0.0.1:3/v1", Models: []string{"gpt-5.5-codex"}},
+		},
+		Policy: ClusterPolicy{Fast: "gemini-2.5-flash", Cheap: "deepseek-v3.2"},
+	})
+	require.NoError(t, err)
+	prompt := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 15) // ~150 tokens
+	body := chatBody("gpt-5.5-codex", prompt)
+	req, _ := http.NewRequest("POST", "http://x/v1/chat/completions", strings.NewReader(body))
+	d, err := r.Decide(req)
+	require.NoError(t, err)
+	assert.Equal(t, "gemini-2.5-flash", d.Route.Model)
+	assert.Equal(t, []string{"flash", "codex-us", "codex-eu"}, d.Upstreams)
+	// The body is still readable.
+	b := new(strings.Builder)
+	_, err = fmt.Fprint(b, mustRead(t, req))
+	require.NoError(t, err)
+	assert.Equal(t, body, b.String())
+
+	// GetBody is used when present, and Body is left alone.
+	req, _ = http.NewRequest("POST", "http://x/v1/chat/completions", strings.NewReader(chatBody("gpt-5.5-codex", "long "+strings.Repeat("word ", 2000))))
+	orig := req.Body
+	d, err = r.Decide(req)
+	require.NoError(t, err)
+	assert.Equal(t, "gpt-5.5-codex", d.Route.Model)
+	assert.Equal(t, BucketLong, d.Request.Bucket)
+	assert.Equal(t, []string{"codex-us", "codex-eu"}, d.Upstreams)
+	assert.True(t, orig == req.Body, "Body untouched when GetBody is set")
+
+	// A model nobody serves.
+	req, _ = http.NewRequest("POST", "http://x/v1/chat/completions", strings.NewReader(chatBody("claude-sonnet-4.5", "x")))
+	_, err = r.Decide(req)
+	assert.ErrorIs(t, err, ErrNoUpstream)
+}
+
+func mustRead(t *testing.T, req *http.Request) string {
+	t.Helper()
+	var sb strings.Builder
+	buf := make([]byte, 512)
+	for {
+		n, err := req.Body.Read(buf)
+		sb.Write(buf[:n])
+		if err != nil {
+			break
+		}
+	}
+	return sb.String()
+}
+
+func FuzzClassify(f *testing.F) {
+	f.Add("/v1/chat/completions", `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`)
+	f.Add("/v1/responses", `{"model":"gpt-4o","input":[{"role":"user","content":[{"type":"input_text","text":"x"}]}],"tools":[{"type":"function","name":"f","parameters":{"properties":{"a":{"type":"string","enum":[1,"b"]}}}}]}`)
+	f.Add("/v1/embeddings", `{"input":[[1,2],[3]]}`)
+	f.Add("/v1/completions", `{"prompt":`)
+	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1"}}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, path, body string) {
+		if len(body) > 1<<14 {
+			return
+		}
+		q := r.classify("POST", path, nil, []byte(body))
+		if q.req.PromptTokens < 0 {
+			t.Fatalf("negative count %d", q.req.PromptTokens)
+		}
+		if !json.Valid([]byte(body)) && q.req.PromptTokens != 0 {
+			t.Fatalf("invalid JSON counted %d tokens", q.req.PromptTokens)
+		}
+	})
+}

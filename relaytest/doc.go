@@ -1,0 +1,43 @@
+// Package relaytest runs a fake OpenAI-compatible API on loopback, for tests
+// of code that talks to OpenAI-style upstreams (the relay router, SDK
+// clients, gateways).
+//
+// A Server answers POST /chat/completions, /responses, /completions and
+// /embeddings and GET /models (recognised by path suffix, so any prefix
+// works) with bodies shaped like the real API's, streams server-sent events
+// for "stream": true, and computes usage from the request: prompt tokens are
+// counted with tiktoken's o200k_base (chat: OpenAI's published per-message
+// formula), completion tokens come from WithCompletionTokens bounded by the
+// request's max tokens. Every request is recorded before it is answered.
+//
+// Faults make a call misbehave: an error status with headers, a delay, a
+// dropped connection, a hang, a slow, stalled, cut or failing stream, usage
+// with cached and reasoning tokens, or none. Script queues faults for the
+// next calls, in order; SetDefault sets the fault for the calls after them.
+//
+// Usage:
+//
+//	srv := relaytest.NewServer(relaytest.WithName("us-east"))
+//	defer srv.Close()
+//	srv.Script(
+//		relaytest.Fault{Status: 429, Header: http.Header{"Retry-After": {"1"}}},
+//		relaytest.Fault{Drop: true},
+//	) // the third call and later get normal answers
+//	cfg := openai.DefaultConfig("sk-test") // github.com/sashabaranov/go-openai
+//	cfg.BaseURL = srv.URL
+//	client := openai.NewClientWithConfig(cfg)
+//	_, err := client.CreateChatCompletion(ctx, req) // a 429 APIError
+//	_, err = client.CreateChatCompletion(ctx, req)  // a connection error
+//	resp, err := client.CreateChatCompletion(ctx, req)
+//	// resp.Choices[0].Message.Content == "Hello from relaytest. Hello from relaytest."
+//	// resp.Usage.CompletionTokens == 8
+//	for _, r := range srv.Requests() {
+//		fmt.Println(r.Path, r.Model, r.Stream)
+//	}
+//
+// Close never waits for hung or stalled calls: it wakes them first and
+// aborts their connections.
+//
+// A Fleet is a set of named Servers, for tests of routing over several
+// upstreams.
+package relaytest

@@ -1,0 +1,517 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/tidwall/sjson"
+)
+
+// ErrAttemptTimeout: an attempt got no response headers within
+// RetryConfig.AttemptTimeout. It is retried like a connection error.
+var ErrAttemptTimeout = errors.New("relay: no response headers within the attempt timeout")
+
+// Response headers the router adds so SDK users can read the route without
+// the OnReport hook.
+const (
+	HeaderModel        = "X-Relay-Model"
+	HeaderUpstream     = "X-Relay-Upstream"
+	HeaderPromptTokens = "X-Relay-Prompt-Tokens"
+)
+
+// RoundTrip implements http.RoundTripper. It never modifies req, always
+// closes req.Body, and returns err == nil whenever an upstream response was
+// obtained, whatever its status: after the last retry the caller gets the
+// last upstream response, body intact, so SDKs can parse the error. An error
+// is returned only when no response came (*Error wrapping ErrBodyTooLarge,
+// ErrNoUpstream, ErrRateLimited, the context's error or the transport's).
+func (r *Router) RoundTrip(req *http.Request) (*http.Response, error) {
+	t := &trip{r: r, req: req, start: r.clock.Now()}
+	body, err := r.readBody(req)
+	if err != nil {
+		return nil, t.fail(&Error{Op: "read body", Err: err})
+	}
+	t.body = body
+	t.c = r.classify(req.Method, req.URL.Path, req.Header, body)
+	t.route = r.route(t.c.req)
+	t.rep = Report{
+		RequestedModel: t.c.req.Model,
+		Model:          t.route.Model,
+		Bucket:         t.route.Bucket,
+		Endpoint:       t.c.req.Endpoint,
+		PromptTokens:   t.c.req.PromptTokens,
+		Stream:         t.c.req.Stream,
+	}
+	var cands []candidate
+	if t.c.req.Endpoint == "" {
+		cands = []candidate{{up: r.ups[0]}}
+	} else {
+		cands = r.plan(t.route.Model, t.route.Fallbacks)
+	}
+	if len(cands) == 0 {
+		return nil, t.fail(&Error{Op: "route", Model: t.route.Model, Err: ErrNoUpstream})
+	}
+	return t.run(cands)
+}
+
+// Decide returns the routing decision for req without sending it: no
+// network, no limiter tokens taken, and req.Body left readable (read through
+// req.GetBody when set, else read and replaced by an equal reader).
+func (r *Router) Decide(req *http.Request) (Decision, error) {
+	var body []byte
+	if req.Body != nil && req.Body != http.NoBody {
+		rc := req.Body
+		if req.GetBody != nil {
+			var err error
+			if rc, err = req.GetBody(); err != nil {
+				return Decision{}, &Error{Op: "read body", Err: err}
+			}
+		}
+		b, err := io.ReadAll(io.LimitReader(rc, r.maxBody+1))
+		if req.GetBody != nil {
+			rc.Close()
+		} else {
+			req.Body = io.NopCloser(io.MultiReader(bytes.NewReader(b), rc))
+		}
+		if err != nil {
+			return Decision{}, &Error{Op: "read body", Err: err}
+		}
+		if int64(len(b)) > r.maxBody {
+			return Decision{}, &Error{Op: "read body", Err: ErrBodyTooLarge}
+		}
+		body = b
+	}
+	c := r.classify(req.Method, req.URL.Path, req.Header, body)
+	d := Decision{Request: c.req, Route: r.route(c.req)}
+	var cands []candidate
+	if c.req.Endpoint == "" {
+		cands = []candidate{{up: r.ups[0]}}
+	} else {
+		cands = r.plan(d.Route.Model, d.Route.Fallbacks)
+	}
+	if len(cands) == 0 {
+		return d, &Error{Op: "route", Model: d.Route.Model, Err: ErrNoUpstream}
+	}
+	for _, cand := range cands {
+		d.Upstreams = append(d.Upstreams, cand.up.cfg.Name)
+	}
+	return d, nil
+}
+
+func (r *Router) route(q Request) Route {
+	var rt Route
+	if r.cfg.Policy != nil {
+		rt = r.cfg.Policy.Route(q)
+	}
+	if rt.Model == "" {
+		rt.Model = q.Model
+	}
+	if rt.Bucket == "" {
+		rt.Bucket = q.Bucket
+	}
+	return rt
+}
+
+// readBody reads and closes the request body, bounded by MaxBodyBytes.
+func (r *Router) readBody(req *http.Request) ([]byte, error) {
+	if req.Body == nil || req.Body == http.NoBody {
+		return nil, nil
+	}
+	defer req.Body.Close()
+	if req.ContentLength > r.maxBody {
+		return nil, ErrBodyTooLarge
+	}
+	var buf bytes.Buffer
+	if req.ContentLength > 0 {
+		buf.Grow(int(req.ContentLength) + 1)
+	}
+	if _, err := buf.ReadFrom(io.LimitReader(req.Body, r.maxBody+1)); err != nil {
+		return nil, err
+	}
+	if int64(buf.Len()) > r.maxBody {
+		return nil, ErrBodyTooLarge
+	}
+	return buf.Bytes(), nil
+}
+
+// trip is the state of one RoundTrip.
+type trip struct {
+	r     *Router
+	req   *http.Request
+	start time.Time
+	body  []byte
+	c     classified
+	route Route
+	rep   Report
+
+	// the answering attempt
+	up     *upstream
+	cancel context.CancelFunc
+	sent   time.Time // when the answering attempt was sent
+	done   atomic.Bool
+}
+
+// attempt is one upstream call in flight.
+type attempt struct {
+	cand   candidate
+	resp   *http.Response
+	err    error
+	cancel context.CancelFunc
+	sent   time.Time
+}
+
+func (t *trip) run(cands []candidate) (*http.Response, error) {
+	r := t.r
+	ctx := t.req.Context()
+	var (
+		bo        backoff.BackOff
+		last      attempt
+		lastModel string
+		lastBody  []byte
+	)
+	for i := 0; i < r.retry.MaxAttempts; i++ {
+		cand := cands[i%len(cands)]
+		if cand.model != lastModel || lastBody == nil {
+			lastModel, lastBody = cand.model, t.bodyFor(cand)
+		}
+		a := t.send(ctx, cand, lastBody)
+		t.rep.Attempts++
+		final := i == r.retry.MaxAttempts-1 || ctx.Err() != nil || !r.retry.ShouldRetry(a.resp, a.err)
+		var wait time.Duration
+		if !final {
+			if a.resp != nil {
+				if hint, ok := RetryAfter(a.resp.Header, r.clock.Now()); ok {
+					if hint > r.retry.MaxRetryAfter {
+						final = true // the server asks for longer than we wait: answer now
+					}
+					wait = hint
+				}
+			}
+			if wait == 0 && !final {
+				if bo == nil {
+					bo = r.retry.newBackOff()
+				}
+				if wait = bo.NextBackOff(); wait == backoff.Stop {
+					final = true
+				}
+			}
+		}
+		if final {
+			return t.finalize(a)
+		}
+		a.discard()
+		last = a
+		if err := sleep(ctx, r.clock, wait); err != nil {
+			return nil, t.fail(&Error{Op: "backoff", Upstream: last.cand.up.cfg.Name, Model: last.cand.model, Err: err})
+		}
+	}
+	panic("relay: unreachable")
+}
+
+// bodyFor returns the body to send to cand: the caller's bytes, with model
+// and the upstream's body tags set in place when the body is a JSON object.
+func (t *trip) bodyFor(cand candidate) []byte {
+	b := t.body
+	if !t.c.json {
+		return b
+	}
+	if cand.model != "" && cand.model != t.c.req.Model {
+		if nb, err := sjson.SetBytes(b, "model", cand.model); err == nil {
+			b = nb
+		}
+	}
+	for _, tag := range cand.up.tags {
+		if nb, err := sjson.SetRawBytes(b, tag.path, tag.raw); err == nil {
+			b = nb
+		}
+	}
+	return b
+}
+
+// send makes one upstream call.
+func (t *trip) send(ctx context.Context, cand candidate, body []byte) attempt {
+	r := t.r
+	a := attempt{cand: cand}
+	var timedOut atomic.Bool
+	var stop func() bool
+	if r.retry.AttemptTimeout > 0 {
+		ctx, a.cancel = context.WithCancel(ctx)
+		cancel := a.cancel
+		stop = r.clock.AfterFunc(r.retry.AttemptTimeout, func() {
+			timedOut.Store(true)
+			cancel()
+		})
+	}
+	out := t.outgoing(ctx, cand, body)
+	up := cand.up
+	up.inflight.Add(1)
+	a.sent = r.clock.Now()
+	a.resp, a.err = r.base.RoundTrip(out)
+	if stop != nil && !stop() && timedOut.Load() {
+		if a.resp != nil {
+			a.resp.Body.Close()
+			a.resp = nil
+		}
+		a.err = ErrAttemptTimeout
+	}
+	up.lat.add(r.clock.Now().Sub(a.sent))
+	if a.err != nil {
+		up.inflight.Add(-1)
+		if a.cancel != nil {
+			a.cancel()
+		}
+		if !errors.Is(a.err, ErrAttemptTimeout) && ctx.Err() != nil {
+			a.err = ctx.Err()
+		}
+	}
+	return a
+}
+
+// discard releases an attempt that is not returned to the caller.
+func (a *attempt) discard() {
+	if a.resp != nil {
+		a.resp.Body.Close()
+		a.cand.up.inflight.Add(-1)
+	}
+	if a.cancel != nil {
+		a.cancel()
+	}
+}
+
+// outgoing builds the request for one attempt on a copy of the caller's.
+func (t *trip) outgoing(ctx context.Context, cand candidate, body []byte) *http.Request {
+	req := t.req
+	out := req.Clone(ctx)
+	u := *cand.up.base
+	u.Path = u.Path + "/" + t.pathFor()
+	u.RawPath = ""
+	u.RawQuery = req.URL.RawQuery
+	out.URL = &u
+	out.Host = ""
+	if cand.up.auth != nil {
+		out.Header.Set("Authorization", cand.up.auth())
+	}
+	for k, vs := range cand.up.cfg.Header {
+		out.Header[http.CanonicalHeaderKey(k)] = vs
+	}
+	if body == nil {
+		out.Body, out.GetBody, out.ContentLength = nil, nil, 0
+		return out
+	}
+	out.ContentLength = int64(len(body))
+	out.Body = io.NopCloser(bytes.NewReader(body))
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	return out
+}
+
+// pathFor is the path appended to an upstream's BaseURL: the endpoint for
+// the known ones; for other paths, what follows the caller's "/v1/" (or the
+// whole path when it has none).
+func (t *trip) pathFor() string {
+	if t.c.req.Endpoint != "" {
+		return t.c.req.Endpoint
+	}
+	p := t.req.URL.Path
+	if i := strings.Index(p, "/v1/"); i >= 0 {
+		return p[i+len("/v1/"):]
+	}
+	return strings.TrimPrefix(p, "/")
+}
+
+// finalize hands the answering attempt's outcome to the caller.
+func (t *trip) finalize(a attempt) (*http.Response, error) {
+	t.up = a.cand.up
+	t.cancel = a.cancel
+	t.sent = a.sent
+	t.rep.Upstream = a.cand.up.cfg.Name
+	if a.cand.model != "" {
+		t.rep.Model = a.cand.model
+	}
+	if a.err != nil {
+		return nil, t.fail(&Error{Op: "send", Upstream: t.rep.Upstream, Model: t.rep.Model, Err: a.err})
+	}
+	resp := a.resp
+	now := t.r.clock.Now()
+	t.rep.TTFT = now.Sub(t.start)
+	t.rep.StatusCode = resp.StatusCode
+	if resp.StatusCode >= 400 {
+		t.rep.Err = &Error{Op: "send", Upstream: t.rep.Upstream, Model: t.rep.Model, StatusCode: resp.StatusCode, Err: ErrUpstreamStatus}
+	}
+	if resp.Header == nil {
+		resp.Header = make(http.Header)
+	}
+	resp.Header.Set(HeaderModel, t.rep.Model)
+	resp.Header.Set(HeaderUpstream, t.rep.Upstream)
+	resp.Header.Set(HeaderPromptTokens, strconv.Itoa(t.rep.PromptTokens))
+	if resp.Body == nil {
+		resp.Body = http.NoBody
+	}
+	resp.Body = &reportBody{rc: resp.Body, t: t, max: usageTeeMax}
+	return resp, nil
+}
+
+// fail finishes a trip that produced no response and returns err.
+func (t *trip) fail(err error) error {
+	t.rep.Err = err
+	t.finish(Usage{}, false)
+	return err
+}
+
+// finish completes the report exactly once: usage and cost, latency, the
+// upstream's bookkeeping, then OnReport.
+func (t *trip) finish(u Usage, haveUsage bool) {
+	if !t.done.CompareAndSwap(false, true) {
+		return
+	}
+	r := t.r
+	rep := &t.rep
+	rep.Latency = r.clock.Now().Sub(t.start)
+	if t.up != nil && rep.StatusCode != 0 {
+		t.up.inflight.Add(-1)
+	}
+	if t.cancel != nil {
+		t.cancel()
+	}
+	if haveUsage {
+		rep.Usage = u
+		if p, ok := lookupPrice(r.prices, rep.Model); ok {
+			rep.Priced = true
+			rep.ListCostUSD = p.Cost(u)
+			factor := 1.0
+			if t.up != nil {
+				factor = t.up.factor
+			}
+			rep.CostUSD = rep.ListCostUSD * factor
+		}
+	}
+	if r.cfg.OnReport != nil {
+		r.cfg.OnReport(*rep)
+	}
+}
+
+// usageTeeMax bounds the response bytes kept to find the usage of a
+// non-streaming answer. Past it, only the tail is kept and usage is looked
+// for there.
+const usageTeeMax = 4 << 20
+
+// reportBody passes a response body through unchanged, keeps a bounded copy
+// to read usage from, and finishes the trip's report at EOF, on a read error
+// or on Close, whichever comes first.
+type reportBody struct {
+	rc  io.ReadCloser
+	t   *trip
+	buf []byte
+	max int
+	cut bool // buf overflowed: it holds only a tail
+	err error
+}
+
+func (b *reportBody) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	if n > 0 {
+		b.keep(p[:n])
+	}
+	if err != nil {
+		if err != io.EOF {
+			b.err = err
+		}
+		b.done()
+	}
+	return n, err
+}
+
+func (b *reportBody) keep(p []byte) {
+	if len(b.buf)+len(p) <= b.max {
+		b.buf = append(b.buf, p...)
+		return
+	}
+	// Keep the last tailKeep bytes only.
+	const tailKeep = 64 << 10
+	b.cut = true
+	b.buf = append(b.buf, p...)
+	if len(b.buf) > tailKeep {
+		b.buf = append(b.buf[:0], b.buf[len(b.buf)-tailKeep:]...)
+	}
+}
+
+func (b *reportBody) Close() error {
+	err := b.rc.Close()
+	b.done()
+	return err
+}
+
+func (b *reportBody) done() {
+	t := b.t
+	if t.done.Load() {
+		return
+	}
+	if b.err != nil && t.rep.Err == nil {
+		t.rep.Err = &Error{Op: "read response", Upstream: t.rep.Upstream, Model: t.rep.Model, StatusCode: t.rep.StatusCode, Err: b.err}
+	}
+	if t.rep.StatusCode >= 400 {
+		t.finish(Usage{}, false)
+		return
+	}
+	var u Usage
+	var ok bool
+	if b.cut {
+		u, ok = usageFromTail(b.buf)
+	} else {
+		u, ok = parseUsage(b.buf)
+	}
+	if !ok && t.rep.StatusCode < 300 {
+		u, ok = t.estimateUsage(b.buf)
+	}
+	t.finish(u, ok)
+}
+
+// usageFromTail finds the last "usage" object in the tail of a large body.
+func usageFromTail(tail []byte) (Usage, bool) {
+	i := bytes.LastIndex(tail, []byte(`"usage"`))
+	if i < 0 {
+		return Usage{}, false
+	}
+	return parseUsage(append([]byte("{"), tail[i:]...))
+}
+
+// estimateUsage counts a non-streaming answer locally when the upstream sent
+// no usage: the router's prompt count and the tokens of the answer's text.
+func (t *trip) estimateUsage(body []byte) (Usage, bool) {
+	if t.c.req.Endpoint == "" || len(body) == 0 {
+		return Usage{}, false
+	}
+	u := Usage{PromptTokens: t.c.req.PromptTokens, Estimated: true}
+	u.CompletionTokens = t.r.completionTokens(t.c.enc, body)
+	return u, true
+}
+
+// bodyTag is a top-level JSON field set on every request body to an upstream.
+type bodyTag struct {
+	path string // sjson path of the key
+	raw  []byte // JSON value
+}
+
+func tagJSON(v any) ([]byte, error) { return json.Marshal(v) }
+
+// escapePathKey escapes the characters sjson treats as path syntax, so a tag
+// key is always one top-level field.
+func escapePathKey(k string) string {
+	var b strings.Builder
+	for _, c := range k {
+		switch c {
+		case '.', '*', '?', '|', '#', '@', '\\', ':', '!', '=', '<', '>', '%', '(', ')', '[', ']', '{', '}', ',':
+			b.WriteByte('\\')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}

@@ -1,0 +1,404 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
+)
+
+// seen is what a recording upstream received.
+type seen struct {
+	Method, Path, RawQuery string
+	Header                 http.Header
+	Body                   []byte
+}
+
+// recorder is an httptest upstream that records each request and answers
+// with a fixed status and body.
+type recorder struct {
+	*httptest.Server
+	mu     sync.Mutex
+	reqs   []seen
+	status int
+	body   []byte
+	header http.Header
+}
+
+func newRecorder(t *testing.T, status int, body []byte) *recorder {
+	rec := &recorder{status: status, body: body, header: http.Header{"Content-Type": {"application/json"}}}
+	rec.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		rec.mu.Lock()
+		rec.reqs = append(rec.reqs, seen{r.Method, r.URL.Path, r.URL.RawQuery, r.Header.Clone(), b})
+		status, body := rec.status, rec.body
+		for k, v := range rec.header {
+			w.Header()[k] = v
+		}
+		rec.mu.Unlock()
+		w.WriteHeader(status)
+		w.Write(body)
+	}))
+	t.Cleanup(rec.Close)
+	return rec
+}
+
+func (rec *recorder) got() []seen {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	return append([]seen(nil), rec.reqs...)
+}
+
+func newTestRouter(t *testing.T, cfg Config) (*Router, *reports) {
+	t.Helper()
+	reps := &reports{}
+	cfg.OnReport = reps.add
+	r, err := New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(r.CloseIdleConnections)
+	return r, reps
+}
+
+func chatBody(model, content string) string {
+	return `{"model":"` + model + `","messages":[{"role":"user","content":"` + content + `"}]}`
+}
+
+func do(t *testing.T, rt http.RoundTripper, method, url, body string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	require.NoError(t, err)
+	resp, err := rt.RoundTrip(req)
+	require.NoError(t, err)
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	return resp, b
+}
+
+func TestRoundTripRewritesURLKeyAndModel(t *testing.T) {
+	up := newRecorder(t, 200, fixture(t, "chat_response_default.json"))
+	r, reps := newTestRouter(t, Config{
+		Upstreams: []Upstream{{
+			Name: "eu", BaseURL: up.URL + "/openai/v1/", APIKey: "sk-secret-eu",
+			Header:   http.Header{"x-extra": {"1"}},
+			BodyTags: map[string]any{"x_route_region": "eu-west"},
+		}},
+		Policy: PolicyFunc(func(q Request) Route { return Route{Model: "gpt-4.1-mini"} }),
+	})
+	body := `{"messages":[{"role":"user","content":"caf\u00e9 \"q\""}],"unknown":{"b":2,"a":1},"model":"gpt-4.1","stream":false}`
+	req, _ := http.NewRequest("POST", "http://caller.example/some/prefix/v1/chat/completions?api-version=2024-10-21", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer caller-key")
+	req.Header.Set("OpenAI-Organization", "org-1")
+	origHeader := req.Header.Clone()
+	resp, err := r.RoundTrip(req)
+	require.NoError(t, err)
+	_, err = io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+
+	got := up.got()
+	require.Len(t, got, 1)
+	assert.Equal(t, "/openai/v1/chat/completions", got[0].Path)
+	assert.Equal(t, "api-version=2024-10-21", got[0].RawQuery)
+	assert.Equal(t, "Bearer sk-secret-eu", got[0].Header.Get("Authorization"))
+	assert.Equal(t, "org-1", got[0].Header.Get("OpenAI-Organization"))
+	assert.Equal(t, "1", got[0].Header.Get("X-Extra"))
+	want := `{"messages":[{"role":"user","content":"caf\u00e9 \"q\""}],"unknown":{"b":2,"a":1},"model":"gpt-4.1-mini","stream":false,"x_route_region":"eu-west"}`
+	assert.Equal(t, want, string(got[0].Body), "every other byte survives: order, escapes, unknown fields")
+
+	// The caller's request is untouched.
+	assert.Equal(t, "caller.example", req.URL.Host)
+	assert.Equal(t, "/some/prefix/v1/chat/completions", req.URL.Path)
+	assert.Equal(t, origHeader, req.Header)
+
+	assert.Equal(t, "gpt-4.1-mini", resp.Header.Get(HeaderModel))
+	assert.Equal(t, "eu", resp.Header.Get(HeaderUpstream))
+	assert.NotEmpty(t, resp.Header.Get(HeaderPromptTokens))
+
+	list := reps.all()
+	require.Len(t, list, 1)
+	rep := list[0]
+	assert.Equal(t, "gpt-4.1", rep.RequestedModel)
+	assert.Equal(t, "gpt-4.1-mini", rep.Model)
+	assert.Equal(t, "eu", rep.Upstream)
+	assert.Equal(t, 200, rep.StatusCode)
+	assert.Equal(t, 1, rep.Attempts)
+	assert.NoError(t, rep.Err)
+	assert.Positive(t, rep.PromptTokens)
+}
+
+func TestRoundTripEndpoints(t *testing.T) {
+	up := newRecorder(t, 200, []byte(`{}`))
+	r, _ := newTestRouter(t, Config{Upstreams: []Upstream{
+		{Name: "a", BaseURL: up.URL + "/base"},
+		{Name: "b", BaseURL: up.URL + "/other"},
+	}})
+	cases := []struct{ method, in, want string }{
+		{"POST", "http://x/v1/chat/completions", "/base/chat/completions"},
+		{"POST", "http://x/v1/completions", "/base/completions"},
+		{"POST", "http://x/deep/api/v1/responses", "/base/responses"},
+		{"POST", "http://x/embeddings", "/base/embeddings"},
+		{"GET", "http://x/v1/models", "/base/models"},
+		{"GET", "http://x/v1/files/file-1/content", "/base/files/file-1/content"},
+		{"GET", "http://x/models", "/base/models"},
+	}
+	for _, c := range cases {
+		t.Run(c.method+" "+c.in, func(t *testing.T) {
+			n := len(up.got())
+			do(t, r, c.method, c.in, "")
+			got := up.got()
+			require.Len(t, got, n+1)
+			assert.Equal(t, c.want, got[n].Path)
+		})
+	}
+}
+
+func TestRoundTripContract(t *testing.T) {
+	cases := []struct {
+		name       string
+		status     int
+		body       string
+		wantErr    error
+		wantCalls  int
+		wantStatus int
+	}{
+		{"ok", 200, chatBody("gpt-4.1", "hi"), nil, 1, 200},
+		{"final 400 returned with err nil", 400, chatBody("gpt-4.1", "hi"), nil, 1, 400},
+		{"malformed json forwarded", 200, `{"model": "gpt-4.1", "messages": [`, nil, 1, 200},
+		{"not an object forwarded", 200, `[1,2,3]`, nil, 1, 200},
+		{"empty messages", 200, `{"model":"gpt-4.1","messages":[]}`, nil, 1, 200},
+		{"messages of wrong type", 200, `{"model":"gpt-4.1","messages":"hi"}`, nil, 1, 200},
+		{"model of wrong type", 200, `{"model":42,"messages":[{"role":"user","content":"x"}]}`, nil, 1, 200},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			up := newRecorder(t, c.status, []byte(`{"error":{"message":"bad"}}`))
+			r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL}}})
+			body := newTrackedBody(c.body)
+			req, _ := http.NewRequest("POST", "http://x/v1/chat/completions", body)
+			resp, err := r.RoundTrip(req)
+			require.NoError(t, err)
+			assert.Equal(t, c.wantStatus, resp.StatusCode)
+			assert.Empty(t, reps.all(), "no report before the body is done")
+			b, _ := io.ReadAll(resp.Body)
+			assert.Equal(t, `{"error":{"message":"bad"}}`, string(b))
+			resp.Body.Close()
+			resp.Body.Close()
+			assert.EqualValues(t, 1, body.closes.Load(), "request body closed once")
+			got := up.got()
+			require.Len(t, got, c.wantCalls)
+			if !gjson.Valid(c.body) || !gjson.Parse(c.body).IsObject() {
+				assert.Equal(t, c.body, string(got[0].Body), "unchanged")
+			}
+			require.Len(t, reps.all(), 1, "exactly one report")
+			rep := reps.all()[0]
+			assert.Equal(t, c.wantStatus, rep.StatusCode)
+			if c.status >= 400 {
+				assert.ErrorIs(t, rep.Err, ErrUpstreamStatus)
+			}
+		})
+	}
+}
+
+func TestRoundTripMalformedBodyHasZeroTokens(t *testing.T) {
+	up := newRecorder(t, 200, []byte(`{}`))
+	r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL}}})
+	for _, body := range []string{`{"model":"gpt-4.1","messages":[{"role":"user","content":"x"}`, `not json`, `"str"`, `null`} {
+		resp, _ := do(t, r, "POST", "http://x/v1/chat/completions", body)
+		assert.Equal(t, "0", resp.Header.Get(HeaderPromptTokens), body)
+	}
+	for _, rep := range reps.all() {
+		assert.Zero(t, rep.PromptTokens)
+	}
+}
+
+func TestRoundTripBodyTooLarge(t *testing.T) {
+	up := newRecorder(t, 200, []byte(`{}`))
+	r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL}}, MaxBodyBytes: 64})
+	for _, known := range []bool{true, false} {
+		body := newTrackedBody(chatBody("gpt-4.1", strings.Repeat("a", 100)))
+		req, _ := http.NewRequest("POST", "http://x/v1/chat/completions", body)
+		if !known {
+			req.ContentLength = -1
+		}
+		resp, err := r.RoundTrip(req)
+		assert.Nil(t, resp)
+		assert.ErrorIs(t, err, ErrBodyTooLarge)
+		assert.EqualValues(t, 1, body.closes.Load())
+	}
+	assert.Empty(t, up.got(), "no upstream call")
+	list := reps.all()
+	require.Len(t, list, 2)
+	assert.ErrorIs(t, list[0].Err, ErrBodyTooLarge)
+
+	// Exactly at the limit is fine.
+	body := strings.Repeat(" ", 64)
+	do(t, r, "POST", "http://x/v1/chat/completions", body)
+	assert.Len(t, up.got(), 1)
+}
+
+func TestRoundTripUnreachableAndCancelled(t *testing.T) {
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close()
+	r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "dead", BaseURL: deadURL, APIKey: "sk-never-print"}}, Retry: RetryConfig{MaxAttempts: 1}})
+	body := newTrackedBody(chatBody("gpt-4.1", "hi"))
+	req, _ := http.NewRequest("POST", "http://x/v1/chat/completions", body)
+	resp, err := r.RoundTrip(req)
+	assert.Nil(t, resp)
+	var rerr *Error
+	require.ErrorAs(t, err, &rerr)
+	assert.Equal(t, "dead", rerr.Upstream)
+	assert.NotContains(t, err.Error(), "sk-never-print")
+	assert.True(t, strings.HasPrefix(err.Error(), "relay: "), err.Error())
+	assert.EqualValues(t, 1, body.closes.Load())
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	req, _ = http.NewRequestWithContext(ctx, "POST", "http://x/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "hi")))
+	_, err = r.RoundTrip(req)
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.Len(t, reps.all(), 2)
+}
+
+func TestRoundTripNoUpstreamForModel(t *testing.T) {
+	up := newRecorder(t, 200, []byte(`{}`))
+	r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL, Models: []string{"gpt-4.1"}}}})
+	req, _ := http.NewRequest("POST", "http://x/v1/chat/completions", strings.NewReader(chatBody("claude-sonnet-4.5", "hi")))
+	_, err := r.RoundTrip(req)
+	assert.ErrorIs(t, err, ErrNoUpstream)
+	assert.Empty(t, up.got())
+	assert.Len(t, reps.all(), 1)
+}
+
+func TestRoundTripModelsFilterRoutes(t *testing.T) {
+	a := newRecorder(t, 200, []byte(`{}`))
+	b := newRecorder(t, 200, []byte(`{}`))
+	r, _ := newTestRouter(t, Config{Upstreams: []Upstream{
+		{Name: "a", BaseURL: a.URL, Models: []string{"gpt-4.1"}},
+		{Name: "b", BaseURL: b.URL, Models: []string{"deepseek-v3.2"}},
+	}})
+	resp, _ := do(t, r, "POST", "http://x/v1/chat/completions", chatBody("deepseek-v3.2", "hi"))
+	assert.Equal(t, "b", resp.Header.Get(HeaderUpstream))
+	assert.Len(t, b.got(), 1)
+	assert.Empty(t, a.got())
+}
+
+func TestReportUsageAndCost(t *testing.T) {
+	up := newRecorder(t, 200, fixture(t, "chat_response_cached_reasoning_SYNTHESIZED.json"))
+	r, reps := newTestRouter(t, Config{
+		Upstreams: []Upstream{{Name: "relay", BaseURL: up.URL, PriceFactor: 0.5}},
+		Prices:    map[string]Price{"o3-mini": {InputPerMTok: 1.10, CachedInputPerMTok: 0.55, OutputPerMTok: 4.40}},
+	})
+	_, b := do(t, r, "POST", "http://x/v1/chat/completions", chatBody("o3-mini", "hi"))
+	assert.Equal(t, fixture(t, "chat_response_cached_reasoning_SYNTHESIZED.json"), b, "body byte for byte")
+	rep := reps.all()[0]
+	assert.Equal(t, Usage{PromptTokens: 2006, CompletionTokens: 300, ReasoningTokens: 192, CachedTokens: 1920}, rep.Usage)
+	assert.True(t, rep.Priced)
+	list := (86*1.10 + 1920*0.55 + 300*4.40) / 1e6
+	assert.InDelta(t, list, rep.ListCostUSD, 1e-12)
+	assert.InDelta(t, list*0.5, rep.CostUSD, 1e-12)
+}
+
+func TestReportUnpricedModel(t *testing.T) {
+	up := newRecorder(t, 200, fixture(t, "chat_response_default.json"))
+	r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL}}, Prices: map[string]Price{}})
+	do(t, r, "POST", "http://x/v1/chat/completions", chatBody("mystery-model", "hi"))
+	rep := reps.all()[0]
+	assert.False(t, rep.Priced)
+	assert.Zero(t, rep.CostUSD)
+	assert.Positive(t, rep.Usage.PromptTokens, "usage is still reported")
+}
+
+func TestReportWhenBodyNeverRead(t *testing.T) {
+	up := newRecorder(t, 200, fixture(t, "chat_response_default.json"))
+	r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL}}})
+	req, _ := http.NewRequest("POST", "http://x/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "hi")))
+	resp, err := r.RoundTrip(req)
+	require.NoError(t, err)
+	assert.Empty(t, reps.all())
+	resp.Body.Close()
+	require.Len(t, reps.all(), 1)
+	assert.Equal(t, 200, reps.all()[0].StatusCode)
+	assert.Equal(t, int64(0), r.byName["a"].inflight.Load(), "in-flight released")
+}
+
+func TestReportEstimatesUsageWhenAbsent(t *testing.T) {
+	up := newRecorder(t, 200, []byte(`{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there, general Kenobi."}}]}`))
+	r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL}}})
+	do(t, r, "POST", "http://x/v1/chat/completions", chatBody("gpt-4.1", "hi"))
+	rep := reps.all()[0]
+	assert.True(t, rep.Usage.Estimated)
+	assert.Equal(t, rep.PromptTokens, rep.Usage.PromptTokens)
+	assert.Equal(t, countTokens(o200k, "Hello there, general Kenobi."), rep.Usage.CompletionTokens)
+}
+
+func TestUsageFromTailOfLargeBody(t *testing.T) {
+	var big bytes.Buffer
+	big.WriteString(`{"object":"list","data":[`)
+	for i := 0; big.Len() < usageTeeMax+1000; i++ {
+		if i > 0 {
+			big.WriteByte(',')
+		}
+		big.WriteString(`{"object":"embedding","index":0,"embedding":[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8]}`)
+	}
+	big.WriteString(`],"model":"text-embedding-3-small","usage":{"prompt_tokens":7,"total_tokens":7}}`)
+	up := newRecorder(t, 200, big.Bytes())
+	r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL}}})
+	_, b := do(t, r, "POST", "http://x/v1/embeddings", `{"model":"text-embedding-3-small","input":"hello"}`)
+	assert.Equal(t, big.Len(), len(b))
+	assert.Equal(t, 7, reps.all()[0].Usage.PromptTokens)
+}
+
+func TestCloseIdleConnectionsForwarded(t *testing.T) {
+	var n int
+	base := &closeCounter{n: &n}
+	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1"}}, Base: base})
+	require.NoError(t, err)
+	r.CloseIdleConnections()
+	assert.Equal(t, 1, n)
+}
+
+type closeCounter struct {
+	http.RoundTripper
+	n *int
+}
+
+func (c *closeCounter) CloseIdleConnections() { *c.n++ }
+
+func TestRoundTripConcurrent(t *testing.T) {
+	up := newRecorder(t, 200, fixture(t, "chat_response_default.json"))
+	r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL}, {Name: "b", BaseURL: up.URL}}})
+	var wg sync.WaitGroup
+	for i := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest("POST", "http://x/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", strings.Repeat("word ", i*10))))
+			resp, err := r.RoundTrip(req)
+			if !assert.NoError(t, err) {
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}()
+	}
+	wg.Wait()
+	assert.Len(t, reps.all(), 32)
+	assert.Len(t, up.got(), 32)
+}
+
+func TestErrorMessages(t *testing.T) {
+	e := &Error{Op: "send", Upstream: "eu", Model: "gpt-4.1", StatusCode: 429, Err: ErrUpstreamStatus}
+	assert.Equal(t, "relay: send upstream eu model gpt-4.1 status 429: upstream answered with an error status", e.Error())
+	assert.True(t, errors.Is(e, ErrUpstreamStatus))
+}
