@@ -1,26 +1,13 @@
 package relay
 
-import (
-	"sync"
-
-	"github.com/pkoukk/tiktoken-go"
-	tiktoken_loader "github.com/pkoukk/tiktoken-go-loader"
-)
+import "github.com/tokenrelay/relay/internal/bpe"
 
 // countTokens returns the number of tokens of s in enc, special tokens
-// counted as plain text.
+// counted as plain text. It is exact (the same count as tiktoken) and linear
+// in len(s), also on pathological input such as a megabyte of one letter.
 func countTokens(enc encoding, s string) int {
-	t := encodings()[enc]
-	if t == nil {
-		return (len(s) + 3) / 4
+	if enc == cl100k {
+		return bpe.CL100K().Count(s)
 	}
-	return len(t.EncodeOrdinary(s))
+	return bpe.O200K().Count(s)
 }
-
-var encodings = sync.OnceValue(func() [2]*tiktoken.Tiktoken {
-	tiktoken.SetBpeLoader(tiktoken_loader.NewOfflineLoader())
-	var e [2]*tiktoken.Tiktoken
-	e[o200k], _ = tiktoken.GetEncoding("o200k_base")
-	e[cl100k], _ = tiktoken.GetEncoding("cl100k_base")
-	return e
-})

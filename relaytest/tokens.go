@@ -3,74 +3,23 @@ package relaytest
 import (
 	"regexp"
 	"strings"
-	"sync"
 	"unicode"
-	"unicode/utf8"
 
-	tiktoken "github.com/pkoukk/tiktoken-go"
-	tiktoken_loader "github.com/pkoukk/tiktoken-go-loader"
 	"github.com/tidwall/gjson"
+
+	"github.com/tokenrelay/relay/internal/bpe"
 )
 
 const (
-	// maxCountBytes caps the text handed to tiktoken; longer text is
-	// extrapolated linearly from its first maxCountBytes bytes.
-	maxCountBytes = 64 << 10
-	// maxRunBytes cuts unbroken runs of non-space characters into pieces of
-	// this size before encoding: tiktoken-go's merge is quadratic in the
-	// length of one regex piece (64 KB of one letter takes seconds).
-	maxRunBytes = 1 << 10
-
 	tokensPerMessage = 3
 	tokensPerName    = 1
 	tokensReply      = 3
 )
 
-// encoder loads o200k_base from the embedded BPE files, once. It is nil when
-// loading failed; countTokens then falls back to an estimate.
-var encoder = sync.OnceValue(func() *tiktoken.Tiktoken {
-	tiktoken.SetBpeLoader(tiktoken_loader.NewOfflineLoader())
-	enc, err := tiktoken.GetEncoding("o200k_base")
-	if err != nil {
-		return nil
-	}
-	return enc
-})
-
-// countTokens returns the number of o200k_base tokens of text. Text longer
-// than 64 KB is counted on its first 64 KB and extrapolated linearly.
+// countTokens returns the exact number of o200k_base tokens of text (the
+// project's linear-time counter, built on tiktoken's embedded BPE ranks).
 func countTokens(text string) int {
-	if text == "" {
-		return 0
-	}
-	if len(text) > maxCountBytes {
-		cut := maxCountBytes
-		for cut > 0 && !utf8.RuneStart(text[cut]) {
-			cut--
-		}
-		n := countTokens(text[:cut])
-		return int(int64(n) * int64(len(text)) / int64(cut))
-	}
-	enc := encoder()
-	if enc == nil {
-		return (len(text) + 3) / 4
-	}
-	n, start, runStart := 0, 0, -1
-	for i, r := range text {
-		if unicode.IsSpace(r) {
-			runStart = -1
-			continue
-		}
-		if runStart < 0 {
-			runStart = i
-			continue
-		}
-		if i-runStart >= maxRunBytes {
-			n += len(enc.EncodeOrdinary(text[start:i]))
-			start, runStart = i, i
-		}
-	}
-	return n + len(enc.EncodeOrdinary(text[start:]))
+	return bpe.O200K().Count(text)
 }
 
 // promptTokens counts the prompt of a request body for an endpoint

@@ -1,0 +1,82 @@
+package bpe
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/tiktoken-go/tokenizer"
+)
+
+var benchSizes = []struct {
+	name string
+	n    int
+}{{"1KB", 1 << 10}, {"16KB", 16 << 10}, {"128KB", 128 << 10}}
+
+func BenchmarkCount(b *testing.B) {
+	for _, enc := range []struct {
+		name string
+		e    *Encoding
+		tk   tokenizer.Encoding
+	}{{"cl100k", CL100K(), tokenizer.Cl100kBase}, {"o200k", O200K(), tokenizer.O200kBase}} {
+		ref := reference(b, enc.e.Name())
+		codec, err := tokenizer.Get(enc.tk)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, size := range benchSizes {
+			text := mixedCorpus(size.n)
+			want := len(ref.EncodeOrdinary(text))
+			if got := enc.e.Count(text); got != want {
+				b.Fatalf("%s/%s: Count = %d, tiktoken-go = %d", enc.name, size.name, got, want)
+			}
+			b.Run(enc.name+"/"+size.name+"/relay", func(b *testing.B) {
+				enc.e.Count(text)
+				b.SetBytes(int64(len(text)))
+				b.ReportAllocs()
+				for b.Loop() {
+					enc.e.Count(text)
+				}
+			})
+			b.Run(enc.name+"/"+size.name+"/tiktoken-go", func(b *testing.B) {
+				b.SetBytes(int64(len(text)))
+				b.ReportAllocs()
+				for b.Loop() {
+					ref.EncodeOrdinary(text)
+				}
+			})
+			b.Run(enc.name+"/"+size.name+"/tokenizer", func(b *testing.B) {
+				b.SetBytes(int64(len(text)))
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := codec.Count(text); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkWorstCase measures single 1 MiB pre-tokens (one piece each), which
+// exercise the O(n log n) merge path.
+func BenchmarkWorstCase(b *testing.B) {
+	const n = 1 << 20
+	cases := []struct{ name, text string }{
+		{"letter", strings.Repeat("a", n)},
+		{"spaces", strings.Repeat(" ", n)},
+		{"newlines", strings.Repeat("\n", n)},
+		{"emoji", strings.Repeat("😀", n/4)},
+	}
+	for _, c := range cases {
+		for _, e := range encodings() {
+			b.Run(c.name+"/"+e.Name(), func(b *testing.B) {
+				e.Count(c.text) // warm up: lazy tables and pooled buffers
+				b.SetBytes(int64(len(c.text)))
+				b.ReportAllocs()
+				for b.Loop() {
+					e.Count(c.text)
+				}
+			})
+		}
+	}
+}

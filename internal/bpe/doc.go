@@ -1,0 +1,43 @@
+// Package bpe is an exact, fast token counter for the tiktoken encodings
+// cl100k_base and o200k_base. It returns counts only, never token IDs.
+//
+// # Model
+//
+// Counting follows tiktoken's EncodeOrdinary: the text is split into
+// pre-tokens by the encoding's split pattern, and every pre-token is
+// byte-pair encoded independently (lowest merge rank first, leftmost on
+// ties). Special tokens such as <|endoftext|> are ordinary text. The split
+// patterns are implemented by a hand-written scanner (no regex engine) that
+// reproduces the leftmost-alternative, greedy-with-backtracking semantics of
+// the regexes, including \s+(?!\S), with \s, \p{L}, \p{N}, \p{M} etc. taken
+// from the standard unicode package exactly as github.com/dlclark/regexp2
+// (used by tiktoken-go) evaluates them.
+//
+// # Exactness
+//
+// Count(s) == len(tiktoken-go EncodeOrdinary(s)) for every string, including
+// invalid UTF-8: like tiktoken-go (which converts the text to runes), every
+// byte that is not part of a valid UTF-8 sequence is treated as U+FFFD both
+// for splitting and for byte-pair encoding. This is checked by differential
+// tests and a fuzz target against github.com/pkoukk/tiktoken-go.
+//
+// # Complexity
+//
+// Pre-tokenization is linear. A pre-token that is itself a token counts 1
+// after one hash lookup; pre-tokens up to 32 bytes use tiktoken's merge on
+// stack arrays (bounded size); longer ones use an O(n log n) heap of merge
+// candidates over a linked list of parts, and pre-tokens of 1 KiB or more
+// use the linear backtracking encoder of GitHub's "bpe" crate, whose tables
+// (a token trie and the merge split/pair tables) are built lazily on the
+// first such pre-token (a few hundred milliseconds, once per encoding).
+// The whole count is therefore O(n log n) in the worst case and linear for
+// long runs. Ranks are loaded lazily, once, from the assets embedded in
+// github.com/pkoukk/tiktoken-go-loader into an open-addressing hash table;
+// nothing is downloaded.
+//
+// # Concurrency and allocation
+//
+// An *Encoding is immutable after loading and safe for concurrent use.
+// Scratch buffers come from a sync.Pool, so steady-state counting does not
+// allocate per token (at most a few allocations per call, none for most).
+package bpe

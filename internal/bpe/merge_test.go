@@ -1,0 +1,88 @@
+package bpe
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"unsafe"
+)
+
+// allTokens returns every token of e.
+func allTokens(e *Encoding) []string {
+	var out []string
+	for _, s := range e.ranks.slots {
+		if s.m != 0 {
+			out = append(out, unsafe.String(&e.ranks.arena[s.m>>40], int(s.m>>32&0xff)))
+		}
+	}
+	return out
+}
+
+// Every token is reachable: merging its bytes yields the token itself, with
+// all three merge implementations.
+func TestTokensReachable(t *testing.T) {
+	for _, e := range encodings() {
+		sc := new(scratch)
+		bt := e.backtracker()
+		for i, tok := range allTokens(e) {
+			if len(tok) < 2 {
+				continue
+			}
+			if n := bt.count(tok, sc); n != 1 {
+				t.Fatalf("%s: backtrack(%q) = %d", e.Name(), tok, n)
+			}
+			if i%8 != 0 {
+				continue // the quadratic-ish paths on a sample only
+			}
+			if len(tok) <= smallPiece {
+				if n := e.mergeSmall(tok); n != 1 {
+					t.Fatalf("%s: mergeSmall(%q) = %d", e.Name(), tok, n)
+				}
+			}
+			if n := e.mergeHeap(tok, sc); n != 1 {
+				t.Fatalf("%s: mergeHeap(%q) = %d", e.Name(), tok, n)
+			}
+		}
+	}
+}
+
+// The three merge strategies agree on random pieces (including long ones,
+// which the quadratic reference cannot handle quickly).
+func TestMergeStrategiesAgree(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, e := range encodings() {
+		toks := allTokens(e)
+		sc := new(scratch)
+		bt := e.backtracker()
+		for iter := range 3000 {
+			var sb strings.Builder
+			target := 2 + rng.IntN(24)
+			if iter%10 == 0 {
+				target = 100 + rng.IntN(3000)
+			}
+			for sb.Len() < target {
+				switch rng.IntN(5) {
+				case 0:
+					sb.WriteByte(byte(rng.IntN(256)))
+				case 1:
+					tk := toks[rng.IntN(len(toks))]
+					sb.WriteString(tk[:1+rng.IntN(len(tk))])
+				case 2:
+					sb.WriteString(strings.Repeat(string(rune(" a\n😀"[rng.IntN(4)])), rng.IntN(20)))
+				default:
+					sb.WriteString(toks[rng.IntN(len(toks))])
+				}
+			}
+			p := sb.String()
+			h := e.mergeHeap(p, sc)
+			if b := bt.count(p, sc); b != h {
+				t.Fatalf("%s: piece %q: heap %d, backtrack %d", e.Name(), p, h, b)
+			}
+			if len(p) <= smallPiece {
+				if s := e.mergeSmall(p); s != h {
+					t.Fatalf("%s: piece %q: heap %d, small %d", e.Name(), p, h, s)
+				}
+			}
+		}
+	}
+}

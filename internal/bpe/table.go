@@ -1,0 +1,114 @@
+package bpe
+
+import (
+	"math/bits"
+	"unsafe"
+)
+
+// noRank marks "not a token".
+const noRank = ^uint32(0)
+
+// rankTable is an open-addressing (linear probing) hash table from token
+// bytes to rank. Each slot is 16 bytes: the first up to 8 key bytes packed
+// into a word (k) and metadata (m = rank | len<<32 | arenaOffset<<40). Keys of
+// at most 8 bytes are compared without touching the arena, so a lookup of a
+// short key costs one cache line.
+type rankTable struct {
+	slots  []slot
+	shift  uint // 64 - log2(len(slots))
+	mask   uint64
+	arena  []byte // concatenated token bytes (for keys longer than 8 bytes)
+	maxLen int
+}
+
+type slot struct {
+	k uint64
+	m uint64
+}
+
+const (
+	hashMul1 = 0x9E3779B97F4A7C15
+	hashMul2 = 0xC2B2AE3D27D4EB4F
+)
+
+func load64(p unsafe.Pointer) uint64 { return *(*uint64)(p) }
+func load32(p unsafe.Pointer) uint32 { return *(*uint32)(p) }
+
+// packKey returns an injective (for a given length) packing of the first
+// min(len,8) bytes of s. s must be non-empty.
+func packKey(s string) uint64 {
+	p := unsafe.Pointer(unsafe.StringData(s))
+	l := len(s)
+	switch {
+	case l >= 8:
+		return load64(p)
+	case l >= 4:
+		return uint64(load32(p)) | uint64(load32(unsafe.Add(p, l-4)))<<32
+	default:
+		return uint64(s[0]) | uint64(s[l>>1])<<8 | uint64(s[l-1])<<16
+	}
+}
+
+// hashKey hashes s given its packed prefix k.
+func hashKey(s string, k uint64) uint64 {
+	l := len(s)
+	h := (k ^ uint64(l)*hashMul2) * hashMul1
+	if l > 8 {
+		p := unsafe.Pointer(unsafe.StringData(s))
+		i := 8
+		for ; i+8 <= l; i += 8 {
+			h = (h ^ h>>31 ^ load64(unsafe.Add(p, i))) * hashMul1
+		}
+		if i < l {
+			h = (h ^ h>>31 ^ load64(unsafe.Add(p, l-8))) * hashMul1
+		}
+	}
+	return h ^ h>>29
+}
+
+func newRankTable(n int) *rankTable {
+	size := 1 << bits.Len(uint(n*2))
+	return &rankTable{
+		slots: make([]slot, size),
+		shift: uint(64 - bits.TrailingZeros(uint(size))),
+		mask:  uint64(size - 1),
+	}
+}
+
+// insert adds key (which must already be stored at arena[off:off+len(key)]).
+func (t *rankTable) insert(key string, off int, rank uint32) {
+	k := packKey(key)
+	i := hashKey(key, k) >> t.shift
+	for t.slots[i].m != 0 {
+		i = (i + 1) & t.mask
+	}
+	t.slots[i] = slot{k: k, m: uint64(rank) | uint64(len(key))<<32 | uint64(off)<<40}
+	if len(key) > t.maxLen {
+		t.maxLen = len(key)
+	}
+}
+
+// get returns the rank of s or noRank. s must be non-empty.
+func (t *rankTable) get(s string) uint32 {
+	k := packKey(s)
+	i := hashKey(s, k) >> t.shift
+	l := uint64(len(s))
+	slots := t.slots
+	for {
+		sl := &slots[i&t.mask]
+		m := sl.m
+		if m == 0 {
+			return noRank
+		}
+		if sl.k == k && (m>>32)&0xff == l {
+			if l <= 8 {
+				return uint32(m)
+			}
+			off := m >> 40
+			if string(t.arena[off+8:off+l]) == s[8:] {
+				return uint32(m)
+			}
+		}
+		i++
+	}
+}
