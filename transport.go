@@ -158,6 +158,8 @@ type trip struct {
 	cancel context.CancelFunc
 	sent   time.Time // when the answering attempt was sent
 	done   atomic.Bool
+
+	injectedUsage bool // the router added stream_options.include_usage
 }
 
 // attempt is one upstream call in flight.
@@ -167,6 +169,7 @@ type attempt struct {
 	err    error
 	cancel context.CancelFunc
 	sent   time.Time
+	stream *streamBody // set when the stream was read ahead (first-token failover)
 }
 
 func (t *trip) run(cands []candidate) (*http.Response, error) {
@@ -185,6 +188,15 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 		}
 		a := t.send(ctx, cand, lastBody)
 		t.rep.Attempts++
+		if a.err == nil && r.cfg.Stream.FirstTokenTimeout > 0 && a.resp.StatusCode < 300 && isEventStream(a.resp.Header) {
+			// First-token failover: nothing has reached the caller yet.
+			a.stream = newStreamBody(t, &a)
+			if err := a.stream.awaitFirstToken(r.cfg.Stream.FirstTokenTimeout); err != nil {
+				a.stream.abandon()
+				a.cand.up.inflight.Add(-1)
+				a.resp, a.stream, a.err = nil, nil, err
+			}
+		}
 		final := i == r.retry.MaxAttempts-1 || ctx.Err() != nil || !r.retry.ShouldRetry(a.resp, a.err)
 		var wait time.Duration
 		if !final {
@@ -234,6 +246,9 @@ func (t *trip) bodyFor(cand candidate) []byte {
 			b = nb
 		}
 	}
+	if t.c.req.Stream && !t.r.cfg.Stream.KeepUsageOption {
+		b, t.injectedUsage = t.injectStreamUsage(b)
+	}
 	return b
 }
 
@@ -278,7 +293,10 @@ func (t *trip) send(ctx context.Context, cand candidate, body []byte) attempt {
 
 // discard releases an attempt that is not returned to the caller.
 func (a *attempt) discard() {
-	if a.resp != nil {
+	if a.stream != nil {
+		a.stream.abandon()
+		a.cand.up.inflight.Add(-1)
+	} else if a.resp != nil {
 		a.resp.Body.Close()
 		a.cand.up.inflight.Add(-1)
 	}
@@ -355,7 +373,14 @@ func (t *trip) finalize(a attempt) (*http.Response, error) {
 	if resp.Body == nil {
 		resp.Body = http.NoBody
 	}
-	resp.Body = &reportBody{rc: resp.Body, t: t, max: usageTeeMax}
+	switch {
+	case a.stream != nil:
+		resp.Body = a.stream
+	case resp.StatusCode < 300 && isEventStream(resp.Header):
+		resp.Body = newStreamBody(t, &a)
+	default:
+		resp.Body = &reportBody{rc: resp.Body, t: t, max: usageTeeMax}
+	}
 	return resp, nil
 }
 
