@@ -26,6 +26,11 @@ type fakeClock struct {
 	// waiting is signalled each time a timer is armed, so a test can wait
 	// for the router to start waiting before it advances the clock.
 	armed chan time.Duration
+	// auto makes every wait return at once: the clock jumps forward by the
+	// wait and the function runs before AfterFunc returns. waits records
+	// the durations asked for.
+	auto  bool
+	waits []time.Duration
 }
 
 type fakeTimer struct {
@@ -47,6 +52,13 @@ func (c *fakeClock) Now() time.Time {
 
 func (c *fakeClock) AfterFunc(d time.Duration, f func()) func() bool {
 	c.mu.Lock()
+	if c.auto {
+		c.waits = append(c.waits, d)
+		c.now = c.now.Add(d)
+		c.mu.Unlock()
+		f()
+		return func() bool { return false }
+	}
 	t := &fakeTimer{at: c.now.Add(d), f: f}
 	c.timers = append(c.timers, t)
 	c.mu.Unlock()
@@ -63,6 +75,19 @@ func (c *fakeClock) AfterFunc(d time.Duration, f func()) func() bool {
 		t.stopped = true
 		return true
 	}
+}
+
+func newAutoClock() *fakeClock {
+	c := newFakeClock()
+	c.auto = true
+	return c
+}
+
+// Waits returns the waits asked for so far.
+func (c *fakeClock) Waits() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]time.Duration(nil), c.waits...)
 }
 
 // Advance moves the clock and runs the timers that came due, in order.

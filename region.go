@@ -47,16 +47,17 @@ func (u *upstream) busy() bool {
 // candidate is one place to send a request: an upstream and the model to ask
 // it for.
 type candidate struct {
-	up    *upstream
-	model string
+	up     *upstream
+	model  string
+	forced bool // its circuit is open, but it is the model's soonest to recover
 }
 
 // plan lists the candidates for a route in the order to try them: the
 // upstreams serving the route's model, then those of each fallback model.
 // Open circuits are skipped, except that a model whose every upstream is open
 // still gets the one whose cooldown ends first, so a pool never runs empty.
-func (r *Router) plan(model string, fallbacks []string) []candidate {
-	out := make([]candidate, 0, len(r.ups)*(1+len(fallbacks)))
+func (r *Router) plan(buf []candidate, model string, fallbacks []string) []candidate {
+	out := buf[:0]
 	now := r.clock.Now()
 	out = r.appendCandidates(out, model, now)
 	for _, fb := range fallbacks {
@@ -85,7 +86,7 @@ func (r *Router) appendCandidates(out []candidate, model string, now time.Time) 
 		out = append(out, candidate{up: u, model: model})
 	}
 	if len(out) == start && soonest != nil {
-		out = append(out, candidate{up: soonest, model: model})
+		out = append(out, candidate{up: soonest, model: model, forced: true})
 	}
 	return out
 }
@@ -118,6 +119,13 @@ func (w *latencyWindow) add(d time.Duration) {
 		w.next, w.full = 0, true
 	}
 	w.dirty++
+	w.mu.Unlock()
+}
+
+// reset empties the window.
+func (w *latencyWindow) reset() {
+	w.mu.Lock()
+	w.next, w.full, w.dirty, w.cached = 0, false, 0, 0
 	w.mu.Unlock()
 }
 

@@ -309,6 +309,10 @@ type Router struct {
 	counter *counter
 	retry   retryPolicy
 	maxBody int64
+
+	breakers         *breakerSettings
+	maxWait          time.Duration
+	defaultMaxTokens int
 }
 
 var _ http.RoundTripper = (*Router)(nil)
@@ -363,6 +367,18 @@ func New(cfg Config) (*Router, error) {
 	var err error
 	if r.retry, err = newRetryPolicy(cfg.Retry); err != nil {
 		return nil, err
+	}
+	if r.breakers, err = newBreakerSettings(cfg.Breaker); err != nil {
+		return nil, err
+	}
+	r.maxWait = cfg.Limits.MaxWait
+	if r.maxWait == 0 {
+		r.maxWait = 2 * time.Second
+	}
+	r.maxWait = max(r.maxWait, 0)
+	r.defaultMaxTokens = cfg.Limits.DefaultMaxTokens
+	if r.defaultMaxTokens <= 0 {
+		r.defaultMaxTokens = 1024
 	}
 	for i := range r.cfg.Upstreams {
 		u, err := newUpstream(&r.cfg.Upstreams[i], r)

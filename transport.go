@@ -55,7 +55,7 @@ func (r *Router) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.c.req.Endpoint == "" {
 		cands = []candidate{{up: r.ups[0]}}
 	} else {
-		cands = r.plan(t.route.Model, t.route.Fallbacks)
+		cands = r.plan(t.cbuf[:0], t.route.Model, t.route.Fallbacks)
 	}
 	if len(cands) == 0 {
 		return nil, t.fail(&Error{Op: "route", Model: t.route.Model, Err: ErrNoUpstream})
@@ -96,7 +96,7 @@ func (r *Router) Decide(req *http.Request) (Decision, error) {
 	if c.req.Endpoint == "" {
 		cands = []candidate{{up: r.ups[0]}}
 	} else {
-		cands = r.plan(d.Route.Model, d.Route.Fallbacks)
+		cands = r.plan(nil, d.Route.Model, d.Route.Fallbacks)
 	}
 	if len(cands) == 0 {
 		return d, &Error{Op: "route", Model: d.Route.Model, Err: ErrNoUpstream}
@@ -153,50 +153,68 @@ type trip struct {
 	route Route
 	rep   Report
 
-	// the answering attempt
-	up     *upstream
-	cancel context.CancelFunc
-	sent   time.Time // when the answering attempt was sent
-	done   atomic.Bool
+	att  attempt // the answering attempt, once there is one
+	done atomic.Bool
+	cbuf [8]candidate // backing array of the candidate list
 
 	injectedUsage bool // the router added stream_options.include_usage
 }
 
-// attempt is one upstream call in flight.
+// attempt is one upstream call.
 type attempt struct {
 	cand   candidate
+	tk     ticket // the breaker's permission
 	resp   *http.Response
 	err    error
 	cancel context.CancelFunc
 	sent   time.Time
 	stream *streamBody // set when the stream was read ahead (first-token failover)
+	held   bool        // holds an in-flight count and slot until released
 }
+
+// maxKeptBody bounds the body of a response kept in memory while the
+// router retries elsewhere, in case it ends up being the one returned.
+const maxKeptBody = 1 << 20
 
 func (t *trip) run(cands []candidate) (*http.Response, error) {
 	r := t.r
 	ctx := t.req.Context()
 	var (
 		bo        backoff.BackOff
-		last      attempt
+		last      *attempt
+		next      int
+		tried     uint64 // forced candidates already tried, by index
 		lastModel string
-		lastBody  []byte
+		body      []byte
 	)
 	for i := 0; i < r.retry.MaxAttempts; i++ {
-		cand := cands[i%len(cands)]
-		if cand.model != lastModel || lastBody == nil {
-			lastModel, lastBody = cand.model, t.bodyFor(cand)
+		idx, tk, err := t.acquire(ctx, cands, next, tried)
+		if err != nil {
+			if last != nil && ctx.Err() == nil {
+				return t.finalize(*last) // the last upstream response, intact
+			}
+			return nil, t.fail(&Error{Op: "acquire", Model: t.route.Model, Err: err})
 		}
-		a := t.send(ctx, cand, lastBody)
+		cand := cands[idx]
+		next = idx + 1
+		if cand.forced {
+			tried |= 1 << (idx % 64)
+		}
+		if body == nil || cand.model != lastModel {
+			lastModel, body = cand.model, t.bodyFor(cand)
+		}
+		a := t.send(ctx, cand, body)
+		a.tk = tk
 		t.rep.Attempts++
 		if a.err == nil && r.cfg.Stream.FirstTokenTimeout > 0 && a.resp.StatusCode < 300 && isEventStream(a.resp.Header) {
 			// First-token failover: nothing has reached the caller yet.
 			a.stream = newStreamBody(t, &a)
 			if err := a.stream.awaitFirstToken(r.cfg.Stream.FirstTokenTimeout); err != nil {
 				a.stream.abandon()
-				a.cand.up.inflight.Add(-1)
 				a.resp, a.stream, a.err = nil, nil, err
 			}
 		}
+		t.observe(&a)
 		final := i == r.retry.MaxAttempts-1 || ctx.Err() != nil || !r.retry.ShouldRetry(a.resp, a.err)
 		var wait time.Duration
 		if !final {
@@ -221,12 +239,23 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 			return t.finalize(a)
 		}
 		a.discard()
-		last = a
+		last = &a
 		if err := sleep(ctx, r.clock, wait); err != nil {
-			return nil, t.fail(&Error{Op: "backoff", Upstream: last.cand.up.cfg.Name, Model: last.cand.model, Err: err})
+			return nil, t.fail(&Error{Op: "backoff", Upstream: a.cand.up.cfg.Name, Model: a.cand.model, Err: err})
 		}
 	}
 	panic("relay: unreachable")
+}
+
+// observe feeds an attempt's outcome to its upstream's breaker and limiter.
+func (t *trip) observe(a *attempt) {
+	now := t.r.clock.Now()
+	var hint time.Duration
+	if a.resp != nil {
+		hint, _ = RetryAfter(a.resp.Header, now)
+		a.cand.up.lim.observe(a.resp, now)
+	}
+	a.cand.up.br.done(a.tk, outcomeOf(a.resp, a.err), hint, now)
 }
 
 // bodyFor returns the body to send to cand: the caller's bytes, with model
@@ -252,10 +281,11 @@ func (t *trip) bodyFor(cand candidate) []byte {
 	return b
 }
 
-// send makes one upstream call.
+// send makes one upstream call. The attempt holds an in-flight count (and
+// the slot acquire took) until it is released.
 func (t *trip) send(ctx context.Context, cand candidate, body []byte) attempt {
 	r := t.r
-	a := attempt{cand: cand}
+	a := attempt{cand: cand, held: true}
 	var timedOut atomic.Bool
 	var stop func() bool
 	if r.retry.AttemptTimeout > 0 {
@@ -278,31 +308,42 @@ func (t *trip) send(ctx context.Context, cand candidate, body []byte) attempt {
 		}
 		a.err = ErrAttemptTimeout
 	}
-	up.lat.add(r.clock.Now().Sub(a.sent))
-	if a.err != nil {
-		up.inflight.Add(-1)
-		if a.cancel != nil {
-			a.cancel()
-		}
-		if !errors.Is(a.err, ErrAttemptTimeout) && ctx.Err() != nil {
-			a.err = ctx.Err()
-		}
+	if a.err == nil || a.err == ErrAttemptTimeout {
+		up.lat.add(r.clock.Now().Sub(a.sent))
+	}
+	if a.err != nil && a.err != ErrAttemptTimeout && ctx.Err() != nil {
+		a.err = ctx.Err()
 	}
 	return a
 }
 
-// discard releases an attempt that is not returned to the caller.
-func (a *attempt) discard() {
-	if a.stream != nil {
-		a.stream.abandon()
+// release gives back what an attempt holds: its in-flight count and slot,
+// and its context.
+func (a *attempt) release() {
+	if a.held {
+		a.held = false
 		a.cand.up.inflight.Add(-1)
-	} else if a.resp != nil {
-		a.resp.Body.Close()
-		a.cand.up.inflight.Add(-1)
+		a.cand.up.lim.release()
 	}
 	if a.cancel != nil {
 		a.cancel()
 	}
+}
+
+// discard releases an attempt that is not returned to the caller now. Its
+// response body is kept in memory (up to maxKeptBody) so the response can
+// still be returned, intact, if no later attempt gets one.
+func (a *attempt) discard() {
+	if a.stream != nil {
+		a.stream.abandon()
+		a.resp, a.stream = nil, nil
+	} else if a.resp != nil {
+		b, _ := io.ReadAll(io.LimitReader(a.resp.Body, maxKeptBody))
+		a.resp.Body.Close()
+		a.resp.Body = io.NopCloser(bytes.NewReader(b))
+		a.resp.ContentLength = int64(len(b))
+	}
+	a.release()
 }
 
 // outgoing builds the request for one attempt on a copy of the caller's.
@@ -347,9 +388,7 @@ func (t *trip) pathFor() string {
 
 // finalize hands the answering attempt's outcome to the caller.
 func (t *trip) finalize(a attempt) (*http.Response, error) {
-	t.up = a.cand.up
-	t.cancel = a.cancel
-	t.sent = a.sent
+	t.att = a
 	t.rep.Upstream = a.cand.up.cfg.Name
 	if a.cand.model != "" {
 		t.rep.Model = a.cand.model
@@ -400,20 +439,15 @@ func (t *trip) finish(u Usage, haveUsage bool) {
 	r := t.r
 	rep := &t.rep
 	rep.Latency = r.clock.Now().Sub(t.start)
-	if t.up != nil && rep.StatusCode != 0 {
-		t.up.inflight.Add(-1)
-	}
-	if t.cancel != nil {
-		t.cancel()
-	}
+	t.att.release()
 	if haveUsage {
 		rep.Usage = u
 		if p, ok := lookupPrice(r.prices, rep.Model); ok {
 			rep.Priced = true
 			rep.ListCostUSD = p.Cost(u)
 			factor := 1.0
-			if t.up != nil {
-				factor = t.up.factor
+			if t.att.cand.up != nil {
+				factor = t.att.cand.up.factor
 			}
 			rep.CostUSD = rep.ListCostUSD * factor
 		}
