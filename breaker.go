@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -150,6 +151,10 @@ type breaker struct {
 	s       *breakerSettings
 	busyP99 time.Duration
 
+	// out is 0 while the breaker is closed, so the common case reads one
+	// atomic and takes no lock; otherwise the state is read under mu.
+	out atomic.Bool
+
 	mu       sync.Mutex
 	state    BreakerState
 	gen      uint64 // bumped on every state change; stale outcomes are dropped
@@ -179,6 +184,9 @@ func (b *breaker) init(u *upstream, r *Router) {
 // candidate order at now, and until when. A half-open breaker whose probe is
 // in flight is out too (until now).
 func (b *breaker) openUntil(now time.Time) (time.Time, bool) {
+	if !b.out.Load() {
+		return time.Time{}, false
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch b.state {
@@ -280,6 +288,7 @@ func (b *breaker) openLocked(reason string, d time.Duration, now time.Time) *Bre
 func (b *breaker) setLocked(to BreakerState, reason string, now time.Time) *BreakerEvent {
 	from := b.state
 	b.state = to
+	b.out.Store(to != StateClosed)
 	b.gen++
 	if b.s.onChange == nil {
 		return nil

@@ -93,11 +93,14 @@ func bucketDelay(lim *rate.Limiter, now time.Time, n int) time.Duration {
 // take removes the request's tokens at now. The caller has checked that they
 // are there or has waited for them.
 func (l *limiter) take(now time.Time, tpm int) {
+	// AllowN, unlike ReserveN, does not allocate. It can only fail if a
+	// concurrent request took the tokens since delay looked; the request
+	// then goes anyway, a bounded overshoot of one request.
 	if l.rpm != nil {
-		l.rpm.ReserveN(now, 1)
+		l.rpm.AllowN(now, 1)
 	}
 	if l.tpm != nil {
-		l.tpm.ReserveN(now, tpm)
+		l.tpm.AllowN(now, tpm)
 	}
 }
 
@@ -134,11 +137,14 @@ func (l *limiter) observe(resp *http.Response, now time.Time) {
 		}
 		until = now.Add(d)
 	}
-	for _, kind := range [...]string{"requests", "tokens"} {
-		if resp.Header.Get("X-Ratelimit-Remaining-"+kind) != "0" {
+	for _, k := range [...][2]string{
+		{"X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests"},
+		{"X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens"},
+	} {
+		if headerValue(resp.Header, k[0]) != "0" {
 			continue
 		}
-		if d, ok := parseReset(resp.Header.Get("X-Ratelimit-Reset-" + kind)); ok && now.Add(d).After(until) {
+		if d, ok := parseReset(headerValue(resp.Header, k[1])); ok && now.Add(d).After(until) {
 			until = now.Add(d)
 		}
 	}
@@ -151,6 +157,15 @@ func (l *limiter) observe(resp *http.Response, now time.Time) {
 			return
 		}
 	}
+}
+
+// headerValue is h.Get(key) for a key already in canonical form, without
+// canonicalising it again (responses from net/http have canonical keys).
+func headerValue(h http.Header, key string) string {
+	if v := h[key]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // parseReset parses an x-ratelimit-reset-* value: a Go duration ("6m0s",

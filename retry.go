@@ -91,12 +91,12 @@ func DefaultBackOff(cfg RetryConfig) backoff.BackOff {
 // false when neither header holds a usable value; negative and unparsable
 // values are ignored.
 func RetryAfter(h http.Header, now time.Time) (d time.Duration, ok bool) {
-	if v := h.Get("Retry-After-Ms"); v != "" {
+	if v := headerValue(h, "Retry-After-Ms"); v != "" {
 		if ms, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil && ms >= 0 && ms < 1e12 {
 			return time.Duration(ms * float64(time.Millisecond)), true
 		}
 	}
-	v := strings.TrimSpace(h.Get("Retry-After"))
+	v := strings.TrimSpace(headerValue(h, "Retry-After"))
 	if v == "" {
 		return 0, false
 	}

@@ -251,11 +251,14 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 func (t *trip) observe(a *attempt) {
 	now := t.r.clock.Now()
 	var hint time.Duration
+	o := outcomeOf(a.resp, a.err)
 	if a.resp != nil {
-		hint, _ = RetryAfter(a.resp.Header, now)
+		if o == outcomeFailure {
+			hint, _ = RetryAfter(a.resp.Header, now)
+		}
 		a.cand.up.lim.observe(a.resp, now)
 	}
-	a.cand.up.br.done(a.tk, outcomeOf(a.resp, a.err), hint, now)
+	a.cand.up.br.done(a.tk, o, hint, now)
 }
 
 // bodyFor returns the body to send to cand: the caller's bytes, with model

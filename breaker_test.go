@@ -1,0 +1,278 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenrelay/relay/relaytest"
+)
+
+// breakerRig is one upstream's breaker driven step by step with a fake clock.
+type breakerRig struct {
+	clock  *fakeClock
+	r      *Router
+	u      *upstream
+	mu     sync.Mutex
+	events []string
+}
+
+func newBreakerRig(t *testing.T, cfg BreakerConfig) *breakerRig {
+	rig := &breakerRig{clock: newFakeClock()}
+	cfg.OnChange = func(ev BreakerEvent) {
+		rig.mu.Lock()
+		rig.events = append(rig.events, fmt.Sprintf("%s->%s", ev.From, ev.To))
+		rig.mu.Unlock()
+	}
+	r, err := New(Config{Clock: rig.clock, Breaker: cfg, Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1"}}})
+	require.NoError(t, err)
+	rig.r, rig.u = r, r.ups[0]
+	return rig
+}
+
+func (g *breakerRig) evs() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]string(nil), g.events...)
+}
+
+// call runs one attempt through the breaker: allow, then done with the
+// outcome. It reports whether the breaker let it through.
+func (g *breakerRig) call(o outcome, latency time.Duration, hint time.Duration) bool {
+	now := g.clock.Now()
+	tk, ok := g.u.br.allow(now, false)
+	if !ok {
+		return false
+	}
+	g.u.lat.add(latency)
+	g.u.br.done(tk, o, hint, now)
+	return true
+}
+
+func TestBreakerSteps(t *testing.T) {
+	const (
+		S = outcomeSuccess
+		F = outcomeFailure
+		N = outcomeNeutral
+	)
+	type step struct {
+		advance time.Duration
+		o       outcome
+		allowed bool
+		state   BreakerState
+	}
+	cases := []struct {
+		name   string
+		cfg    BreakerConfig
+		steps  []step
+		events []string
+	}{
+		{"opens after more than 5 consecutive failures", BreakerConfig{}, []step{
+			{0, F, true, StateClosed}, {0, F, true, StateClosed}, {0, F, true, StateClosed},
+			{0, F, true, StateClosed}, {0, F, true, StateClosed},
+			{0, F, true, StateOpen}, // the 6th
+			{0, S, false, StateOpen},
+			{29 * time.Second, S, false, StateOpen},
+		}, []string{"closed->open"}},
+		{"a success resets the count", BreakerConfig{}, []step{
+			{0, F, true, StateClosed}, {0, F, true, StateClosed}, {0, F, true, StateClosed}, {0, F, true, StateClosed},
+			{0, F, true, StateClosed}, {0, S, true, StateClosed}, {0, F, true, StateClosed}, {0, F, true, StateClosed},
+		}, nil},
+		{"4xx and cancellations count neither way", BreakerConfig{Failures: 1}, []step{
+			{0, F, true, StateClosed}, {0, N, true, StateClosed}, {0, N, true, StateClosed}, {0, F, true, StateOpen},
+		}, []string{"closed->open"}},
+		{"half-open probe success closes", BreakerConfig{Failures: 1}, []step{
+			{0, F, true, StateClosed}, {0, F, true, StateOpen},
+			{30 * time.Second, S, true, StateClosed},
+			{0, S, true, StateClosed},
+		}, []string{"closed->open", "open->half-open", "half-open->closed"}},
+		{"half-open probe failure doubles the cooldown", BreakerConfig{Failures: 1}, []step{
+			{0, F, true, StateClosed}, {0, F, true, StateOpen},
+			{30 * time.Second, F, true, StateOpen},
+			{59 * time.Second, S, false, StateOpen},
+			{time.Second, F, true, StateOpen}, // 60 s later: probe again, fails: 120 s
+			{119 * time.Second, S, false, StateOpen},
+			{time.Second, S, true, StateClosed},
+		}, []string{"closed->open", "open->half-open", "half-open->open", "open->half-open", "half-open->open", "open->half-open", "half-open->closed"}},
+		{"cooldown capped", BreakerConfig{Failures: 1, Cooldown: time.Minute, MaxCooldown: 90 * time.Second}, []step{
+			{0, F, true, StateClosed}, {0, F, true, StateOpen},
+			{time.Minute, F, true, StateOpen},
+			{90 * time.Second, S, true, StateClosed},
+		}, []string{"closed->open", "open->half-open", "half-open->open", "open->half-open", "half-open->closed"}},
+		{"failures disabled", BreakerConfig{Failures: -1}, []step{
+			{0, F, true, StateClosed}, {0, F, true, StateClosed}, {0, F, true, StateClosed}, {0, F, true, StateClosed},
+			{0, F, true, StateClosed}, {0, F, true, StateClosed}, {0, F, true, StateClosed},
+		}, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			g := newBreakerRig(t, c.cfg)
+			for i, s := range c.steps {
+				g.clock.Advance(s.advance)
+				allowed := g.call(s.o, 10*time.Millisecond, 0)
+				assert.Equal(t, s.allowed, allowed, "step %d allowed", i)
+				assert.Equal(t, s.state, g.u.br.stateAt(g.clock.Now()), "step %d state", i)
+			}
+			assert.Equal(t, c.events, g.evs())
+		})
+	}
+}
+
+func TestBreakerOpensOnP99(t *testing.T) {
+	g := newBreakerRig(t, BreakerConfig{P99: time.Second, MinSamples: 20})
+	for range 19 {
+		g.call(outcomeSuccess, 3*time.Second, 0)
+	}
+	assert.Equal(t, StateClosed, g.u.br.stateAt(g.clock.Now()), "not before MinSamples")
+	g.call(outcomeSuccess, 3*time.Second, 0)
+	assert.Equal(t, StateOpen, g.u.br.stateAt(g.clock.Now()))
+	assert.Zero(t, g.u.lat.count(), "window reset on opening")
+	g.clock.Advance(30 * time.Second)
+	assert.True(t, g.call(outcomeSuccess, 10*time.Millisecond, 0), "probe")
+	assert.Equal(t, StateClosed, g.u.br.stateAt(g.clock.Now()))
+}
+
+func TestBreakerRetryAfterStretchesCooldown(t *testing.T) {
+	g := newBreakerRig(t, BreakerConfig{Failures: 1})
+	g.call(outcomeFailure, time.Millisecond, 0)
+	g.call(outcomeFailure, time.Millisecond, 2*time.Minute)
+	g.clock.Advance(time.Minute)
+	assert.False(t, g.call(outcomeSuccess, time.Millisecond, 0), "still open: the hint is longer than the cooldown")
+	g.clock.Advance(time.Minute)
+	assert.True(t, g.call(outcomeSuccess, time.Millisecond, 0))
+}
+
+func TestBreakerOneProbeAtATime(t *testing.T) {
+	g := newBreakerRig(t, BreakerConfig{Failures: 1})
+	g.call(outcomeFailure, time.Millisecond, 0)
+	g.call(outcomeFailure, time.Millisecond, 0)
+	g.clock.Advance(30 * time.Second)
+	now := g.clock.Now()
+	tk, ok := g.u.br.allow(now, false)
+	require.True(t, ok)
+	assert.True(t, tk.probe)
+	_, ok = g.u.br.allow(now, false)
+	assert.False(t, ok, "second request while the probe is in flight")
+	// A stale outcome from before the state change is ignored.
+	g.u.br.done(ticket{gen: tk.gen - 2}, outcomeFailure, 0, now)
+	assert.Equal(t, StateHalfOpen, g.u.br.stateAt(now))
+	g.u.br.done(tk, outcomeSuccess, 0, now)
+	assert.Equal(t, StateClosed, g.u.br.stateAt(now))
+}
+
+func TestOutcomeOf(t *testing.T) {
+	for _, c := range []struct {
+		status int
+		err    error
+		want   outcome
+	}{
+		{200, nil, outcomeSuccess}, {201, nil, outcomeSuccess}, {400, nil, outcomeNeutral}, {404, nil, outcomeNeutral},
+		{429, nil, outcomeFailure}, {500, nil, outcomeFailure}, {503, nil, outcomeFailure},
+		{0, errors.New("connection refused"), outcomeFailure}, {0, ErrAttemptTimeout, outcomeFailure},
+		{0, context.Canceled, outcomeNeutral},
+	} {
+		var resp *http.Response
+		if c.err == nil {
+			resp = &http.Response{StatusCode: c.status}
+		}
+		assert.Equal(t, c.want, outcomeOf(resp, c.err), "%d %v", c.status, c.err)
+	}
+}
+
+// TestRegionDeadThenBack drives a whole router: one region fails, its
+// circuit opens and traffic moves to the other; after the cooldown one
+// request probes it and it is back.
+func TestRegionDeadThenBack(t *testing.T) {
+	srvs := newServers(t, 2)
+	srvs[0].SetDefault(relaytest.Fault{Status: 503})
+	clock := newAutoClock()
+	var mu sync.Mutex
+	var events []BreakerEvent
+	r, reps := newTestRouter(t, Config{
+		Clock: clock,
+		Upstreams: []Upstream{
+			{Name: "dead", BaseURL: srvs[0].URL},
+			{Name: "ok", BaseURL: srvs[1].URL},
+		},
+		Breaker: BreakerConfig{Failures: 2, OnChange: func(ev BreakerEvent) { mu.Lock(); events = append(events, ev); mu.Unlock() }},
+	})
+	for range 6 {
+		resp, _, err := send(t, r, chatBody("gpt-4.1", "x"))
+		require.NoError(t, err)
+		require.Equal(t, 200, resp.StatusCode)
+	}
+	assert.Equal(t, 3, srvs[0].Calls(), "the dead region saw 3 failures, then its circuit opened")
+	assert.Equal(t, StateOpen, r.byName["dead"].br.stateAt(clock.Now()))
+
+	srvs[0].SetDefault(relaytest.Fault{})
+	clock.Advance(31 * time.Second)
+	resp, _, err := send(t, r, chatBody("gpt-4.1", "x"))
+	require.NoError(t, err)
+	assert.Equal(t, "dead", resp.Header.Get(HeaderUpstream), "the probe went to the recovered region")
+	assert.Equal(t, StateClosed, r.byName["dead"].br.stateAt(clock.Now()))
+	mu.Lock()
+	defer mu.Unlock()
+	var trans []string
+	for _, ev := range events {
+		assert.Equal(t, "dead", ev.Upstream)
+		trans = append(trans, ev.From.String()+"->"+ev.To.String())
+	}
+	assert.Equal(t, []string{"closed->open", "open->half-open", "half-open->closed"}, trans)
+	assert.Len(t, reps.all(), 7)
+}
+
+func TestAllOpenStillTriesSoonest(t *testing.T) {
+	srvs := newServers(t, 2)
+	for _, s := range srvs {
+		s.SetDefault(relaytest.Fault{Status: 503})
+	}
+	clock := newAutoClock()
+	r, reps := newTestRouter(t, Config{
+		Clock:     clock,
+		Upstreams: []Upstream{{Name: "a", BaseURL: srvs[0].URL}, {Name: "b", BaseURL: srvs[1].URL}},
+		Breaker:   BreakerConfig{Failures: 1, Cooldown: time.Hour},
+	})
+	for range 2 {
+		send(t, r, chatBody("gpt-4.1", "x"))
+	}
+	now := clock.Now()
+	require.Equal(t, StateOpen, r.byName["a"].br.stateAt(now))
+	require.Equal(t, StateOpen, r.byName["b"].br.stateAt(now))
+	calls := srvs[0].Calls() + srvs[1].Calls()
+	resp, _, err := send(t, r, chatBody("gpt-4.1", "x"))
+	require.NoError(t, err, "a pool never runs empty: the soonest to recover is tried")
+	assert.Equal(t, 503, resp.StatusCode)
+	assert.Equal(t, calls+1, srvs[0].Calls()+srvs[1].Calls(), "exactly one try, no spin")
+	assert.Equal(t, 1, reps.all()[len(reps.all())-1].Attempts)
+}
+
+func TestProbeReadmits(t *testing.T) {
+	srvs := newServers(t, 1)
+	srvs[0].SetDefault(relaytest.Fault{Status: 500})
+	clock := newAutoClock()
+	r, _ := newTestRouter(t, Config{
+		Clock:     clock,
+		Upstreams: []Upstream{{Name: "a", BaseURL: srvs[0].URL}},
+		Breaker:   BreakerConfig{Failures: 1, ProbePath: "/models"},
+		Retry:     RetryConfig{MaxAttempts: 1},
+	})
+	send(t, r, chatBody("gpt-4.1", "x"))
+	send(t, r, chatBody("gpt-4.1", "x"))
+	require.Equal(t, StateOpen, r.byName["a"].br.stateAt(clock.Now()))
+	assert.Empty(t, r.Probe(context.Background()), "cooldown not over")
+	clock.Advance(time.Minute)
+	assert.Equal(t, StateOpen, r.byName["a"].br.stateAt(clock.Now()), "with a probe path, no user request is the probe")
+	srvs[0].SetDefault(relaytest.Fault{})
+	assert.Equal(t, []string{"a"}, r.Probe(context.Background()))
+	assert.Equal(t, StateClosed, r.byName["a"].br.stateAt(clock.Now()))
+	last := srvs[0].Requests()[srvs[0].Calls()-1]
+	assert.Equal(t, "GET", last.Method)
+	assert.Equal(t, "/v1/models", last.Path)
+}
