@@ -141,13 +141,12 @@ func BenchmarkAcquire(b *testing.B) {
 	}
 	resp := &http.Response{StatusCode: 200, Header: http.Header{}}
 	one := func(t *trip, start int) {
-		cands := r.plan(t.cbuf[:0], "gpt-4.1", nil)
+		cands := r.plan(t.cbuf[:0], "gpt-4.1", nil, uint64(start), true)
 		i, tk, err := t.acquire(context.Background(), cands, start, 0)
 		if err != nil {
 			b.Fatal(err)
 		}
 		a := attempt{cand: cands[i], tk: tk, resp: resp, held: true}
-		a.cand.up.inflight.Add(1)
 		t.observe(&a)
 		a.release()
 	}

@@ -51,7 +51,7 @@ func (g *breakerRig) call(o outcome, latency time.Duration, hint time.Duration) 
 	if !ok {
 		return false
 	}
-	g.u.lat.add(latency)
+	g.u.lat.add(latency, now)
 	g.u.br.done(tk, o, hint, now)
 	return true
 }

@@ -229,7 +229,8 @@ func TestDecide(t *testing.T) {
 			{Name: "codex-us", BaseURL: "http://127.0.0.1:2/v1", Models: []string{"gpt-5.5-codex"}},
 			{Name: "codex-eu", BaseURL: "http://127.0.0.1:3/v1", Models: []string{"gpt-5.5-codex"}},
 		},
-		Policy: ClusterPolicy{Fast: "gemini-2.5-flash", Cheap: "deepseek-v3.2"},
+		Policy:   ClusterPolicy{Fast: "gemini-2.5-flash", Cheap: "deepseek-v3.2"},
+		Strategy: StrategyPriority,
 	})
 	require.NoError(t, err)
 	prompt := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 15) // ~150 tokens

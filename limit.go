@@ -223,7 +223,7 @@ func (t *trip) acquire(ctx context.Context, cands []candidate, start int, tried 
 		tokens = t.c.req.PromptTokens + t.c.req.MaxTokens
 	}
 	n := len(cands)
-	best, bestD, slotWait, open := -1, time.Duration(math.MaxInt64), -1, 0
+	best, bestD, slotWait, open, over := -1, time.Duration(math.MaxInt64), -1, 0, -1
 	for k := range n {
 		i := (start + k) % n
 		c := &cands[i]
@@ -235,6 +235,12 @@ func (t *trip) acquire(ctx context.Context, cands []candidate, start int, tried 
 				open++
 				continue
 			}
+		}
+		if r.strategy == StrategyBoundedLoad && !c.forced && c.up.inflight.Load() >= r.boundedCap(cands, c.model) {
+			if over < 0 {
+				over = i
+			}
+			continue
 		}
 		lim := &c.up.lim
 		tpm := lim.charge(tokens)
@@ -258,7 +264,13 @@ func (t *trip) acquire(ctx context.Context, cands []candidate, start int, tried 
 			continue
 		}
 		lim.take(now, tpm)
+		c.up.inflight.Add(1)
 		return i, tk, nil
+	}
+	if over >= 0 && best < 0 && slotWait < 0 {
+		// Every candidate is at its bounded-load cap: the first in hash
+		// order takes it, as a consistent-hashing ring would.
+		best, bestD = over, 0
 	}
 	maxWait := r.maxWait
 	if dl, ok := ctx.Deadline(); ok {
@@ -268,7 +280,7 @@ func (t *trip) acquire(ctx context.Context, cands []candidate, start int, tried 
 	var wait time.Duration
 	switch {
 	case best >= 0 && bestD <= maxWait:
-		pick, wait = best, bestD
+		pick, wait = best, max(bestD, 0)
 	case slotWait >= 0 && maxWait > 0:
 		pick = slotWait
 	case best < 0 && slotWait < 0 && open > 0:
@@ -309,5 +321,6 @@ func (t *trip) acquire(ctx context.Context, cands []candidate, start int, tried 
 		lim.take(now, tpm)
 	}
 	tk, _ := c.up.br.allow(r.clock.Now(), true)
+	c.up.inflight.Add(1)
 	return pick, tk, nil
 }

@@ -134,6 +134,17 @@ type Config struct {
 	// fetch.
 	ImageTokens int
 
+	// Strategy orders the upstreams serving a model (region.go). The zero
+	// value is StrategyAffinity.
+	Strategy Strategy
+	// Jitter is the fraction of requests StrategyAffinity sends to an
+	// upstream other than the key's home, at random, to break bursts. If 0,
+	// 0.125; negative means none.
+	Jitter float64
+	// LoadFactor is the c of StrategyBoundedLoad: no upstream takes more
+	// than ⌈c·average⌉ in-flight requests. If 0, 1.25; it must be at least 1.
+	LoadFactor float64
+
 	// Retry configures retries and fallbacks (retry.go).
 	Retry RetryConfig
 
@@ -313,6 +324,9 @@ type Router struct {
 	breakers         *breakerSettings
 	maxWait          time.Duration
 	defaultMaxTokens int
+	strategy         Strategy
+	jitter           float64
+	loadFactor       float64
 }
 
 var _ http.RoundTripper = (*Router)(nil)
@@ -376,6 +390,22 @@ func New(cfg Config) (*Router, error) {
 		r.maxWait = 2 * time.Second
 	}
 	r.maxWait = max(r.maxWait, 0)
+	r.strategy = cfg.Strategy
+	if r.strategy > StrategyPriority {
+		return nil, fmt.Errorf("relay: unknown Strategy %d", cfg.Strategy)
+	}
+	r.jitter = cfg.Jitter
+	if r.jitter == 0 {
+		r.jitter = 0.125
+	}
+	r.jitter = min(max(r.jitter, 0), 1)
+	r.loadFactor = cfg.LoadFactor
+	if r.loadFactor == 0 {
+		r.loadFactor = 1.25
+	}
+	if r.loadFactor < 1 {
+		return nil, errors.New("relay: LoadFactor must be at least 1")
+	}
 	r.defaultMaxTokens = cfg.Limits.DefaultMaxTokens
 	if r.defaultMaxTokens <= 0 {
 		r.defaultMaxTokens = 1024

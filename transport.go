@@ -43,6 +43,7 @@ func (r *Router) RoundTrip(req *http.Request) (*http.Response, error) {
 	t.body = body
 	t.c = r.classify(req.Method, req.URL.Path, req.Header, body)
 	t.route = r.route(t.c.req)
+	t.key = r.keyOf(&t.c)
 	t.rep = Report{
 		RequestedModel: t.c.req.Model,
 		Model:          t.route.Model,
@@ -55,7 +56,7 @@ func (r *Router) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.c.req.Endpoint == "" {
 		cands = []candidate{{up: r.ups[0]}}
 	} else {
-		cands = r.plan(t.cbuf[:0], t.route.Model, t.route.Fallbacks)
+		cands = r.plan(t.cbuf[:0], t.route.Model, t.route.Fallbacks, t.key, true)
 	}
 	if len(cands) == 0 {
 		return nil, t.fail(&Error{Op: "route", Model: t.route.Model, Err: ErrNoUpstream})
@@ -65,7 +66,9 @@ func (r *Router) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // Decide returns the routing decision for req without sending it: no
 // network, no limiter tokens taken, and req.Body left readable (read through
-// req.GetBody when set, else read and replaced by an equal reader).
+// req.GetBody when set, else read and replaced by an equal reader). The
+// upstream order is the strategy's deterministic ranking; at run time
+// Jitter (and the random parts of the other strategies) may move a request.
 func (r *Router) Decide(req *http.Request) (Decision, error) {
 	var body []byte
 	if req.Body != nil && req.Body != http.NoBody {
@@ -96,7 +99,7 @@ func (r *Router) Decide(req *http.Request) (Decision, error) {
 	if c.req.Endpoint == "" {
 		cands = []candidate{{up: r.ups[0]}}
 	} else {
-		cands = r.plan(nil, d.Route.Model, d.Route.Fallbacks)
+		cands = r.plan(nil, d.Route.Model, d.Route.Fallbacks, r.keyOf(&c), false)
 	}
 	if len(cands) == 0 {
 		return d, &Error{Op: "route", Model: d.Route.Model, Err: ErrNoUpstream}
@@ -151,6 +154,7 @@ type trip struct {
 	body  []byte
 	c     classified
 	route Route
+	key   uint64 // affinity key
 	rep   Report
 
 	att  attempt // the answering attempt, once there is one
@@ -252,6 +256,10 @@ func (t *trip) observe(a *attempt) {
 	now := t.r.clock.Now()
 	var hint time.Duration
 	o := outcomeOf(a.resp, a.err)
+	a.cand.up.requests.Add(1)
+	if o == outcomeFailure {
+		a.cand.up.failures.Add(1)
+	}
 	if a.resp != nil {
 		if o == outcomeFailure {
 			hint, _ = RetryAfter(a.resp.Header, now)
@@ -284,8 +292,8 @@ func (t *trip) bodyFor(cand candidate) []byte {
 	return b
 }
 
-// send makes one upstream call. The attempt holds an in-flight count (and
-// the slot acquire took) until it is released.
+// send makes one upstream call. The attempt holds the in-flight count and
+// slot acquire took until it is released.
 func (t *trip) send(ctx context.Context, cand candidate, body []byte) attempt {
 	r := t.r
 	a := attempt{cand: cand, held: true}
@@ -301,7 +309,6 @@ func (t *trip) send(ctx context.Context, cand candidate, body []byte) attempt {
 	}
 	out := t.outgoing(ctx, cand, body)
 	up := cand.up
-	up.inflight.Add(1)
 	a.sent = r.clock.Now()
 	a.resp, a.err = r.base.RoundTrip(out)
 	if stop != nil && !stop() && timedOut.Load() {
@@ -312,7 +319,8 @@ func (t *trip) send(ctx context.Context, cand candidate, body []byte) attempt {
 		a.err = ErrAttemptTimeout
 	}
 	if a.err == nil || a.err == ErrAttemptTimeout {
-		up.lat.add(r.clock.Now().Sub(a.sent))
+		now := r.clock.Now()
+		up.lat.add(now.Sub(a.sent), now)
 	}
 	if a.err != nil && a.err != ErrAttemptTimeout && ctx.Err() != nil {
 		a.err = ctx.Err()

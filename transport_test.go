@@ -58,8 +58,14 @@ func (rec *recorder) got() []seen {
 	return append([]seen(nil), rec.reqs...)
 }
 
+// newTestRouter builds a router whose OnReport collects into reports. Unless
+// the test sets a Strategy or a Jitter, upstreams are tried in configuration
+// order (StrategyPriority), so tests can say which upstream comes first.
 func newTestRouter(t *testing.T, cfg Config) (*Router, *reports) {
 	t.Helper()
+	if cfg.Strategy == StrategyAffinity && cfg.Jitter == 0 {
+		cfg.Strategy = StrategyPriority
+	}
 	reps := &reports{}
 	cfg.OnReport = reps.add
 	r, err := New(cfg)

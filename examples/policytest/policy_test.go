@@ -2,6 +2,7 @@ package policytest
 
 import (
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -17,17 +18,18 @@ func TestPolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	codex := []string{"codex-eu", "codex-us"}
 	cases := []struct {
-		name      string
-		words     int
-		model     string
-		bucket    string
-		upstreams []string
+		name   string
+		words  int
+		model  string
+		bucket string
+		first  string // the route's own upstream; "" when the codex regions come first
 	}{
-		{"tiny prompt stays", 10, "gpt-5.5-codex", "short", []string{"codex-us", "codex-eu"}},
-		{"hot window goes fast", 150, "gemini-2.5-flash", "short", []string{"flash", "codex-us", "codex-eu"}},
-		{"mid goes cheap", 500, "deepseek-v3.2", "mid", []string{"deepseek", "codex-us", "codex-eu"}},
-		{"long stays", 2000, "gpt-5.5-codex", "long", []string{"codex-us", "codex-eu"}},
+		{"tiny prompt stays", 10, "gpt-5.5-codex", "short", ""},
+		{"hot window goes fast", 150, "gemini-2.5-flash", "short", "flash"},
+		{"mid goes cheap", 500, "deepseek-v3.2", "mid", "deepseek"},
+		{"long stays", 2000, "gpt-5.5-codex", "long", ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -35,9 +37,22 @@ func TestPolicy(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if d.Route.Model != c.model || d.Request.Bucket != c.bucket || strings.Join(d.Upstreams, ",") != strings.Join(c.upstreams, ",") {
-				t.Errorf("%d words (%d tokens): got model %s bucket %s upstreams %v; want %s %s %v",
-					c.words, d.Request.PromptTokens, d.Route.Model, d.Request.Bucket, d.Upstreams, c.model, c.bucket, c.upstreams)
+			if d.Route.Model != c.model || d.Request.Bucket != c.bucket {
+				t.Errorf("%d words (%d tokens): got model %s bucket %s; want %s %s",
+					c.words, d.Request.PromptTokens, d.Route.Model, d.Request.Bucket, c.model, c.bucket)
+			}
+			// The codex regions follow (or lead) in the order the prompt's
+			// affinity key ranks them; which one leads is the hash's choice.
+			rest := d.Upstreams
+			if c.first != "" {
+				if len(rest) == 0 || rest[0] != c.first {
+					t.Fatalf("upstreams %v: want %s first", d.Upstreams, c.first)
+				}
+				rest = rest[1:]
+			}
+			got := slices.Sorted(slices.Values(rest))
+			if !slices.Equal(got, codex) {
+				t.Errorf("upstreams %v: want %s then the codex regions", d.Upstreams, c.first)
 			}
 		})
 	}
