@@ -142,7 +142,7 @@ func BenchmarkAcquire(b *testing.B) {
 	resp := &http.Response{StatusCode: 200, Header: http.Header{}}
 	one := func(t *trip, start int) {
 		cands := r.plan(t.cbuf[:0], "gpt-4.1", nil, uint64(start), true)
-		i, tk, err := t.acquire(context.Background(), cands, start, 0)
+		i, tk, err := t.acquire(context.Background(), cands, start, 0, true)
 		if err != nil {
 			b.Fatal(err)
 		}

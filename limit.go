@@ -215,7 +215,7 @@ var ErrCircuitOpen = errors.New("relay: every candidate's circuit is open")
 // and never past the context's deadline. Forced candidates already tried
 // (bits of tried) are skipped. It returns the candidate's index and the
 // breaker's ticket; the candidate's tokens and slot are taken.
-func (t *trip) acquire(ctx context.Context, cands []candidate, start int, tried uint64) (int, ticket, error) {
+func (t *trip) acquire(ctx context.Context, cands []candidate, start int, tried uint64, mayWait bool) (int, ticket, error) {
 	r := t.r
 	now := r.clock.Now()
 	tokens := t.c.req.PromptTokens + r.defaultMaxTokens
@@ -273,6 +273,9 @@ func (t *trip) acquire(ctx context.Context, cands []candidate, start int, tried 
 		best, bestD = over, 0
 	}
 	maxWait := r.maxWait
+	if !mayWait {
+		maxWait = 0
+	}
 	if dl, ok := ctx.Deadline(); ok {
 		maxWait = min(maxWait, dl.Sub(now))
 	}

@@ -348,6 +348,7 @@ type latencyWindow struct {
 	full      bool
 	dirty     int // samples added since p99 was computed
 	cached    time.Duration
+	cached95  time.Duration
 	scratch   []time.Duration
 }
 
@@ -415,11 +416,24 @@ func (w *latencyWindow) count() int {
 func (w *latencyWindow) p99() time.Duration {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.refreshLocked()
+	return w.cached
+}
+
+// p95 is p99's companion, for the hedge delay.
+func (w *latencyWindow) p95() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.refreshLocked()
+	return w.cached95
+}
+
+func (w *latencyWindow) refreshLocked() {
 	if w.dirty >= 8 || (w.dirty > 0 && !w.full && w.next < 100) {
 		w.cached = w.quantileLocked(0.99)
+		w.cached95 = w.quantileLocked(0.95)
 		w.dirty = 0
 	}
-	return w.cached
 }
 
 func (w *latencyWindow) quantileLocked(q float64) time.Duration {

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -155,4 +157,165 @@ func (p *retryPolicy) newBackOff() backoff.BackOff {
 		return p.NewBackOff()
 	}
 	return DefaultBackOff(p.RetryConfig)
+}
+
+// HedgeConfig configures hedging: a request with no response headers after
+// the hedge delay gets a second attempt on the next candidate; the first
+// response wins and the other attempt is cancelled and its body closed.
+// Hedging is off unless Delay or P95 is set. A stream is never hedged once a
+// byte reached the caller (hedging acts before response headers).
+//
+// Each hedge runs the two attempts on goroutines that end with the request;
+// the router keeps no goroutine beyond it.
+type HedgeConfig struct {
+	// Delay is the fixed hedge delay, and the floor of the P95 delay.
+	Delay time.Duration
+	// P95 uses the first upstream's observed p95 time to headers as the
+	// delay (Delay until 20 samples are in, and as a floor).
+	P95 bool
+	// Budget caps hedges to a fraction of requests, so an outage does not
+	// double the load: each request adds Budget to a balance (capped at 10
+	// hedges) and each hedge spends 1. If 0, 0.05.
+	Budget float64
+}
+
+// hedgeBudget is a balance of hedges in thousandths.
+type hedgeBudget struct {
+	bal     atomic.Int64
+	deposit int64
+}
+
+const hedgeBudgetCap = 10 * 1000
+
+func (b *hedgeBudget) add() {
+	for {
+		old := b.bal.Load()
+		nv := min(old+b.deposit, hedgeBudgetCap)
+		if old == nv || b.bal.CompareAndSwap(old, nv) {
+			return
+		}
+	}
+}
+
+func (b *hedgeBudget) take() bool {
+	for {
+		old := b.bal.Load()
+		if old < 1000 {
+			return false
+		}
+		if b.bal.CompareAndSwap(old, old-1000) {
+			return true
+		}
+	}
+}
+
+// hedgeDelay is the delay after which an attempt on u is hedged.
+func (r *Router) hedgeDelay(u *upstream) time.Duration {
+	d := r.cfg.Hedge.Delay
+	if r.cfg.Hedge.P95 && u.lat.count() >= 20 {
+		d = max(d, u.lat.p95())
+	}
+	return d
+}
+
+// sendHedged sends the attempt on cands[idx]; with hedging on and no
+// response headers after the hedge delay, it also sends to the next
+// candidate that can take the request at once, and returns the first good
+// answer. The second return is the index after the hedge's candidate, or -1
+// when there was no hedge.
+func (t *trip) sendHedged(ctx context.Context, cands []candidate, idx int, tk ticket, tried uint64, body []byte) (attempt, int) {
+	r := t.r
+	cand := cands[idx]
+	if !r.hedging {
+		a := t.send(ctx, cand, body)
+		a.tk = tk
+		return a, -1
+	}
+	results := make(chan attempt, 2)
+	var cancels [2]context.CancelFunc
+	launch := func(n int, c candidate, tk ticket, body []byte) {
+		actx, cancel := context.WithCancel(ctx)
+		cancels[n] = cancel
+		go func() {
+			a := t.send(actx, c, body)
+			a.tk, a.hedge = tk, n
+			if inner := a.cancel; inner != nil {
+				a.cancel = func() { inner(); cancel() }
+			} else {
+				a.cancel = cancel
+			}
+			results <- a
+		}()
+	}
+	launch(0, cand, tk, body)
+	fire := make(chan struct{})
+	stop := r.clock.AfterFunc(r.hedgeDelay(cand.up), func() { close(fire) })
+	select {
+	case a := <-results:
+		stop()
+		return a, -1
+	case <-ctx.Done():
+		stop()
+		return <-results, -1
+	case <-fire:
+	}
+	if !r.hedges.take() {
+		return <-results, -1
+	}
+	idx2, tk2, err := t.acquire(ctx, cands, idx+1, tried, false)
+	if err != nil || idx2 == idx {
+		if err == nil { // the only candidate is the one in flight: give it back
+			cands[idx2].up.br.done(tk2, outcomeNeutral, 0, r.clock.Now())
+			(&attempt{cand: cands[idx2], held: true}).release()
+		}
+		r.hedges.bal.Add(1000) // unspent
+		return <-results, -1
+	}
+	t.rep.Hedged = true
+	t.rep.Attempts++
+	launch(1, cands[idx2], tk2, t.bodyFor(cands[idx2]))
+	first := <-results
+	if first.err == nil && !r.retry.ShouldRetry(first.resp, nil) {
+		select {
+		case loser := <-results:
+			// Both completed upstream: both are billed.
+			t.observe(&loser)
+			t.addLoserUsage(&loser)
+			loser.close()
+		default:
+			cancels[1-first.hedge]()
+			go func() { // ends as soon as the cancelled attempt returns
+				loser := <-results
+				t.observe(&loser)
+				loser.close()
+			}()
+		}
+		return first, idx2 + 1
+	}
+	second := <-results
+	t.observe(&first)
+	first.close()
+	return second, idx2 + 1
+}
+
+// addLoserUsage reads the usage of a hedge's losing attempt that completed
+// upstream too, so the report's cost includes both.
+func (t *trip) addLoserUsage(a *attempt) {
+	if a.resp == nil || a.resp.StatusCode >= 300 || isEventStream(a.resp.Header) {
+		return
+	}
+	b, err := io.ReadAll(io.LimitReader(a.resp.Body, maxKeptBody))
+	if err != nil {
+		return
+	}
+	if u, ok := parseUsage(b); ok {
+		t.loser = &loserUsage{u: u, model: a.cand.model, factor: a.cand.up.factor}
+	}
+}
+
+// loserUsage is what a hedge's losing attempt was billed.
+type loserUsage struct {
+	u      Usage
+	model  string
+	factor float64
 }

@@ -148,6 +148,9 @@ type Config struct {
 	// Retry configures retries and fallbacks (retry.go).
 	Retry RetryConfig
 
+	// Hedge configures hedging (retry.go); off by default.
+	Hedge HedgeConfig
+
 	// Breaker configures the circuit breaker of each upstream (breaker.go).
 	Breaker BreakerConfig
 
@@ -327,6 +330,8 @@ type Router struct {
 	strategy         Strategy
 	jitter           float64
 	loadFactor       float64
+	hedging          bool
+	hedges           hedgeBudget
 }
 
 var _ http.RoundTripper = (*Router)(nil)
@@ -406,6 +411,15 @@ func New(cfg Config) (*Router, error) {
 	if r.loadFactor < 1 {
 		return nil, errors.New("relay: LoadFactor must be at least 1")
 	}
+	if cfg.Hedge.Delay < 0 || cfg.Hedge.Budget < 0 || cfg.Hedge.Budget > 1 {
+		return nil, errors.New("relay: invalid HedgeConfig: Delay must not be negative, Budget must be within [0, 1]")
+	}
+	r.hedging = cfg.Hedge.Delay > 0 || cfg.Hedge.P95
+	budget := cfg.Hedge.Budget
+	if budget == 0 {
+		budget = 0.05
+	}
+	r.hedges.deposit = int64(budget * 1000)
 	r.defaultMaxTokens = cfg.Limits.DefaultMaxTokens
 	if r.defaultMaxTokens <= 0 {
 		r.defaultMaxTokens = 1024

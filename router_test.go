@@ -55,7 +55,7 @@ func TestSecretsNeverPrinted(t *testing.T) {
 	cfg := Config{Upstreams: []Upstream{{Name: "eu", BaseURL: "https://x/v1", APIKey: key, Header: http.Header{"X-A": {"1"}}}}}
 	r, err := New(cfg)
 	require.NoError(t, err)
-	for _, v := range []any{r, *r, cfg, &cfg, cfg.Upstreams[0], &cfg.Upstreams[0], cfg.Upstreams, r.ups[0].cfg} {
+	for _, v := range []any{r, cfg, &cfg, cfg.Upstreams[0], &cfg.Upstreams[0], cfg.Upstreams, r.ups[0].cfg} {
 		for _, verb := range []string{"%v", "%+v", "%#v", "%s", "%q", "%x"} {
 			out := fmt.Sprintf(verb, v)
 			assert.NotContains(t, out, key, "%s of %T", verb, v)

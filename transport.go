@@ -161,7 +161,8 @@ type trip struct {
 	done atomic.Bool
 	cbuf [8]candidate // backing array of the candidate list
 
-	injectedUsage bool // the router added stream_options.include_usage
+	injectedUsage bool        // the router added stream_options.include_usage
+	loser         *loserUsage // usage of a hedge's losing attempt, when it completed too
 }
 
 // attempt is one upstream call.
@@ -174,6 +175,7 @@ type attempt struct {
 	sent   time.Time
 	stream *streamBody // set when the stream was read ahead (first-token failover)
 	held   bool        // holds an in-flight count and slot until released
+	hedge  int         // 0 for the first attempt of a hedge, 1 for the hedge
 }
 
 // maxKeptBody bounds the body of a response kept in memory while the
@@ -183,6 +185,9 @@ const maxKeptBody = 1 << 20
 func (t *trip) run(cands []candidate) (*http.Response, error) {
 	r := t.r
 	ctx := t.req.Context()
+	if r.hedging {
+		r.hedges.add()
+	}
 	var (
 		bo        backoff.BackOff
 		last      *attempt
@@ -192,7 +197,7 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 		body      []byte
 	)
 	for i := 0; i < r.retry.MaxAttempts; i++ {
-		idx, tk, err := t.acquire(ctx, cands, next, tried)
+		idx, tk, err := t.acquire(ctx, cands, next, tried, true)
 		if err != nil {
 			if last != nil && ctx.Err() == nil {
 				return t.finalize(*last) // the last upstream response, intact
@@ -207,8 +212,10 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 		if body == nil || cand.model != lastModel {
 			lastModel, body = cand.model, t.bodyFor(cand)
 		}
-		a := t.send(ctx, cand, body)
-		a.tk = tk
+		a, hedgeNext := t.sendHedged(ctx, cands, idx, tk, tried, body)
+		if hedgeNext >= 0 {
+			next = hedgeNext
+		}
 		t.rep.Attempts++
 		if a.err == nil && r.cfg.Stream.FirstTokenTimeout > 0 && a.resp.StatusCode < 300 && isEventStream(a.resp.Header) {
 			// First-token failover: nothing has reached the caller yet.
@@ -341,6 +348,16 @@ func (a *attempt) release() {
 	}
 }
 
+// close closes an attempt that will never be returned and releases it.
+func (a *attempt) close() {
+	if a.stream != nil {
+		a.stream.abandon()
+	} else if a.resp != nil {
+		a.resp.Body.Close()
+	}
+	a.release()
+}
+
 // discard releases an attempt that is not returned to the caller now. Its
 // response body is kept in memory (up to maxKeptBody) so the response can
 // still be returned, intact, if no later attempt gets one.
@@ -461,6 +478,13 @@ func (t *trip) finish(u Usage, haveUsage bool) {
 				factor = t.att.cand.up.factor
 			}
 			rep.CostUSD = rep.ListCostUSD * factor
+		}
+		if l := t.loser; l != nil && rep.Priced {
+			if p, ok := lookupPrice(r.prices, l.model); ok {
+				c := p.Cost(l.u)
+				rep.ListCostUSD += c
+				rep.CostUSD += c * l.factor
+			}
 		}
 	}
 	if r.cfg.OnReport != nil {

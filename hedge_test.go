@@ -1,0 +1,201 @@
+package relay
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// gatedUpstream answers a request only when the test opens the gate named by
+// its X-Req header, and records when a request's context ends early.
+type gatedUpstream struct {
+	mu        sync.Mutex
+	gates     map[string]chan struct{}
+	calls     int
+	cancelled map[string]bool
+	URL       string
+}
+
+func newGatedUpstream(t *testing.T) *gatedUpstream {
+	g := &gatedUpstream{gates: map[string]chan struct{}{}, cancelled: map[string]bool{}}
+	g.URL = newHandlerServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body) // the server notices a gone client only once the body is read
+		id := r.Header.Get("X-Req")
+		g.mu.Lock()
+		g.calls++
+		gate := g.gate(id)
+		g.mu.Unlock()
+		select {
+		case <-gate:
+			w.Header().Set("Content-Type", "application/json")
+			w.Write(fixtureBytes)
+		case <-r.Context().Done():
+			g.mu.Lock()
+			g.cancelled[id] = true
+			g.mu.Unlock()
+		}
+	}))
+	return g
+}
+
+var fixtureBytes = []byte(`{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":10,"completion_tokens":2}}`)
+
+func (g *gatedUpstream) gate(id string) chan struct{} {
+	c, ok := g.gates[id]
+	if !ok {
+		c = make(chan struct{})
+		g.gates[id] = c
+	}
+	return c
+}
+
+func (g *gatedUpstream) open(id string) {
+	g.mu.Lock()
+	close(g.gate(id))
+	g.mu.Unlock()
+}
+
+func (g *gatedUpstream) Calls() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.calls
+}
+
+func (g *gatedUpstream) wasCancelled(id string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.cancelled[id]
+}
+
+func hedgeRouter(t *testing.T, hedge HedgeConfig, a, b string) (*Router, *reports, *fakeClock) {
+	clock := newFakeClock()
+	r, reps := newTestRouter(t, Config{
+		Clock:     clock,
+		Hedge:     hedge,
+		Upstreams: []Upstream{{Name: "a", BaseURL: a}, {Name: "b", BaseURL: b}},
+	})
+	return r, reps, clock
+}
+
+func sendWithID(t *testing.T, r http.RoundTripper, id string) <-chan *http.Response {
+	out := make(chan *http.Response, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "x")))
+		req.Header.Set("X-Req", id)
+		resp, err := r.RoundTrip(req)
+		if !assert.NoError(t, err) {
+			out <- nil
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		out <- resp
+	}()
+	return out
+}
+
+func TestHedgeFiresAfterDelayAndCancelsLoser(t *testing.T) {
+	a, b := newGatedUpstream(t), newGatedUpstream(t)
+	r, reps, clock := hedgeRouter(t, HedgeConfig{Delay: 300 * time.Millisecond, Budget: 1}, a.URL, b.URL)
+	r.hedges.bal.Store(hedgeBudgetCap)
+	b.open("1")
+	done := sendWithID(t, r, "1")
+	require.Equal(t, 300*time.Millisecond, <-clock.armed)
+	require.Eventually(t, func() bool { return a.Calls() == 1 }, 5*time.Second, time.Millisecond)
+	clock.Advance(299 * time.Millisecond)
+	assert.Zero(t, b.Calls(), "no hedge before the delay")
+	clock.Advance(time.Millisecond)
+	resp := <-done
+	require.NotNil(t, resp)
+	assert.Equal(t, "b", resp.Header.Get(HeaderUpstream))
+	require.Eventually(t, func() bool { return a.wasCancelled("1") }, 5*time.Second, time.Millisecond, "the loser is cancelled")
+	rep := reps.all()[0]
+	assert.True(t, rep.Hedged)
+	assert.Equal(t, 2, rep.Attempts)
+	assert.Equal(t, "b", rep.Upstream)
+}
+
+func TestHedgeNotNeededWhenFast(t *testing.T) {
+	a, b := newGatedUpstream(t), newGatedUpstream(t)
+	r, reps, clock := hedgeRouter(t, HedgeConfig{Delay: time.Second}, a.URL, b.URL)
+	r.hedges.bal.Store(hedgeBudgetCap)
+	a.open("1")
+	resp := <-sendWithID(t, r, "1")
+	require.NotNil(t, resp)
+	<-clock.armed
+	assert.Equal(t, "a", resp.Header.Get(HeaderUpstream))
+	assert.Zero(t, b.Calls())
+	rep := reps.all()[0]
+	assert.False(t, rep.Hedged)
+	assert.Equal(t, 1, rep.Attempts)
+}
+
+func TestHedgeBothCompletedBilledTwice(t *testing.T) {
+	a, b := newGatedUpstream(t), newGatedUpstream(t)
+	r, reps, clock := hedgeRouter(t, HedgeConfig{Delay: 100 * time.Millisecond}, a.URL, b.URL)
+	r.hedges.bal.Store(hedgeBudgetCap)
+	r.prices = map[string]Price{"gpt-4.1": {InputPerMTok: 1e6, OutputPerMTok: 1e6}} // $1 per token
+	done := sendWithID(t, r, "1")
+	<-clock.armed
+	require.Eventually(t, func() bool { return a.Calls() == 1 }, 5*time.Second, time.Millisecond)
+	clock.Advance(100 * time.Millisecond)
+	require.Eventually(t, func() bool { return b.Calls() == 1 }, 5*time.Second, time.Millisecond)
+	// Both answer; whichever the router sees first wins, the other completed too.
+	a.open("1")
+	b.open("1")
+	require.NotNil(t, <-done)
+	rep := reps.all()[0]
+	assert.True(t, rep.Hedged)
+	// One answer costs 12 (10 prompt + 2 completion tokens at $1); both, 24,
+	// when the loser had completed by the time the winner was seen.
+	assert.Contains(t, []float64{12, 24}, rep.CostUSD)
+}
+
+func TestHedgeBudgetHoldsUnderOutage(t *testing.T) {
+	a, b := newGatedUpstream(t), newGatedUpstream(t)
+	r, reps, clock := hedgeRouter(t, HedgeConfig{Delay: 50 * time.Millisecond}, a.URL, b.URL)
+	const n = 100
+	for i := range n {
+		id := fmt.Sprint(i)
+		b.open(id)
+		done := sendWithID(t, r, id)
+		<-clock.armed
+		require.Eventually(t, func() bool { return a.Calls() == i+1 }, 5*time.Second, time.Millisecond)
+		clock.Advance(50 * time.Millisecond)
+		a.open(id) // the slow primary answers eventually
+		require.NotNil(t, <-done)
+	}
+	hedged := 0
+	for _, rep := range reps.all() {
+		if rep.Hedged {
+			hedged++
+		}
+	}
+	assert.Positive(t, hedged)
+	assert.LessOrEqual(t, hedged, n*5/100, "at most 5%% of requests hedged")
+	assert.LessOrEqual(t, b.Calls(), hedged, "only hedges reach the second upstream")
+}
+
+func TestHedgeLoserUsageAddsToCost(t *testing.T) {
+	var got Report
+	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1", PriceFactor: 0.5}},
+		Prices:   map[string]Price{"m": {InputPerMTok: 1e6, OutputPerMTok: 1e6}},
+		OnReport: func(rep Report) { got = rep }})
+	require.NoError(t, err)
+	tr := &trip{r: r, start: r.clock.Now()}
+	tr.rep.Model = "m"
+	tr.att.cand = candidate{up: r.ups[0], model: "m"}
+	loser := attempt{cand: candidate{up: r.ups[0], model: "m"}, resp: &http.Response{StatusCode: 200, Header: http.Header{},
+		Body: io.NopCloser(strings.NewReader(`{"usage":{"prompt_tokens":3,"completion_tokens":1}}`))}}
+	tr.addLoserUsage(&loser)
+	tr.finish(Usage{PromptTokens: 10, CompletionTokens: 2}, true)
+	assert.Equal(t, 12.0+4.0, got.ListCostUSD)
+	assert.Equal(t, (12.0+4.0)*0.5, got.CostUSD)
+}
