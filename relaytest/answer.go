@@ -114,6 +114,9 @@ type usage struct {
 
 func (a *answer) usage(ep string, req gjson.Result) usage {
 	u := usage{prompt: promptTokens(ep, req), completion: a.s.cfg.completionTokens}
+	if a.f.completion > 0 {
+		u.completion = a.f.completion
+	}
 	if ep == epEmbeddings {
 		u.completion = 0
 	}

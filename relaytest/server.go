@@ -42,6 +42,12 @@ type config struct {
 	completionTokens int
 	latency          time.Duration
 	models           []string
+	// hook, when set, is called for every call after it is recorded, with
+	// the fault the queue gave it; it returns the fault to answer with and
+	// an optional func called when the answer is done. It may block and
+	// may end the call with panic(http.ErrAbortHandler). The fleet
+	// simulator (sim.go) schedules calls with it.
+	hook func(r *http.Request, rec *Recorded, f Fault) (Fault, func())
 }
 
 // Option configures a Server; pass options to NewServer.
@@ -156,6 +162,10 @@ type Fault struct {
 	// arguments {"city":"Paris"} (streamed in pieces) instead of text, with
 	// finish_reason "tool_calls".
 	ToolCall bool
+
+	// Set by the fleet simulator only.
+	completion int           // completion tokens of this answer, when positive
+	pace       time.Duration // stream content events are paced this far apart, from the first one
 }
 
 func (f Fault) clone() Fault {
@@ -347,6 +357,13 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		rec.Stream = gjson.GetBytes(body, "stream").Bool()
 	}
 	f := s.record(rec)
+	if s.cfg.hook != nil {
+		var done func()
+		f, done = s.cfg.hook(r, &rec, f)
+		if done != nil {
+			defer done()
+		}
+	}
 
 	ctx := r.Context()
 	s.sleep(ctx, s.cfg.latency+f.Delay)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"time"
 
 	"github.com/tidwall/gjson"
 )
@@ -18,6 +19,7 @@ type sse struct {
 	events   int // data events sent
 	contents int // content events sent
 	seq      int // Responses sequence_number
+	first    time.Time
 }
 
 // startStream writes and flushes the headers of a stream, then waits the
@@ -70,6 +72,12 @@ func (e *sse) send(name string, data []byte) {
 func (e *sse) content(name string, data []byte) {
 	if e.contents > 0 {
 		e.a.s.sleep(e.a.r.Context(), e.a.f.ChunkDelay)
+		if p := e.a.f.pace; p > 0 {
+			// Paced from the first event, so timer slack does not add up.
+			e.a.s.sleep(e.a.r.Context(), time.Until(e.first.Add(time.Duration(e.contents)*p)))
+		}
+	} else {
+		e.first = time.Now()
 	}
 	e.contents++
 	e.send(name, data)

@@ -1,0 +1,708 @@
+package relaytest
+
+import (
+	"container/list"
+	"hash/fnv"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tidwall/gjson"
+)
+
+// The fleet simulator: a SimFleet is a set of Servers standing for the
+// regions and model paths of an LLM provider, with the queueing, caching and
+// failures that decide tail latency in production. It is a model, not a
+// measurement of any provider:
+//
+//   - Every (region, model) pair is one Server (one base URL, one upstream in
+//     router terms) with SimModel.Shards shards. A shard is a FIFO worker that
+//     serves one request at a time; a request waits in the shard's queue,
+//     which holds at most SimModel.QueueLimit requests. A request that finds
+//     the queue full is answered at once with SimConfig.FullStatus (429 by
+//     default, with a retry-after-ms hint of SimConfig.FullRetryAfter; 503
+//     with no hint when FullStatus is 503).
+//   - Service time is Base + prefill + decode, multiplied by
+//     SimConfig.TimeScale: prefill costs PrefillPerToken per uncached prompt
+//     token and CachedPerToken per cached one, decode DecodePerToken per
+//     output token. A non-streaming answer is sent after the whole service
+//     time; a stream sends its headers at once, its first content event
+//     after Base + prefill, and the others paced DecodePerToken apart. The
+//     shard is busy until the answer is written.
+//   - Output tokens are the request's max_tokens (max_completion_tokens,
+//     max_output_tokens), or SimModel.DefaultOutput when it sets none; the
+//     answer then finishes with "stop". Prompt tokens are counted exactly as
+//     a Server counts them (o200k_base, OpenAI's chat formula).
+//   - The scheduler sends a request to the shard with the fewest requests
+//     (in service plus queued), ties broken round-robin, except when
+//     clustering is on (the default): a prompt whose token count is inside
+//     [ClusterMin, ClusterMax] goes to shard 0, the "happy path" shard, what
+//     ever its queue. Nothing fails; the hot shard's queue grows while the
+//     others idle, which is the silent p99 inflation that batch jobs see.
+//   - Each Server has a prefix cache: an LRU of at most CacheBlocks block
+//     hashes. The canonical prompt text (tool definitions, then each
+//     message's role and text, in order; Responses: instructions, then
+//     input; completions: the prompt) is cut into fixed blocks of BlockBytes
+//     bytes; block i's hash chains the hash of block i-1, so a block matches
+//     only when the whole prefix up to it matches. The leading blocks found
+//     in the cache are the cached prefix: the answer reports the o200k_base
+//     tokens of that prefix text (at most the prompt tokens) as
+//     cached_tokens, and prefill charges them at CachedPerToken. Every block
+//     of the prompt is then inserted (or refreshed). A partial last block is
+//     never cached.
+//   - Faults on demand: SetDark makes a region refuse every call (the
+//     connection is closed with no answer, or a 503 when DarkStatus is 503);
+//     Burst429 answers the next calls of a region with 429 and a
+//     retry-after-ms hint; SetSlowFirstToken delays the first token of every
+//     answer of a region. The router's retries and breakers see these as real
+//     failures.
+//
+// Calls that are not chat, Responses or completions calls (models,
+// embeddings) are answered by the Server as usual, with no scheduling.
+
+// Default regions and model names of a SimFleet.
+var (
+	DefaultSimRegions = []string{"us-east", "eu-west", "ap-southeast", "sa-east"}
+)
+
+// SimModel is one model path of a simulated fleet: its name and speed.
+// Durations are in simulated (real-world) time; SimConfig.TimeScale turns
+// them into wall-clock time.
+type SimModel struct {
+	Name string
+	// Shards per region; 0: 4.
+	Shards int
+	// QueueLimit bounds the requests waiting in one shard's queue (the one in
+	// service not counted); 0: 64.
+	QueueLimit int
+	// Base is a fixed cost per request before the first token.
+	Base time.Duration
+	// PrefillPerToken and CachedPerToken are the prefill costs of one
+	// uncached and one cached prompt token.
+	PrefillPerToken, CachedPerToken time.Duration
+	// DecodePerToken is the cost of one output token.
+	DecodePerToken time.Duration
+	// DefaultOutput is the output tokens of a request that sets no max
+	// tokens; 0: 32.
+	DefaultOutput int
+}
+
+// ServiceTime returns the unscaled service time of a request: Base +
+// (prompt−cached)·PrefillPerToken + cached·CachedPerToken +
+// output·DecodePerToken.
+func (m SimModel) ServiceTime(prompt, cached, output int) time.Duration {
+	return m.firstToken(prompt, cached) + time.Duration(output)*m.DecodePerToken
+}
+
+func (m SimModel) firstToken(prompt, cached int) time.Duration {
+	cached = min(max(cached, 0), prompt)
+	return m.Base + time.Duration(prompt-cached)*m.PrefillPerToken + time.Duration(cached)*m.CachedPerToken
+}
+
+// DefaultSimModels returns the three model paths of the default fleet: the
+// slow flagship gpt-5.5-codex (≈40 output tokens/s), the fast
+// gemini-2.5-flash (≈200/s) and the cheap deepseek-v3.2 (≈80/s). Cached
+// prompt tokens prefill about 10× faster than uncached ones.
+func DefaultSimModels() []SimModel {
+	return []SimModel{
+		{Name: "gpt-5.5-codex", Base: 300 * time.Millisecond,
+			PrefillPerToken: 400 * time.Microsecond, CachedPerToken: 40 * time.Microsecond,
+			DecodePerToken: 25 * time.Millisecond},
+		{Name: "gemini-2.5-flash", Base: 120 * time.Millisecond,
+			PrefillPerToken: 80 * time.Microsecond, CachedPerToken: 8 * time.Microsecond,
+			DecodePerToken: 5 * time.Millisecond},
+		{Name: "deepseek-v3.2", Base: 200 * time.Millisecond,
+			PrefillPerToken: 150 * time.Microsecond, CachedPerToken: 15 * time.Microsecond,
+			DecodePerToken: 12 * time.Millisecond},
+	}
+}
+
+// SimConfig configures a SimFleet. The zero value is the default fleet.
+type SimConfig struct {
+	// Regions names the regions; nil: DefaultSimRegions.
+	Regions []string
+	// Models are the model paths every region serves; nil:
+	// DefaultSimModels().
+	Models []SimModel
+	// TimeScale multiplies every service time; 0: 0.01 (a 2 s answer takes
+	// 20 ms of wall-clock time).
+	TimeScale float64
+	// NoClustering starts the fleet with clustering off (SetClustering
+	// switches it at run time).
+	NoClustering bool
+	// ClusterMin and ClusterMax bound the clustered window, in prompt
+	// tokens, inclusive; if both are 0, 150 and 220.
+	ClusterMin, ClusterMax int
+	// CacheBlocks bounds the prefix cache of each (region, model) Server, in
+	// blocks; 0: 256; negative: no cache.
+	CacheBlocks int
+	// BlockBytes is the size of a prefix block; 0: 64 (about 16 tokens of
+	// English text).
+	BlockBytes int
+	// FullStatus answers a request that finds its shard's queue full: 429
+	// (the default, with a retry-after-ms hint) or 503.
+	FullStatus int
+	// FullRetryAfter is the hint of a full-queue 429, in simulated time
+	// (scaled like service times); 0: 1 s.
+	FullRetryAfter time.Duration
+	// DarkStatus is how a dark region refuses calls: 0 closes the connection
+	// with no answer (the client sees a connection error); 503 answers 503.
+	DarkStatus int
+	// Options are passed to every Server (e.g. WithReply).
+	Options []Option
+}
+
+// SimUpstream is one (region, model) Server of a SimFleet.
+type SimUpstream struct {
+	Name   string // region + "/" + model, e.g. "us-east/gpt-5.5-codex"
+	Region string
+	Model  string
+	URL    string // base URL, ending in "/v1"
+}
+
+// SimFleet is a running simulated fleet, started by NewSimFleet. It is safe
+// for concurrent use by multiple goroutines. Call Close when done.
+type SimFleet struct {
+	cfg        SimConfig
+	paths      []*simPath
+	byName     map[string]*simPath
+	regions    map[string]*simRegion
+	clustering atomic.Bool
+}
+
+type simRegion struct {
+	dark      atomic.Bool
+	burst     atomic.Int64 // 429s left to answer
+	burstHint atomic.Int64 // retry-after of the burst, ns of wall-clock time
+	slowFirst atomic.Int64 // extra first-token delay, ns of wall-clock time
+}
+
+// NewSimFleet starts a fleet: one Server per region and model.
+func NewSimFleet(cfg SimConfig) *SimFleet {
+	if cfg.Regions == nil {
+		cfg.Regions = DefaultSimRegions
+	}
+	if cfg.Models == nil {
+		cfg.Models = DefaultSimModels()
+	}
+	cfg.Regions = slices.Clone(cfg.Regions)
+	cfg.Models = slices.Clone(cfg.Models)
+	if cfg.TimeScale <= 0 {
+		cfg.TimeScale = 0.01
+	}
+	if cfg.ClusterMin == 0 && cfg.ClusterMax == 0 {
+		cfg.ClusterMin, cfg.ClusterMax = 150, 220
+	}
+	if cfg.CacheBlocks == 0 {
+		cfg.CacheBlocks = 256
+	}
+	if cfg.BlockBytes <= 0 {
+		cfg.BlockBytes = 64
+	}
+	if cfg.FullStatus == 0 {
+		cfg.FullStatus = http.StatusTooManyRequests
+	}
+	if cfg.FullRetryAfter == 0 {
+		cfg.FullRetryAfter = time.Second
+	}
+	for i := range cfg.Models {
+		m := &cfg.Models[i]
+		if m.Shards <= 0 {
+			m.Shards = 4
+		}
+		if m.QueueLimit <= 0 {
+			m.QueueLimit = 64
+		}
+		if m.DefaultOutput <= 0 {
+			m.DefaultOutput = 32
+		}
+	}
+	f := &SimFleet{cfg: cfg, byName: map[string]*simPath{}, regions: map[string]*simRegion{}}
+	f.clustering.Store(!cfg.NoClustering)
+	for _, region := range cfg.Regions {
+		if _, dup := f.regions[region]; dup {
+			f.Close()
+			panic("relaytest: duplicate sim region " + region)
+		}
+		reg := &simRegion{}
+		f.regions[region] = reg
+		for _, m := range cfg.Models {
+			p := &simPath{fleet: f, region: reg, regionName: region, model: m,
+				shards: make([]*simShard, m.Shards)}
+			for i := range p.shards {
+				p.shards[i] = &simShard{limit: m.QueueLimit}
+			}
+			if cfg.CacheBlocks > 0 {
+				p.cache = newPrefixCache(cfg.CacheBlocks)
+			}
+			name := region + "/" + m.Name
+			opts := append(slices.Clone(cfg.Options), WithName(name), WithModels(m.Name), withHook(p.hook))
+			p.srv = NewServer(opts...)
+			p.up = SimUpstream{Name: name, Region: region, Model: m.Name, URL: p.srv.URL}
+			f.paths = append(f.paths, p)
+			f.byName[name] = p
+		}
+	}
+	return f
+}
+
+func withHook(h func(*http.Request, *Recorded, Fault) (Fault, func())) Option {
+	return func(c *config) { c.hook = h }
+}
+
+// Upstreams lists the fleet's Servers, region by region, each region's
+// models in the order of SimConfig.Models.
+func (f *SimFleet) Upstreams() []SimUpstream {
+	out := make([]SimUpstream, len(f.paths))
+	for i, p := range f.paths {
+		out[i] = p.up
+	}
+	return out
+}
+
+// Upstream returns the Server of a region and model; ok is false when the
+// fleet has none.
+func (f *SimFleet) Upstream(region, model string) (SimUpstream, bool) {
+	p, ok := f.byName[region+"/"+model]
+	if !ok {
+		return SimUpstream{}, false
+	}
+	return p.up, true
+}
+
+// Server returns the Server of a region and model, or nil.
+func (f *SimFleet) Server(region, model string) *Server {
+	if p, ok := f.byName[region+"/"+model]; ok {
+		return p.srv
+	}
+	return nil
+}
+
+// Config returns the fleet's configuration with its defaults filled in.
+func (f *SimFleet) Config() SimConfig {
+	c := f.cfg
+	c.Regions = slices.Clone(c.Regions)
+	c.Models = slices.Clone(c.Models)
+	c.Options = slices.Clone(c.Options)
+	return c
+}
+
+// Model returns the model path named name with its defaults filled in.
+func (f *SimFleet) Model(name string) (SimModel, bool) {
+	for _, m := range f.cfg.Models {
+		if m.Name == name {
+			return m, true
+		}
+	}
+	return SimModel{}, false
+}
+
+// SetClustering switches the clustering failure on or off.
+func (f *SimFleet) SetClustering(on bool) { f.clustering.Store(on) }
+
+// SetDark makes a region refuse every call (dark) or serve again. Calls
+// already being served finish normally.
+func (f *SimFleet) SetDark(region string, dark bool) {
+	f.region(region).dark.Store(dark)
+}
+
+// Burst429 makes a region answer its next n calls (any model) with 429 and
+// retry-after-ms set to retryAfter, in simulated time (scaled by TimeScale).
+func (f *SimFleet) Burst429(region string, n int, retryAfter time.Duration) {
+	r := f.region(region)
+	r.burstHint.Store(int64(f.scale(retryAfter)))
+	r.burst.Store(int64(max(n, 0)))
+}
+
+// SetSlowFirstToken adds extra (simulated time, scaled by TimeScale) before
+// the first token of every answer of a region (before the headers of a
+// non-streaming answer); 0 ends it. The shard stays busy meanwhile.
+func (f *SimFleet) SetSlowFirstToken(region string, extra time.Duration) {
+	f.region(region).slowFirst.Store(int64(f.scale(max(extra, 0))))
+}
+
+func (f *SimFleet) region(name string) *simRegion {
+	r, ok := f.regions[name]
+	if !ok {
+		panic("relaytest: no sim region " + name)
+	}
+	return r
+}
+
+func (f *SimFleet) scale(d time.Duration) time.Duration {
+	return time.Duration(math.Round(float64(d) * f.cfg.TimeScale))
+}
+
+// Close closes every Server. Calls waiting in a queue are aborted.
+func (f *SimFleet) Close() {
+	for _, p := range f.paths {
+		p.srv.Close()
+	}
+}
+
+// SimStats is a snapshot of a fleet's counters.
+type SimStats struct {
+	Paths []SimPathStats // in the order of Upstreams
+}
+
+// SimPathStats are the counters of one (region, model) Server.
+type SimPathStats struct {
+	Name, Region, Model string
+	// Served counts answers given after service; Rejected, calls answered
+	// with FullStatus because the shard queue was full; Refused, calls
+	// refused while the region was dark; Throttled, 429s of a Burst429.
+	Served, Rejected, Refused, Throttled int
+	// PromptTokens and CachedTokens sum the served calls' usage; CacheHits
+	// counts served calls with cached tokens.
+	PromptTokens, CachedTokens, CacheHits int
+	Shards                                []SimShardStats
+}
+
+// SimShardStats are the counters of one shard.
+type SimShardStats struct {
+	Served   int           // calls served
+	MaxQueue int           // most calls ever waiting in the queue
+	Busy     time.Duration // wall-clock time spent serving
+}
+
+// Stats returns a snapshot of the fleet's counters.
+func (f *SimFleet) Stats() SimStats {
+	var s SimStats
+	for _, p := range f.paths {
+		ps := SimPathStats{Name: p.up.Name, Region: p.regionName, Model: p.model.Name,
+			Rejected: int(p.rejected.Load()), Refused: int(p.refused.Load()), Throttled: int(p.throttled.Load())}
+		p.mu.Lock()
+		ps.PromptTokens, ps.CachedTokens, ps.CacheHits = p.prompt, p.cached, p.hits
+		p.mu.Unlock()
+		for _, sh := range p.shards {
+			sh.mu.Lock()
+			ss := SimShardStats{Served: sh.served, MaxQueue: sh.maxQueue, Busy: sh.busyTime}
+			sh.mu.Unlock()
+			ps.Served += ss.Served
+			ps.Shards = append(ps.Shards, ss)
+		}
+		s.Paths = append(s.Paths, ps)
+	}
+	return s
+}
+
+// simPath is one (region, model) Server and its shards.
+type simPath struct {
+	fleet      *SimFleet
+	region     *simRegion
+	regionName string
+	model      SimModel
+	srv        *Server
+	up         SimUpstream
+	shards     []*simShard
+	cache      *prefixCache // nil: none
+	rr         atomic.Uint64
+
+	rejected, refused, throttled atomic.Int64
+
+	mu                   sync.Mutex
+	prompt, cached, hits int
+}
+
+func retryAfterMs(d time.Duration) http.Header {
+	ms := float64(d) / float64(time.Millisecond)
+	return http.Header{"Retry-After-Ms": {strconv.FormatFloat(ms, 'f', -1, 64)}}
+}
+
+// hook schedules one call: faults first, then the shard, the cache and the
+// service time.
+func (p *simPath) hook(r *http.Request, rec *Recorded, f Fault) (Fault, func()) {
+	switch rec.Endpoint {
+	case epChat, epResponses, epCompletions:
+	default:
+		return f, nil
+	}
+	if p.region.dark.Load() {
+		p.refused.Add(1)
+		if p.fleet.cfg.DarkStatus != 0 {
+			return Fault{Status: p.fleet.cfg.DarkStatus}, nil
+		}
+		return Fault{Drop: true}, nil
+	}
+	for {
+		n := p.region.burst.Load()
+		if n <= 0 {
+			break
+		}
+		if p.region.burst.CompareAndSwap(n, n-1) {
+			p.throttled.Add(1)
+			return Fault{Status: http.StatusTooManyRequests,
+				Header: retryAfterMs(time.Duration(p.region.burstHint.Load()))}, nil
+		}
+	}
+	if len(rec.Body) == 0 || !gjson.ValidBytes(rec.Body) {
+		return f, nil // the Server answers 400
+	}
+	root := gjson.ParseBytes(rec.Body)
+	prompt := promptTokens(rec.Endpoint, root)
+	output := p.model.DefaultOutput
+	for _, k := range []string{"max_completion_tokens", "max_tokens", "max_output_tokens"} {
+		if m := root.Get(k).Int(); m > 0 {
+			output = int(min(m, 1<<20))
+			break
+		}
+	}
+
+	sh := p.pick(prompt)
+	if !sh.enqueue(r.Context(), p.srv.closing) {
+		p.rejected.Add(1)
+		st := p.fleet.cfg.FullStatus
+		if st == http.StatusTooManyRequests {
+			return Fault{Status: st, Header: retryAfterMs(p.fleet.scale(p.fleet.cfg.FullRetryAfter))}, nil
+		}
+		return Fault{Status: st}, nil
+	}
+	// The shard is ours until done.
+	start := time.Now()
+	done := func() { sh.release(true, time.Since(start)) }
+
+	cached := 0
+	if p.cache != nil {
+		text := canonicalPrompt(rec.Endpoint, root)
+		if n := p.cache.touch(text, p.fleet.cfg.BlockBytes); n > 0 {
+			cached = min(countTokens(text[:n]), prompt)
+		}
+	}
+	p.mu.Lock()
+	p.prompt += prompt
+	p.cached += cached
+	if cached > 0 {
+		p.hits++
+	}
+	p.mu.Unlock()
+
+	m := p.model
+	first := p.fleet.scale(m.firstToken(prompt, cached)) + time.Duration(p.region.slowFirst.Load())
+	g := Fault{CachedTokens: cached, completion: output}
+	if rec.Stream {
+		g.FirstTokenDelay = first
+		g.pace = p.fleet.scale(m.DecodePerToken)
+	} else {
+		g.Delay = first + p.fleet.scale(time.Duration(output)*m.DecodePerToken)
+	}
+	return g, done
+}
+
+// pick chooses the shard of a request with prompt tokens.
+func (p *simPath) pick(prompt int) *simShard {
+	cfg := &p.fleet.cfg
+	if p.fleet.clustering.Load() && prompt >= cfg.ClusterMin && prompt <= cfg.ClusterMax {
+		return p.shards[0]
+	}
+	n := len(p.shards)
+	start := int(p.rr.Add(1) % uint64(n))
+	best, bestLoad := p.shards[start], math.MaxInt
+	for i := range n {
+		sh := p.shards[(start+i)%n]
+		if l := sh.load(); l < bestLoad {
+			best, bestLoad = sh, l
+		}
+	}
+	return best
+}
+
+// simShard is a FIFO worker with a bounded queue: one call in service, at
+// most limit waiting, served in arrival order.
+type simShard struct {
+	limit int
+
+	mu       sync.Mutex
+	busy     bool
+	queue    []chan struct{}
+	served   int
+	maxQueue int
+	busyTime time.Duration
+}
+
+// load is the number of calls in service or waiting.
+func (s *simShard) load() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := len(s.queue)
+	if s.busy {
+		n++
+	}
+	return n
+}
+
+// enqueue waits for the shard. It returns false at once when the queue is
+// full; it aborts the call (panic(http.ErrAbortHandler)) when ctx or closing
+// ends first. On true the caller must call release.
+func (s *simShard) enqueue(ctx interface{ Done() <-chan struct{} }, closing <-chan struct{}) bool {
+	s.mu.Lock()
+	if !s.busy {
+		s.busy = true
+		s.mu.Unlock()
+		return true
+	}
+	if len(s.queue) >= s.limit {
+		s.mu.Unlock()
+		return false
+	}
+	ch := make(chan struct{})
+	s.queue = append(s.queue, ch)
+	s.maxQueue = max(s.maxQueue, len(s.queue))
+	s.mu.Unlock()
+	select {
+	case <-ch:
+		return true
+	case <-ctx.Done():
+	case <-closing:
+	}
+	s.mu.Lock()
+	if i := slices.Index(s.queue, ch); i >= 0 {
+		s.queue = slices.Delete(s.queue, i, i+1)
+		s.mu.Unlock()
+	} else {
+		// The shard was handed to us meanwhile: pass it on.
+		s.mu.Unlock()
+		s.release(false, 0)
+	}
+	panic(http.ErrAbortHandler)
+}
+
+// release ends the call in service (served, after busy time) and hands the
+// shard to the next waiting call, if any.
+func (s *simShard) release(served bool, busy time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if served {
+		s.served++
+	}
+	s.busyTime += busy
+	if len(s.queue) > 0 {
+		ch := s.queue[0]
+		s.queue[0] = nil
+		s.queue = s.queue[1:]
+		close(ch) // s.busy stays true: the shard passes to ch's call
+		return
+	}
+	s.busy = false
+}
+
+// canonicalPrompt is the text whose blocks the prefix cache hashes: tool
+// definitions, then each message's role and text, in order (Responses:
+// instructions, then input; completions: the prompt).
+func canonicalPrompt(ep string, root gjson.Result) string {
+	var b []byte
+	addMsg := func(m gjson.Result) {
+		if !m.IsObject() {
+			b = append(b, m.Raw...)
+			return
+		}
+		b = append(b, m.Get("role").Str...)
+		b = append(b, '\n')
+		c := m.Get("content")
+		if c.Type == gjson.String {
+			b = append(b, c.Str...)
+		} else {
+			c.ForEach(func(_, part gjson.Result) bool {
+				b = append(b, part.Get("text").Str...)
+				return true
+			})
+		}
+		b = append(b, 0)
+	}
+	switch ep {
+	case epChat:
+		if t := root.Get("tools"); t.Exists() {
+			b = append(b, t.Raw...)
+			b = append(b, 0)
+		}
+		root.Get("messages").ForEach(func(_, m gjson.Result) bool {
+			addMsg(m)
+			return true
+		})
+	case epResponses:
+		if t := root.Get("tools"); t.Exists() {
+			b = append(b, t.Raw...)
+			b = append(b, 0)
+		}
+		b = append(b, root.Get("instructions").Str...)
+		b = append(b, 0)
+		in := root.Get("input")
+		if in.Type == gjson.String {
+			b = append(b, in.Str...)
+		} else {
+			in.ForEach(func(_, m gjson.Result) bool {
+				addMsg(m)
+				return true
+			})
+		}
+	case epCompletions:
+		pr := root.Get("prompt")
+		if pr.Type == gjson.String {
+			b = append(b, pr.Str...)
+		} else {
+			b = append(b, pr.Raw...)
+		}
+	}
+	return string(b)
+}
+
+// prefixCache is a bounded LRU of chained prefix-block hashes. Safe for
+// concurrent use.
+type prefixCache struct {
+	mu    sync.Mutex
+	cap   int
+	order *list.List // front: most recent; values are uint64 hashes
+	items map[uint64]*list.Element
+}
+
+func newPrefixCache(capacity int) *prefixCache {
+	return &prefixCache{cap: capacity, order: list.New(), items: make(map[uint64]*list.Element, capacity)}
+}
+
+// touch looks up the full blocks of text, returns the length in bytes of the
+// cached prefix (the leading blocks found), and inserts or refreshes every
+// block.
+func (c *prefixCache) touch(text string, block int) int {
+	n := len(text) / block
+	if n == 0 {
+		return 0
+	}
+	hashes := make([]uint64, n)
+	h := fnv.New64a()
+	for i := range n {
+		h.Write([]byte(text[i*block : (i+1)*block]))
+		hashes[i] = h.Sum64() // the running hash chains every earlier block
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	hit := 0
+	for hit < n {
+		if _, ok := c.items[hashes[hit]]; !ok {
+			break
+		}
+		hit++
+	}
+	for _, k := range hashes {
+		if e, ok := c.items[k]; ok {
+			c.order.MoveToFront(e)
+			continue
+		}
+		c.items[k] = c.order.PushFront(k)
+		if c.order.Len() > c.cap {
+			old := c.order.Back()
+			c.order.Remove(old)
+			delete(c.items, old.Value.(uint64))
+		}
+	}
+	return hit * block
+}
+
+// len returns the number of blocks cached.
+func (c *prefixCache) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.order.Len()
+}

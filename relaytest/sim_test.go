@@ -1,0 +1,304 @@
+package relaytest
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
+)
+
+// newSim starts a SimFleet closed at the end of the test. Its time scale is
+// tiny so service takes no noticeable time; the tests assert on counters and
+// usage, never on timing.
+func newSim(t *testing.T, cfg SimConfig) *SimFleet {
+	t.Helper()
+	if cfg.TimeScale == 0 {
+		cfg.TimeScale = 1e-9
+	}
+	f := NewSimFleet(cfg)
+	t.Cleanup(f.Close)
+	return f
+}
+
+// simChat builds a chat body for model whose user message has words copies
+// of " word" after the system prompt sys.
+func simChat(model, sys string, words, maxTokens int, stream bool) string {
+	msgs := []map[string]string{}
+	if sys != "" {
+		msgs = append(msgs, map[string]string{"role": "system", "content": sys})
+	}
+	msgs = append(msgs, map[string]string{"role": "user", "content": strings.TrimSpace(strings.Repeat(" word", words))})
+	body := map[string]any{"model": model, "messages": msgs}
+	if maxTokens > 0 {
+		body["max_tokens"] = maxTokens
+	}
+	if stream {
+		body["stream"] = true
+		body["stream_options"] = map[string]any{"include_usage": true}
+	}
+	b, _ := json.Marshal(body)
+	return string(b)
+}
+
+func simPromptTokens(body string) int { return promptTokens(epChat, gjson.Parse(body)) }
+
+func shardServed(s SimStats, name string) []int {
+	for _, p := range s.Paths {
+		if p.Name == name {
+			out := make([]int, len(p.Shards))
+			for i, sh := range p.Shards {
+				out[i] = sh.Served
+			}
+			return out
+		}
+	}
+	return nil
+}
+
+func pathStats(t *testing.T, s SimStats, name string) SimPathStats {
+	t.Helper()
+	for _, p := range s.Paths {
+		if p.Name == name {
+			return p
+		}
+	}
+	t.Fatalf("no path %s", name)
+	return SimPathStats{}
+}
+
+func TestSimFleetLayout(t *testing.T) {
+	f := newSim(t, SimConfig{})
+	ups := f.Upstreams()
+	require.Len(t, ups, 12)
+	assert.Equal(t, SimUpstream{Name: "us-east/gpt-5.5-codex", Region: "us-east", Model: "gpt-5.5-codex", URL: ups[0].URL}, ups[0])
+	assert.Equal(t, "eu-west/gemini-2.5-flash", ups[4].Name)
+	u, ok := f.Upstream("sa-east", "deepseek-v3.2")
+	require.True(t, ok)
+	assert.Equal(t, ups[11], u)
+	_, ok = f.Upstream("mars", "gpt-5.5-codex")
+	assert.False(t, ok)
+	cfg := f.Config()
+	assert.Equal(t, 150, cfg.ClusterMin)
+	assert.Equal(t, 220, cfg.ClusterMax)
+	assert.Equal(t, 4, cfg.Models[0].Shards)
+	assert.Equal(t, 64, cfg.Models[0].QueueLimit)
+
+	// The answer names its path; a flash call is served by the flash path.
+	resp, body := post(t, f.Server("eu-west", "gemini-2.5-flash"), "/chat/completions", simChat("gemini-2.5-flash", "", 10, 3, false))
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	assert.Equal(t, "eu-west/gemini-2.5-flash", resp.Header.Get(NameHeader))
+	assert.Equal(t, int64(3), gjson.GetBytes(body, "usage.completion_tokens").Int())
+	assert.Equal(t, "stop", gjson.GetBytes(body, "choices.0.finish_reason").Str)
+	st := f.Stats()
+	assert.Equal(t, 1, pathStats(t, st, "eu-west/gemini-2.5-flash").Served)
+	assert.Equal(t, 0, pathStats(t, st, "eu-west/gpt-5.5-codex").Served)
+
+	assert.Panics(t, func() { f.SetDark("mars", true) })
+	assert.Panics(t, func() { NewSimFleet(SimConfig{Regions: []string{"a", "a"}, TimeScale: 1e-9}) })
+}
+
+func TestSimServiceTime(t *testing.T) {
+	m := SimModel{Base: 100 * time.Millisecond, PrefillPerToken: time.Millisecond,
+		CachedPerToken: 100 * time.Microsecond, DecodePerToken: 10 * time.Millisecond}
+	assert.Equal(t, 100*time.Millisecond+200*time.Millisecond+5*10*time.Millisecond, m.ServiceTime(200, 0, 5))
+	assert.Equal(t, 100*time.Millisecond+100*time.Millisecond+100*100*time.Microsecond+5*10*time.Millisecond, m.ServiceTime(200, 100, 5))
+	assert.Equal(t, m.ServiceTime(200, 200, 0), m.ServiceTime(200, 500, 0), "cached clamped to the prompt")
+	for _, dm := range DefaultSimModels() {
+		assert.Less(t, dm.CachedPerToken, dm.PrefillPerToken/5, dm.Name)
+	}
+}
+
+func TestSimClusteringPins(t *testing.T) {
+	f := newSim(t, SimConfig{Regions: []string{"us-east"}})
+	srv := f.Server("us-east", "gpt-5.5-codex")
+	window := simChat("gpt-5.5-codex", "", 175, 2, false)
+	require.InDelta(t, 185, simPromptTokens(window), 35, "inside 150-220")
+	outside := simChat("gpt-5.5-codex", "", 40, 2, false)
+	require.Less(t, simPromptTokens(outside), 150)
+
+	for range 8 {
+		resp, body := post(t, srv, "/chat/completions", window)
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	}
+	assert.Equal(t, []int{8, 0, 0, 0}, shardServed(f.Stats(), "us-east/gpt-5.5-codex"), "window prompts pinned to shard 0")
+
+	for range 8 {
+		post(t, srv, "/chat/completions", outside)
+	}
+	served := shardServed(f.Stats(), "us-east/gpt-5.5-codex")
+	for i, n := range served[1:] {
+		assert.GreaterOrEqual(t, n, 1, "shard %d takes prompts outside the window", i+1)
+	}
+
+	f.SetClustering(false)
+	before := served
+	for range 8 {
+		post(t, srv, "/chat/completions", window)
+	}
+	served = shardServed(f.Stats(), "us-east/gpt-5.5-codex")
+	for i := range served {
+		assert.Greater(t, served[i], before[i], "with clustering off, shard %d takes window prompts too", i)
+	}
+}
+
+func TestSimPrefixCache(t *testing.T) {
+	f := newSim(t, SimConfig{Regions: []string{"us-east", "eu-west"}})
+	sys := strings.Repeat("You index source files and answer with one line of JSON. ", 12) // ~700 bytes
+	first := simChat("gpt-5.5-codex", sys, 30, 2, false)
+	other := strings.ReplaceAll(first, "word", "item") // same system prompt, another user text
+
+	cachedOf := func(srv *Server, body string) int {
+		t.Helper()
+		resp, b := post(t, srv, "/chat/completions", body)
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
+		return int(gjson.GetBytes(b, "usage.prompt_tokens_details.cached_tokens").Int())
+	}
+	us := f.Server("us-east", "gpt-5.5-codex")
+	assert.Equal(t, 0, cachedOf(us, first), "cold cache")
+	again := cachedOf(us, first)
+	prompt := simPromptTokens(first)
+	assert.Greater(t, again, prompt/2, "the same prompt again: most of it cached")
+	assert.LessOrEqual(t, again, prompt)
+	shared := cachedOf(us, other)
+	assert.Greater(t, shared, 50, "the shared system prompt is cached")
+	assert.Less(t, shared, again, "the new user text is not")
+	assert.Equal(t, 0, cachedOf(f.Server("eu-west", "gpt-5.5-codex"), first), "another region has its own cache")
+	assert.Equal(t, 0, cachedOf(f.Server("us-east", "gemini-2.5-flash"), simChat("gemini-2.5-flash", sys, 30, 2, false)), "another model has its own cache")
+
+	st := pathStats(t, f.Stats(), "us-east/gpt-5.5-codex")
+	assert.Equal(t, 2, st.CacheHits)
+	assert.Equal(t, again+shared, st.CachedTokens)
+	assert.Equal(t, 3, st.Served)
+
+	// A stream reports its cached tokens in the usage chunk.
+	resp, b := post(t, us, "/chat/completions", simChat("gpt-5.5-codex", sys, 30, 4, true))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	evs, err := newSSEReader(strings.NewReader(string(b))).readAll()
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(evs), 3)
+	assert.Equal(t, "[DONE]", evs[len(evs)-1].Data)
+	u := gjson.Get(evs[len(evs)-2].Data, "usage")
+	assert.Equal(t, int64(4), u.Get("completion_tokens").Int())
+	assert.Greater(t, u.Get("prompt_tokens_details.cached_tokens").Int(), int64(0))
+	assert.Equal(t, "Hello from relaytest.", chatContent(evs), "4 pieces")
+}
+
+func TestSimPrefixCacheLRU(t *testing.T) {
+	c := newPrefixCache(4)
+	a := strings.Repeat("a", 16) + strings.Repeat("b", 16) + "tail"
+	assert.Equal(t, 0, c.touch(a, 16))
+	assert.Equal(t, 2, c.len(), "only full blocks")
+	assert.Equal(t, 32, c.touch(a, 16))
+	// Same second block after another first block: chained, no match.
+	assert.Equal(t, 0, c.touch(strings.Repeat("c", 16)+strings.Repeat("b", 16), 16))
+	assert.Equal(t, 4, c.len())
+	assert.Equal(t, 0, c.touch(strings.Repeat("d", 32), 16), "evicts the oldest blocks")
+	assert.Equal(t, 4, c.len())
+	assert.Equal(t, 0, c.touch(a, 16), "a's blocks were evicted")
+}
+
+func TestSimDarkRegion(t *testing.T) {
+	f := newSim(t, SimConfig{Regions: []string{"us-east", "eu-west"}})
+	body := simChat("gpt-5.5-codex", "", 10, 2, false)
+	eu := f.Server("eu-west", "gpt-5.5-codex")
+	f.SetDark("eu-west", true)
+	_, err := eu.Client().Post(eu.URL+"/chat/completions", "application/json", strings.NewReader(body))
+	assert.Error(t, err, "a dark region closes the connection")
+	resp, _ := post(t, f.Server("us-east", "gpt-5.5-codex"), "/chat/completions", body)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "other regions serve")
+	f.SetDark("eu-west", false)
+	resp, _ = post(t, eu, "/chat/completions", body)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "back")
+	st := pathStats(t, f.Stats(), "eu-west/gpt-5.5-codex")
+	assert.Equal(t, 1, st.Refused)
+	assert.Equal(t, 1, st.Served)
+
+	g := newSim(t, SimConfig{Regions: []string{"us-east"}, DarkStatus: http.StatusServiceUnavailable})
+	g.SetDark("us-east", true)
+	resp, _ = post(t, g.Server("us-east", "deepseek-v3.2"), "/chat/completions", body)
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+}
+
+func TestSimBurst429(t *testing.T) {
+	f := newSim(t, SimConfig{Regions: []string{"us-east"}, TimeScale: 0.01})
+	f.Burst429("us-east", 2, 500*time.Millisecond)
+	srv := f.Server("us-east", "gemini-2.5-flash")
+	body := simChat("gemini-2.5-flash", "", 5, 1, false)
+	for range 2 {
+		resp, _ := post(t, srv, "/chat/completions", body)
+		assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+		assert.Equal(t, "5", resp.Header.Get("Retry-After-Ms"), "the hint is scaled like service times")
+	}
+	resp, _ := post(t, srv, "/chat/completions", body)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, 2, pathStats(t, f.Stats(), "us-east/gemini-2.5-flash").Throttled)
+	// Models and embeddings are not scheduled.
+	resp, _ = post(t, srv, "/embeddings", `{"model":"x","input":"hi"}`)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+func TestSimShardQueue(t *testing.T) {
+	sh := &simShard{limit: 1}
+	never := make(chan struct{})
+	require.True(t, sh.enqueue(context.Background(), never), "idle: served at once")
+
+	got := make(chan bool)
+	go func() { got <- sh.enqueue(context.Background(), never) }()
+	waitFor(t, func() bool { return sh.load() == 2 })
+	assert.False(t, sh.enqueue(context.Background(), never), "queue full")
+
+	sh.release(true, time.Millisecond)
+	assert.True(t, <-got, "FIFO hand-off")
+	assert.Equal(t, 1, sh.load())
+
+	// A waiter whose client goes away leaves the queue.
+	ctx, cancel := context.WithCancel(context.Background())
+	aborted := make(chan any)
+	go func() {
+		defer func() { aborted <- recover() }()
+		sh.enqueue(ctx, never)
+	}()
+	waitFor(t, func() bool { return sh.load() == 2 })
+	cancel()
+	assert.Equal(t, http.ErrAbortHandler, <-aborted)
+	assert.Equal(t, 1, sh.load())
+	sh.release(true, time.Millisecond)
+	assert.Equal(t, 0, sh.load())
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	assert.Equal(t, 2, sh.served)
+	assert.Equal(t, 1, sh.maxQueue)
+}
+
+func TestSimQueueFull(t *testing.T) {
+	models := DefaultSimModels()[:1]
+	models[0].Shards, models[0].QueueLimit = 1, 1
+	f := newSim(t, SimConfig{Regions: []string{"us-east"}, Models: models, TimeScale: 0.01})
+	p := f.paths[0]
+	// Hold the only shard and fill its queue, then call.
+	require.True(t, p.shards[0].enqueue(context.Background(), nil))
+	p.shards[0].mu.Lock()
+	p.shards[0].queue = append(p.shards[0].queue, make(chan struct{}))
+	p.shards[0].mu.Unlock()
+	resp, _ := post(t, p.srv, "/chat/completions", simChat("gpt-5.5-codex", "", 5, 1, false))
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	assert.Equal(t, "10", resp.Header.Get("Retry-After-Ms"), "FullRetryAfter 1 s, scaled")
+	assert.Equal(t, 1, pathStats(t, f.Stats(), "us-east/gpt-5.5-codex").Rejected)
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
