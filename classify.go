@@ -101,29 +101,41 @@ func (r *Router) classify(method string, path string, h http.Header, body []byte
 		return c
 	}
 	c.json = true
-	var fields [6]gjson.Result
+	// One pass over the top level picks every field the router reads, so
+	// the (possibly large) prompt is not scanned again to find it.
+	var f topFields
 	root.ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
 		case "model":
-			fields[0] = v
+			f.model = v
 		case "stream":
-			fields[1] = v
+			f.stream = v
 		case "max_tokens", "max_completion_tokens", "max_output_tokens":
 			if v.Type == gjson.Number && v.Int() > 0 {
-				fields[2] = v
+				f.maxTokens = v
 			}
+		case "messages":
+			f.messages = v
+		case "input":
+			f.input = v
+		case "prompt":
+			f.prompt = v
+		case "instructions":
+			f.instructions = v
+		case "tools":
+			f.tools = v
 		}
 		return true
 	})
-	if fields[0].Type == gjson.String {
-		c.req.Model = fields[0].Str
+	if f.model.Type == gjson.String {
+		c.req.Model = f.model.Str
 	}
-	c.req.Stream = fields[1].Type == gjson.True
-	if fields[2].Exists() {
-		c.req.MaxTokens = int(min(fields[2].Int(), 1<<31-1))
+	c.req.Stream = f.stream.Type == gjson.True
+	if f.maxTokens.Exists() {
+		c.req.MaxTokens = int(min(f.maxTokens.Int(), 1<<31-1))
 	}
 	c.enc = encodingFor(c.req.Model)
-	c.req.PromptTokens = r.promptTokens(c.enc, c.req.Endpoint, root)
+	c.req.PromptTokens = r.promptTokens(c.enc, c.req.Endpoint, &f)
 	c.req.Bucket = r.cfg.Buckets.Bucket(c.req.PromptTokens)
 	return c
 }
@@ -148,10 +160,16 @@ const (
 	toolFuncEnd      = 12
 )
 
-func (r *Router) promptTokens(enc encoding, endpoint string, root gjson.Result) int {
+// topFields are the top-level fields of a request body the router reads.
+type topFields struct {
+	model, stream, maxTokens                     gjson.Result
+	messages, input, prompt, instructions, tools gjson.Result
+}
+
+func (r *Router) promptTokens(enc encoding, endpoint string, f *topFields) int {
 	switch endpoint {
 	case EndpointChat:
-		msgs := root.Get("messages")
+		msgs := f.messages
 		if !msgs.IsArray() {
 			return 0
 		}
@@ -161,14 +179,14 @@ func (r *Router) promptTokens(enc encoding, endpoint string, root gjson.Result) 
 			return true
 		})
 		n += tokensReply
-		n += r.toolsTokens(enc, root.Get("tools"))
+		n += r.toolsTokens(enc, f.tools)
 		return n
 	case EndpointResponses:
 		n := 0
-		if ins := root.Get("instructions"); ins.Type == gjson.String {
+		if ins := f.instructions; ins.Type == gjson.String {
 			n += tokensPerMessage + r.counter.count(enc, ins.Str)
 		}
-		in := root.Get("input")
+		in := f.input
 		switch {
 		case in.Type == gjson.String:
 			n += tokensPerMessage + r.counter.count(enc, in.Str)
@@ -181,12 +199,12 @@ func (r *Router) promptTokens(enc encoding, endpoint string, root gjson.Result) 
 			return n
 		}
 		n += tokensReply
-		n += r.toolsTokens(enc, root.Get("tools"))
+		n += r.toolsTokens(enc, f.tools)
 		return n
 	case EndpointCompletions:
-		return r.inputTokens(enc, root.Get("prompt"))
+		return r.inputTokens(enc, f.prompt)
 	case EndpointEmbeddings:
-		return r.inputTokens(enc, root.Get("input"))
+		return r.inputTokens(enc, f.input)
 	}
 	return 0
 }

@@ -291,10 +291,13 @@ func (r *Router) boundedCap(cands []candidate, model string) int64 {
 	return int64(math.Ceil(r.loadFactor * float64(total+1) / float64(n)))
 }
 
-// keyOf returns the request's affinity key; 0 for a request without a
-// prompt.
+// keyOf returns the request's affinity key (shard.go); 0 for a request
+// without a prompt. Only the strategies that hash need it.
 func (r *Router) keyOf(c *classified) uint64 {
-	return 0
+	if r.strategy != StrategyAffinity && r.strategy != StrategyBoundedLoad && !r.cfg.PromptCacheKey {
+		return 0
+	}
+	return r.affinityKey(c)
 }
 
 // UpstreamStats is a snapshot of one upstream's live state, for dashboards.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
 
 	"github.com/tokenrelay/relay/relaytest"
 )
@@ -224,4 +226,48 @@ func BenchmarkPlan(b *testing.B) {
 			}
 		})
 	}
+}
+
+func TestAffinityRoutesSharedPrefixTogetherAndInjectsCacheKey(t *testing.T) {
+	srvs := newServers(t, 4)
+	ups := make([]Upstream, len(srvs))
+	for i, s := range srvs {
+		ups[i] = Upstream{Name: fmt.Sprintf("r%d", i), BaseURL: s.URL}
+	}
+	r, _ := newTestRouter(t, Config{Upstreams: ups, Jitter: -1, PromptCacheKey: true})
+	system := strings.Repeat("You are a careful code reviewer for the payments service. ", 12)
+	chatWith := func(sys, q string) string {
+		return `{"model":"gpt-4.1","messages":[{"role":"system","content":"` + sys + `"},{"role":"user","content":"` + q + `"}]}`
+	}
+	homes := map[string]int{}
+	for i := range 20 {
+		resp, _, err := send(t, r, chatWith(system, fmt.Sprintf("question %d?", i)))
+		require.NoError(t, err)
+		homes[resp.Header.Get(HeaderUpstream)]++
+	}
+	assert.Len(t, homes, 1, "a shared prefix has one home: %v", homes)
+	var keys []string
+	for _, s := range srvs {
+		for _, q := range s.Requests() {
+			keys = append(keys, gjson.GetBytes(q.Body, "prompt_cache_key").Str)
+		}
+	}
+	require.Len(t, keys, 20)
+	assert.Regexp(t, `^relay-[0-9a-f]{16}$`, keys[0])
+	for _, k := range keys {
+		assert.Equal(t, keys[0], k)
+	}
+	// The caller's own key is kept.
+	_, _, err := send(t, r, `{"model":"gpt-4.1","prompt_cache_key":"mine","messages":[{"role":"user","content":"x"}]}`)
+	require.NoError(t, err)
+	found := 0
+	for _, s := range srvs {
+		for _, q := range s.Requests() {
+			if gjson.GetBytes(q.Body, "messages.0.content").Str == "x" {
+				found++
+				assert.Equal(t, "mine", gjson.GetBytes(q.Body, "prompt_cache_key").Str)
+			}
+		}
+	}
+	assert.Equal(t, 1, found)
 }

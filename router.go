@@ -141,6 +141,10 @@ type Config struct {
 	// upstream other than the key's home, at random, to break bursts. If 0,
 	// 0.125; negative means none.
 	Jitter float64
+	// PromptCacheKey sets "prompt_cache_key" (the OpenAI field that steers
+	// provider cache routing) from the request's affinity key when the
+	// caller sent none, so requests sharing a prompt prefix share a key.
+	PromptCacheKey bool
 	// LoadFactor is the c of StrategyBoundedLoad: no upstream takes more
 	// than ⌈c·average⌉ in-flight requests. If 0, 1.25; it must be at least 1.
 	LoadFactor float64

@@ -293,6 +293,9 @@ func (t *trip) bodyFor(cand candidate) []byte {
 			b = nb
 		}
 	}
+	if t.r.cfg.PromptCacheKey {
+		b, _ = injectCacheKey(b, t.key)
+	}
 	if t.c.req.Stream && !t.r.cfg.Stream.KeepUsageOption {
 		b, t.injectedUsage = t.injectStreamUsage(b)
 	}
