@@ -1,33 +1,78 @@
 package relay
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"time"
+	"unsafe"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+
+	"github.com/tokenrelay/relay/internal/sse"
 )
 
 // ErrFirstTokenTimeout: a stream sent no content within
 // StreamConfig.FirstTokenTimeout; the router tried the next candidate.
 var ErrFirstTokenTimeout = errors.New("relay: no first token within the first-token timeout")
 
-// StreamConfig configures the handling of server-sent-event answers.
+// ErrStreamError: a 200 stream carried an error event (`data: {"error":...}`
+// in chat and completions streams; an `error` or `response.failed` event in
+// Responses streams). It appears only in Report.Err: the caller reads the
+// event's bytes as the upstream sent them.
+var ErrStreamError = errors.New("relay: upstream sent an error in the stream")
+
+// StreamConfig configures the handling of server-sent-event answers
+// (2xx responses with Content-Type text/event-stream).
+//
+// The bytes of a stream reach the caller as they arrive, unchanged. The
+// reader gets an error wrapping io.ErrUnexpectedEOF when the stream ends
+// without its terminal event (`data: [DONE]` for chat and completions;
+// response.completed, response.incomplete or response.failed for the
+// Responses API), and one wrapping ErrStreamStalled when it went idle. One
+// Report is made per stream, when the reader hits EOF or an error, or closes
+// the body; its TTFT runs from RoundTrip's start to the first chunk carrying
+// content (text, refusal or a tool-call delta), and is 0 when no such chunk
+// came.
 type StreamConfig struct {
-	// IdleTimeout closes a stream that sent no byte for this long; the
-	// reader then gets ErrStreamStalled. If 0, 25 s; negative disables it.
+	// IdleTimeout closes a stream that sent no byte for this long while the
+	// caller was waiting in Read; the reader then gets ErrStreamStalled. If
+	// 0, 25 s; negative disables it.
 	IdleTimeout time.Duration
 	// FirstTokenTimeout, when set, holds a stream's response until its first
-	// content chunk; if none comes in time the router cancels that upstream
-	// and tries the next candidate, while nothing has reached the caller.
-	// If 0, off.
+	// content chunk; if none comes within this time of the response headers
+	// the router cancels that upstream and tries the next candidate (as a
+	// retry, under RetryConfig), while nothing has reached the caller. A
+	// stream that ends or fails before its first content chunk is handed to
+	// the caller as it is. Once a byte reached the caller, a stream is never
+	// retried. If 0, off.
 	FirstTokenTimeout time.Duration
 	// KeepUsageOption turns off the injection of
 	// stream_options.include_usage. By default, when a chat or completions
 	// stream does not ask for usage, the router asks for it and removes that
-	// extra usage chunk from what the caller reads.
+	// extra usage chunk (and its event line, if any) from what the caller
+	// reads. With injection off, such a stream's usage is estimated locally
+	// (Usage.Estimated).
 	KeepUsageOption bool
 }
+
+// Stream parsing bounds.
+const (
+	streamLineMax  = 256 << 10 // longest SSE line parsed; longer ones pass through unparsed
+	streamHoldMax  = 16 << 10  // longest event that can be the injected usage chunk
+	streamBufSize  = 48 << 10  // buffer of a stream that holds bytes back
+	streamAheadMax = 1 << 20   // read-ahead bound while waiting for the first token
+	streamEstFlush = 64 << 10  // delta text kept before it is counted
+	streamJunkMax  = 4 << 10   // non-SSE bytes kept to read an error body from
+	streamMsgMax   = 200       // bytes of an upstream error message kept in Report.Err
+	defaultIdle    = 25 * time.Second
+)
 
 // isEventStream reports whether a response is a server-sent-event stream.
 func isEventStream(h http.Header) bool {
@@ -41,42 +86,770 @@ func isEventStream(h http.Header) bool {
 
 // injectStreamUsage returns body with stream_options.include_usage set when
 // the request is a chat or completions stream that did not ask for usage,
-// and whether it did so.
+// and whether it did so. The Responses API needs none: its usage comes in
+// response.completed.
 func (t *trip) injectStreamUsage(body []byte) ([]byte, bool) {
-	return body, false
+	switch t.c.req.Endpoint {
+	case "chat/completions", "completions":
+	default:
+		return body, false
+	}
+	if gjson.GetBytes(body, "stream_options.include_usage").Bool() {
+		return body, false
+	}
+	nb, err := sjson.SetBytes(body, "stream_options.include_usage", true)
+	if err != nil || !gjson.ValidBytes(nb) {
+		return body, false
+	}
+	return nb, true
 }
 
 // streamBody passes an SSE response body through unchanged and finishes the
 // trip's report when the stream ends.
+//
+// It has two ways of reading. Straight through, the default, reads the
+// upstream into the caller's buffer and looks at the bytes there. Buffered,
+// used while the injected usage chunk may still come and while waiting for
+// the first token, reads into buf: buf[r:dec] is decided and handed out,
+// buf[dec:w] is held back (the start of an event that might be the usage
+// chunk), buf[scan:w] is not yet split into lines.
 type streamBody struct {
 	rc io.ReadCloser
 	t  *trip
 	a  *attempt
+	sc sse.Scanner
+
+	drop      bool // the injected usage chunk may still come: hold back event starts
+	dropBlank bool // the usage chunk was removed: remove the blank line that ends it
+	buf       []byte
+	r, dec, w int
+	scan      int  // first byte not yet scanned
+	lineStart int  // start of the line being scanned
+	evStart   int  // start of the current event
+	evPassed  bool // part of the current event was handed out: it is not the usage chunk
+
+	rerr  error       // the upstream's read error (io.EOF included), once it came
+	over  atomic.Bool // the stream was finished: Read returns final
+	final error       // what Read returns once the stream is over (guarded by mu)
+
+	mu    sync.Mutex // guards st and ended against a Close during Read
+	st    streamState
+	ended bool
+
+	// idle timer: one AfterFunc per idle period, re-armed from mark
+	idle     time.Duration
+	mark     atomic.Int64 // time since t.start of the last Read entry or return
+	inRead   atomic.Bool
+	stalled  atomic.Bool
+	armed    bool
+	tmu      sync.Mutex
+	stopIdle func() bool
+	timerOff bool
+	checkFn  func()
+}
+
+// streamState is what the stream told so far.
+type streamState struct {
+	terminal  bool // [DONE] or a terminal Responses event
+	sawData   bool
+	ev        [40]byte // the current event's name (truncated)
+	evLen     int
+	usage     Usage
+	haveUsage bool
+	gotFirst  bool
+	ttft      time.Duration
+	est       []byte // escaped delta text not yet counted
+	estTokens int
+	errMsg    string // the stream's error event, if any
+	haveErr   bool
+	junk      []byte // lines that are not SSE fields, before any data line
 }
 
 func newStreamBody(t *trip, a *attempt) *streamBody {
-	return &streamBody{rc: a.resp.Body, t: t, a: a}
+	s := &streamBody{rc: a.resp.Body, t: t, a: a, drop: t.injectedUsage}
+	s.sc.Max = streamLineMax
+	s.idle = t.r.cfg.Stream.IdleTimeout
+	if s.idle == 0 {
+		s.idle = defaultIdle
+	}
+	return s
 }
 
 func (s *streamBody) Read(p []byte) (int, error) {
-	n, err := s.rc.Read(p)
-	if err != nil {
-		s.t.finish(Usage{}, false)
+	if len(p) == 0 {
+		return 0, nil
 	}
-	return n, err
+	s.enter()
+	defer s.leave()
+	for {
+		if s.r < s.dec {
+			n := copy(p, s.buf[s.r:s.dec])
+			s.r += n
+			return n, nil
+		}
+		if s.over.Load() {
+			s.mu.Lock()
+			err := s.final
+			s.mu.Unlock()
+			return 0, err
+		}
+		if s.rerr != nil {
+			s.recycle()
+			return 0, s.end(s.rerr, false)
+		}
+		if !s.drop && s.r == s.w {
+			// Straight through.
+			s.recycle()
+			s.r, s.dec, s.w, s.scan, s.lineStart, s.evStart = 0, 0, 0, 0, 0, 0
+			n, err := s.rc.Read(p)
+			s.mu.Lock()
+			if !s.ended {
+				s.feed(p[:n])
+				if err != nil {
+					s.flush()
+				}
+			}
+			s.mu.Unlock()
+			if err != nil {
+				s.rerr = err
+				return n, s.end(err, false)
+			}
+			return n, nil
+		}
+		s.fill()
+	}
 }
+
+// streamBufs recycles the buffers of streams that hold bytes back.
+var streamBufs = sync.Pool{New: func() any { b := make([]byte, streamBufSize); return &b }}
+
+// recycle returns buf to the pool once everything in it was handed out;
+// only Read calls it, so no other goroutine holds the buffer.
+func (s *streamBody) recycle() {
+	if s.buf != nil && len(s.buf) == streamBufSize {
+		b := s.buf
+		s.buf = nil
+		streamBufs.Put(&b)
+	}
+}
+
+// fill reads the upstream into buf and decides what of it may be handed out.
+func (s *streamBody) fill() {
+	if s.buf == nil {
+		s.buf = *streamBufs.Get().(*[]byte)
+	}
+	if s.r == s.dec && s.r > 0 {
+		// Everything decided was handed out: move the held bytes to the front.
+		d := s.r
+		copy(s.buf, s.buf[d:s.w])
+		s.r, s.dec, s.w, s.scan, s.lineStart = 0, s.dec-d, s.w-d, s.scan-d, s.lineStart-d
+		s.evStart = max(s.evStart-d, 0)
+	}
+	if s.w == len(s.buf) {
+		nb := make([]byte, 2*len(s.buf))
+		copy(nb, s.buf[:s.w])
+		s.buf = nb
+	}
+	n, err := s.rc.Read(s.buf[s.w:])
+	s.w += n
+	s.mu.Lock()
+	if !s.ended {
+		s.process()
+		if err != nil {
+			s.flush()
+		}
+	}
+	s.mu.Unlock()
+	if err != nil {
+		s.rerr = err
+		s.dec = s.w
+	}
+}
+
+// process splits buf[scan:w] into lines, looks at each, and, while the
+// injected usage chunk may come, removes it and decides what is handed out.
+func (s *streamBody) process() {
+	for s.scan < s.w {
+		start := s.lineStart
+		line, full, n, ok := s.sc.Scan(s.buf[s.scan:s.w])
+		s.scan += n
+		if !ok {
+			break
+		}
+		end := s.scan
+		s.lineStart = end
+		kind, usageChunk := s.line(line, full)
+		if !s.drop {
+			continue
+		}
+		if s.dropBlank {
+			s.dropBlank = false
+			s.drop = false
+			if kind == lineBlank {
+				s.remove(start, end)
+			}
+			continue
+		}
+		switch kind {
+		case lineBlank:
+			s.dec, s.evStart, s.evPassed = end, end, false
+		case lineEvent:
+			if s.evPassed || end-s.evStart > streamHoldMax {
+				s.evPassed, s.dec = true, end
+			}
+		case lineData:
+			if usageChunk && !s.evPassed && end-s.evStart <= streamHoldMax {
+				s.remove(s.evStart, end)
+				s.dropBlank = true
+				continue
+			}
+			s.evPassed, s.dec = true, end
+		default:
+			s.evPassed, s.dec = true, end
+		}
+		if s.st.terminal {
+			s.drop = false // nothing can come after [DONE] to remove
+		}
+	}
+	switch {
+	case !s.drop:
+		s.dec = s.w
+	case s.dropBlank:
+		// The line after the removed chunk has begun: hold it only while it
+		// can still be the blank line that ends the chunk.
+		if s.w > s.lineStart && (s.w-s.lineStart > 1 || s.buf[s.lineStart] != '\r') {
+			s.dropBlank, s.drop = false, false
+			s.dec = s.w
+		}
+	case s.evPassed || s.w-s.evStart > streamHoldMax:
+		s.evPassed, s.dec = true, s.w
+	}
+}
+
+// remove cuts buf[from:to] out of the bytes not yet handed out.
+func (s *streamBody) remove(from, to int) {
+	copy(s.buf[from:], s.buf[to:s.w])
+	d := to - from
+	s.w -= d
+	s.scan -= d
+	s.lineStart = from
+	s.evStart = from
+	s.evPassed = false
+}
+
+// feed looks at bytes handed out straight through.
+func (s *streamBody) feed(p []byte) {
+	for len(p) > 0 {
+		line, full, n, ok := s.sc.Scan(p)
+		p = p[n:]
+		if !ok {
+			return
+		}
+		s.line(line, full)
+	}
+}
+
+// flush looks at the last line of a stream that did not end with a line end.
+func (s *streamBody) flush() {
+	if line, full, ok := s.sc.Flush(); ok {
+		s.line(line, full)
+	}
+}
+
+const (
+	lineBlank = iota
+	lineEvent
+	lineData
+	lineOther
+)
+
+// line looks at one SSE line: line holds its first bytes, full its length.
+// It returns the line's kind and, for a data line, whether it is a usage
+// chunk (usage and no choices).
+func (s *streamBody) line(line []byte, full int) (kind int, usageChunk bool) {
+	st := &s.st
+	if full == 0 {
+		st.evLen = 0
+		return lineBlank, false
+	}
+	name, val := sse.Field(line)
+	switch string(name) {
+	case "data":
+		st.sawData = true
+		if full > len(line) {
+			// Too long to parse (a large tool-call argument): it carries
+			// content; count it roughly, at 4 bytes a token.
+			s.content()
+			st.estTokens += full / 4
+			return lineData, false
+		}
+		return lineData, s.data(val)
+	case "event":
+		st.evLen = copy(st.ev[:], val)
+		return lineEvent, false
+	case "", "id", "retry":
+		return lineOther, false
+	}
+	if !st.sawData && len(st.junk)+len(line) < streamJunkMax && full == len(line) {
+		st.junk = append(append(st.junk, line...), '\n')
+	}
+	return lineOther, false
+}
+
+// content records the first content chunk.
+func (s *streamBody) content() {
+	if !s.st.gotFirst {
+		s.st.gotFirst = true
+		s.st.ttft = s.t.r.clock.Now().Sub(s.t.start)
+	}
+}
+
+// data looks at the payload of one data line.
+func (s *streamBody) data(v []byte) (usageChunk bool) {
+	st := &s.st
+	if len(v) == 0 {
+		return false
+	}
+	if v[0] != '{' {
+		if string(bytes.TrimSpace(v)) == "[DONE]" {
+			st.terminal = true
+		}
+		return false
+	}
+	typ := firstType(v)
+	if typ == nil && st.evLen > 0 {
+		if ev := st.ev[:st.evLen]; bytes.HasPrefix(ev, []byte("response.")) || string(ev) == "error" {
+			typ = ev
+		}
+	}
+	if typ != nil {
+		s.responsesEvent(typ, v)
+		return false
+	}
+	return s.chatChunk(v)
+}
+
+// firstType returns the value of "type" when it is the object's first key,
+// as in every Responses stream event.
+func firstType(v []byte) []byte {
+	i := skipSpace(v, 1)
+	if !bytes.HasPrefix(v[i:], []byte(`"type"`)) {
+		return nil
+	}
+	i = skipSpace(v, i+len(`"type"`))
+	if i >= len(v) || v[i] != ':' {
+		return nil
+	}
+	i = skipSpace(v, i+1)
+	if i >= len(v) || v[i] != '"' {
+		return nil
+	}
+	end, ok := stringEnd(v, i)
+	if !ok {
+		return nil
+	}
+	return v[i+1 : end]
+}
+
+// responsesEvent looks at one Responses API stream event.
+func (s *streamBody) responsesEvent(typ, v []byte) {
+	st := &s.st
+	switch string(typ) {
+	case "response.output_text.delta", "response.refusal.delta", "response.function_call_arguments.delta":
+		if raw, ok := stringField(v, "delta"); ok && len(raw) > 0 {
+			s.content()
+			s.estimate(raw)
+		}
+	case "response.reasoning_text.delta", "response.reasoning_summary_text.delta":
+		if raw, ok := stringField(v, "delta"); ok {
+			s.estimate(raw)
+		}
+	case "response.completed", "response.incomplete", "response.failed":
+		st.terminal = true
+		if u, ok := parseUsage(v); ok {
+			st.usage, st.haveUsage = u, true
+		}
+		if string(typ) == "response.failed" {
+			e := gjson.GetBytes(v, "response.error")
+			s.streamError(e.Get("code").String(), e.Get("message").String())
+		}
+	case "error":
+		root := gjson.ParseBytes(v)
+		if e := root.Get("error"); e.IsObject() {
+			root = e
+		}
+		s.streamError(root.Get("code").String(), root.Get("message").String())
+	}
+}
+
+// chatChunk looks at one chat or completions chunk in a single pass over its
+// keys: content and tool-call deltas, usage, an error.
+func (s *streamBody) chatChunk(v []byte) (usageChunk bool) {
+	st := &s.st
+	hasUsage, emptyChoices, noChoices := false, false, true
+	n := len(v)
+	// One pass over the bytes: a plain loop beats a search call per string
+	// on chunks this small.
+	for i := 0; i < n; i++ {
+		if v[i] != '"' {
+			continue
+		}
+		ks := i
+		ke := quoteEnd(v, ks)
+		if ke >= n {
+			break
+		}
+		i = ke
+		j := skipSpace(v, ke+1)
+		if j >= n || v[j] != ':' {
+			continue // a string value
+		}
+		j = skipSpace(v, j+1)
+		if j >= n {
+			break
+		}
+		key := v[ks+1 : ke]
+		if v[j] == '"' {
+			ve := quoteEnd(v, j)
+			if ve >= n {
+				break
+			}
+			raw := v[j+1 : ve]
+			i = ve
+			switch string(key) {
+			case "content", "refusal", "text", "arguments":
+				if len(raw) > 0 {
+					s.content()
+					s.estimate(raw)
+				}
+			case "name", "reasoning_content", "reasoning":
+				s.estimate(raw)
+			}
+			continue
+		}
+		i = j - 1
+		switch string(key) {
+		case "tool_calls":
+			if v[j] == '[' {
+				if k := skipSpace(v, j+1); k < n && v[k] == '{' {
+					s.content()
+				}
+			}
+		case "usage":
+			hasUsage = hasUsage || v[j] == '{'
+		case "choices":
+			noChoices = false
+			if v[j] == '[' {
+				if k := skipSpace(v, j+1); k < n && v[k] == ']' {
+					emptyChoices = true
+				}
+			}
+		case "error":
+			if v[j] == '{' {
+				e := gjson.GetBytes(v, "error")
+				s.streamError(e.Get("code").String(), e.Get("message").String())
+			}
+		}
+	}
+	if hasUsage {
+		if u, ok := parseUsage(v); ok {
+			st.usage, st.haveUsage = u, true
+			return emptyChoices || noChoices
+		}
+	}
+	return false
+}
+
+// estimate keeps escaped delta text to count if no usage comes, counting it
+// in pieces so that memory stays bounded.
+func (s *streamBody) estimate(raw []byte) {
+	st := &s.st
+	if len(raw) == 0 {
+		return
+	}
+	if st.est == nil {
+		st.est = make([]byte, 0, 4<<10)
+	}
+	st.est = append(st.est, raw...)
+	if len(st.est) >= streamEstFlush {
+		st.estTokens += s.countEst()
+	}
+}
+
+// countEst counts the kept delta text and empties it.
+func (s *streamBody) countEst() int {
+	st := &s.st
+	if len(st.est) == 0 {
+		return 0
+	}
+	var text string
+	if bytes.IndexByte(st.est, '\\') < 0 {
+		text = string(st.est)
+	} else {
+		q := make([]byte, 0, len(st.est)+2)
+		q = append(append(append(q, '"'), st.est...), '"')
+		text = gjson.ParseBytes(q).Str
+	}
+	st.est = st.est[:0]
+	return s.t.r.counter.countRaw(s.t.c.enc, text)
+}
+
+// streamError records the first error event of the stream.
+func (s *streamBody) streamError(code, msg string) {
+	st := &s.st
+	if st.haveErr {
+		return
+	}
+	st.haveErr = true
+	if len(msg) > streamMsgMax {
+		msg = msg[:streamMsgMax] + "..."
+	}
+	switch {
+	case code != "" && msg != "":
+		st.errMsg = code + ": " + msg
+	case code != "":
+		st.errMsg = code
+	default:
+		st.errMsg = msg
+	}
+}
+
+// end finishes the stream once: it makes the report and returns what the
+// reader gets from now on. cause is the upstream's read error (io.EOF at a
+// normal end), or nil when the caller closed the body.
+func (s *streamBody) end(cause error, closed bool) error {
+	s.stopTimer()
+	s.mu.Lock()
+	if s.ended {
+		err := s.final
+		s.mu.Unlock()
+		return err
+	}
+	s.ended = true
+	t := s.t
+	st := &s.st
+	if !closed {
+		s.rc.Close()
+	}
+	var readErr error
+	switch {
+	case closed:
+	case s.stalled.Load():
+		if !st.terminal {
+			readErr = ErrStreamStalled
+		}
+	case cause == io.EOF:
+		if !st.terminal {
+			readErr = io.ErrUnexpectedEOF
+		}
+	case cause != nil:
+		readErr = cause
+	}
+	mkErr := func(err error) error {
+		return &Error{Op: "stream", Upstream: t.rep.Upstream, Model: t.rep.Model, Err: err}
+	}
+	s.final = io.EOF
+	if closed {
+		s.final = errBodyClosed
+	}
+	if readErr != nil {
+		s.final = mkErr(readErr)
+		t.rep.Err = s.final
+	}
+	if !st.haveErr && !st.sawData && len(st.junk) > 0 {
+		// A body that is not SSE, such as a JSON error sent with the
+		// event-stream Content-Type.
+		if e := gjson.GetBytes(st.junk, "error"); e.IsObject() {
+			s.streamError(e.Get("code").String(), e.Get("message").String())
+		}
+	}
+	if st.haveErr {
+		t.rep.Err = mkErr(fmt.Errorf("%w: %s", ErrStreamError, st.errMsg))
+	}
+	t.rep.TTFT = st.ttft
+	u, ok := st.usage, st.haveUsage
+	if !ok && t.c.req.Endpoint != "" {
+		u = Usage{PromptTokens: t.c.req.PromptTokens, CompletionTokens: st.estTokens + s.countEst(), Estimated: true}
+		ok = true
+	}
+	final := s.final
+	s.over.Store(true)
+	s.mu.Unlock()
+	t.finish(u, ok) // without s.mu: OnReport runs with no lock held
+	return final
+}
+
+// errBodyClosed is what Read returns after Close, as net/http's bodies do.
+var errBodyClosed = errors.New("http: read on closed response body")
 
 func (s *streamBody) Close() error {
 	err := s.rc.Close()
-	s.t.finish(Usage{}, false)
+	s.end(nil, true)
 	return err
 }
 
 // awaitFirstToken reads ahead, keeping what it read for the caller, until
 // the first content chunk arrives. It returns ErrFirstTokenTimeout when none
-// came within d.
-func (s *streamBody) awaitFirstToken(d time.Duration) error { return nil }
+// came within d of the call. A stream that ends or fails before, or sends
+// more than 1 MiB without content, is left for the caller as it is.
+func (s *streamBody) awaitFirstToken(d time.Duration) error {
+	var timedOut atomic.Bool
+	stop := s.t.r.clock.AfterFunc(d, func() {
+		timedOut.Store(true)
+		s.rc.Close()
+		if s.a.cancel != nil {
+			s.a.cancel()
+		}
+	})
+	for !s.st.gotFirst && s.rerr == nil && s.w-s.r < streamAheadMax {
+		s.fill()
+	}
+	if !stop() && timedOut.Load() {
+		return ErrFirstTokenTimeout
+	}
+	return nil
+}
 
 // abandon releases a stream that is not handed to the caller: the upstream
 // body is closed and no report is made.
-func (s *streamBody) abandon() { s.rc.Close() }
+func (s *streamBody) abandon() {
+	s.rc.Close()
+	if s.a.cancel != nil {
+		s.a.cancel()
+	}
+}
+
+// enter and leave mark the time of each Read, for the idle timer; enter
+// arms it on the first Read.
+func (s *streamBody) enter() {
+	s.mark.Store(int64(s.t.r.clock.Now().Sub(s.t.start)))
+	s.inRead.Store(true)
+	if !s.armed && s.idle > 0 {
+		s.armed = true
+		s.checkFn = s.checkIdle
+		s.tmu.Lock()
+		if !s.timerOff {
+			s.stopIdle = s.t.r.clock.AfterFunc(s.idle, s.checkFn)
+		}
+		s.tmu.Unlock()
+	}
+}
+
+func (s *streamBody) leave() {
+	s.mark.Store(int64(s.t.r.clock.Now().Sub(s.t.start)))
+	s.inRead.Store(false)
+}
+
+// checkIdle runs once per idle period: it closes the upstream when the
+// caller has been waiting in Read for the whole idle timeout, and re-arms
+// the timer for the rest of the period otherwise.
+func (s *streamBody) checkIdle() {
+	s.tmu.Lock()
+	defer s.tmu.Unlock()
+	if s.timerOff {
+		return
+	}
+	wait := s.idle
+	if s.inRead.Load() {
+		idle := s.t.r.clock.Now().Sub(s.t.start) - time.Duration(s.mark.Load())
+		if idle >= s.idle {
+			s.timerOff = true
+			s.stalled.Store(true)
+			s.rc.Close()
+			if s.a.cancel != nil {
+				s.a.cancel()
+			}
+			return
+		}
+		wait = s.idle - idle
+	}
+	s.stopIdle = s.t.r.clock.AfterFunc(wait, s.checkFn)
+}
+
+func (s *streamBody) stopTimer() {
+	s.tmu.Lock()
+	s.timerOff = true
+	if s.stopIdle != nil {
+		s.stopIdle()
+	}
+	s.tmu.Unlock()
+}
+
+// skipSpace returns the index of the first byte of v at or after i that is
+// not JSON white space.
+func skipSpace(v []byte, i int) int {
+	for i < len(v) && (v[i] == ' ' || v[i] == '\t' || v[i] == '\n' || v[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// stringEnd returns the index of the quote that closes the JSON string
+// opening at v[i].
+func stringEnd(v []byte, i int) (int, bool) {
+	for k := i + 1; ; {
+		q := bytes.IndexByte(v[k:], '"')
+		if q < 0 {
+			return 0, false
+		}
+		q += k
+		b := 0
+		for q-1-b > i && v[q-1-b] == '\\' {
+			b++
+		}
+		if b%2 == 0 {
+			return q, true
+		}
+		k = q + 1
+	}
+}
+
+// quoteEnd returns the index of the quote that closes the JSON string
+// opening at v[i], or len(v) when it is not closed.
+func quoteEnd(v []byte, i int) int {
+	j := i + 1
+	for j < len(v) {
+		switch v[j] {
+		case '"':
+			return j
+		case '\\':
+			j++
+		}
+		j++
+	}
+	return len(v)
+}
+
+// stringField returns the raw (escaped) text of the first string value of
+// key, found by a scan of the keys.
+func stringField(v []byte, key string) ([]byte, bool) {
+	for i := 0; ; {
+		q := bytes.IndexByte(v[i:], '"')
+		if q < 0 {
+			return nil, false
+		}
+		ks := i + q
+		ke, ok := stringEnd(v, ks)
+		if !ok {
+			return nil, false
+		}
+		i = ke + 1
+		j := skipSpace(v, i)
+		if j >= len(v) || v[j] != ':' {
+			continue
+		}
+		j = skipSpace(v, j+1)
+		if j >= len(v) || v[j] != '"' {
+			i = j
+			continue
+		}
+		ve, ok := stringEnd(v, j)
+		if !ok {
+			return nil, false
+		}
+		if unsafe.String(unsafe.SliceData(v[ks+1:ke]), ke-ks-1) == key {
+			return v[j+1 : ve], true
+		}
+		i = ve + 1
+	}
+}
