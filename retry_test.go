@@ -168,6 +168,8 @@ func TestRetryNextCandidateAndHints(t *testing.T) {
 		{"x-should-retry false", [][]relaytest.Fault{{{Status: 503, Header: http.Header{"X-Should-Retry": {"false"}}}}, nil}, "u0", 503, 1, nil},
 		{"x-should-retry true", [][]relaytest.Fault{{{Status: 400, Header: http.Header{"X-Should-Retry": {"true"}}}}, nil}, "u1", 200, 2, []time.Duration{100 * ms}},
 		{"dropped connection", [][]relaytest.Fault{{{Drop: true}}, nil}, "u1", 200, 2, []time.Duration{100 * ms}},
+		{"a response beats a later connection error", [][]relaytest.Fault{{{Status: 503}, {Drop: true}}, {{Drop: true}}}, "u0", 503, 3, []time.Duration{100 * ms, 200 * ms}},
+		{"retry-after 0 retries at once", [][]relaytest.Fault{{{Status: 503, Header: http.Header{"Retry-After": {"0"}}}}, nil}, "u1", 200, 2, nil},
 		{"all fail: last response returned", [][]relaytest.Fault{{{Status: 500}, {Status: 502, Body: `{"error":{"message":"last"}}`}}, {{Status: 503}}}, "u0", 502, 3, []time.Duration{100 * ms, 200 * ms}},
 	}
 	for _, c := range cases {

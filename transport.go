@@ -52,16 +52,20 @@ func (r *Router) RoundTrip(req *http.Request) (*http.Response, error) {
 		PromptTokens:   t.c.req.PromptTokens,
 		Stream:         t.c.req.Stream,
 	}
-	var cands []candidate
-	if t.c.req.Endpoint == "" {
-		cands = []candidate{{up: r.ups[0]}}
-	} else {
-		cands = r.plan(t.cbuf[:0], t.route.Model, t.route.Fallbacks, t.key, true)
-	}
+	cands := r.candidates(t.cbuf[:0], &t.c, t.route, t.key, true)
 	if len(cands) == 0 {
 		return nil, t.fail(&Error{Op: "route", Model: t.route.Model, Err: ErrNoUpstream})
 	}
 	return t.run(cands)
+}
+
+// candidates lists where a request may go: for the known endpoints the
+// route's plan; other paths (/models, /files...) go to the first upstream.
+func (r *Router) candidates(buf []candidate, c *classified, route Route, key uint64, random bool) []candidate {
+	if c.req.Endpoint == "" {
+		return append(buf, candidate{up: r.ups[0]})
+	}
+	return r.plan(buf, route.Model, route.Fallbacks, key, random)
 }
 
 // Decide returns the routing decision for req without sending it: no
@@ -95,12 +99,7 @@ func (r *Router) Decide(req *http.Request) (Decision, error) {
 	}
 	c := r.classify(req.Method, req.URL.Path, req.Header, body)
 	d := Decision{Request: c.req, Route: r.route(c.req)}
-	var cands []candidate
-	if c.req.Endpoint == "" {
-		cands = []candidate{{up: r.ups[0]}}
-	} else {
-		cands = r.plan(nil, d.Route.Model, d.Route.Fallbacks, r.keyOf(&c), false)
-	}
+	cands := r.candidates(nil, &c, d.Route, r.keyOf(&c), false)
 	if len(cands) == 0 {
 		return d, &Error{Op: "route", Model: d.Route.Model, Err: ErrNoUpstream}
 	}
@@ -229,15 +228,13 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 		final := i == r.retry.MaxAttempts-1 || ctx.Err() != nil || !r.retry.ShouldRetry(a.resp, a.err)
 		var wait time.Duration
 		if !final {
+			hinted := false
 			if a.resp != nil {
-				if hint, ok := RetryAfter(a.resp.Header, r.clock.Now()); ok {
-					if hint > r.retry.MaxRetryAfter {
-						final = true // the server asks for longer than we wait: answer now
-					}
-					wait = hint
+				if wait, hinted = RetryAfter(a.resp.Header, r.clock.Now()); hinted && wait > r.retry.MaxRetryAfter {
+					final = true // the server asks for longer than we wait: answer now
 				}
 			}
-			if wait == 0 && !final {
+			if !hinted {
 				if bo == nil {
 					bo = r.retry.newBackOff()
 				}
@@ -247,10 +244,16 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 			}
 		}
 		if final {
+			if a.resp == nil && last != nil && ctx.Err() == nil {
+				a.release()
+				return t.finalize(*last) // an earlier response beats no response
+			}
 			return t.finalize(a)
 		}
 		a.discard()
-		last = &a
+		if a.resp != nil {
+			last = &a
+		}
 		if err := sleep(ctx, r.clock, wait); err != nil {
 			return nil, t.fail(&Error{Op: "backoff", Upstream: a.cand.up.cfg.Name, Model: a.cand.model, Err: err})
 		}
