@@ -408,3 +408,18 @@ func TestErrorMessages(t *testing.T) {
 	assert.Equal(t, "relay: send upstream eu model gpt-4.1 status 429: upstream answered with an error status", e.Error())
 	assert.True(t, errors.Is(e, ErrUpstreamStatus))
 }
+
+func TestRoundTripMultiMegabytePrompt(t *testing.T) {
+	up := newRecorder(t, 200, fixture(t, "chat_response_default.json"))
+	r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL}}})
+	prompt := strings.Repeat("All work and no play makes Jack a dull boy. ", 70000) // ~3 MB
+	body := chatBody("gpt-4.1", prompt)
+	resp, _ := do(t, r, "POST", "http://x/v1/chat/completions", body)
+	assert.Equal(t, 200, resp.StatusCode)
+	got := up.got()
+	require.Len(t, got, 1)
+	assert.Equal(t, body, string(got[0].Body))
+	rep := reps.all()[0]
+	assert.Equal(t, 3+countTokens(o200k, "user")+countTokens(o200k, prompt)+3, rep.PromptTokens)
+	assert.Equal(t, BucketLong, rep.Bucket)
+}
