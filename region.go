@@ -33,7 +33,7 @@ type upstream struct {
 
 func (u *upstream) initRuntime(r *Router) {
 	u.clock = r.clock
-	u.seed = fnv64(u.cfg.Name)
+	u.seed = fnv1a(fnvOffset64, u.cfg.Name)
 	u.weight = u.cfg.Weight
 	if u.weight == 0 {
 		u.weight = 1
@@ -242,27 +242,7 @@ func cmpUint(a, b uint64) int {
 }
 
 // rendezvous is the highest-random-weight score of an upstream for a key.
-func rendezvous(key, seed uint64) uint64 { return mix64(key ^ seed) }
-
-// mix64 is the splitmix64 finaliser: a fast, well-spread 64-bit mix.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
-}
-
-// fnv64 hashes a string with FNV-1a; stable across processes.
-func fnv64(s string) uint64 {
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
-		h *= 1099511628211
-	}
-	return h
-}
+func rendezvous(key, seed uint64) uint64 { return fmix64(key ^ seed) }
 
 // cost is the least-latency score: the peak EWMA of latency, decayed
 // toward zero while no sample arrives (so a slow upstream is probed again

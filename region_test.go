@@ -49,7 +49,7 @@ func TestAffinityKeepsKeysHomeWithJitter(t *testing.T) {
 	atHome := 0
 	var buf [8]candidate
 	for k := range uint64(keys) {
-		key := mix64(k + 1)
+		key := fmix64(k + 1)
 		cands := r.plan(buf[:0], "m", nil, key, true)
 		require.Len(t, cands, 4)
 		if cands[0].up.cfg.Name == home(r, key) {
@@ -66,7 +66,7 @@ func TestAffinitySpreadsKeysEvenly(t *testing.T) {
 	count := map[string]int{}
 	var buf [8]candidate
 	for k := range uint64(100000) {
-		count[r.plan(buf[:0], "m", nil, mix64(k+1), true)[0].up.cfg.Name]++
+		count[r.plan(buf[:0], "m", nil, fmix64(k+1), true)[0].up.cfg.Name]++
 	}
 	for name, n := range count {
 		assert.InDelta(t, 25000, n, 1500, name)
@@ -80,7 +80,7 @@ func TestAffinityAddingAnUpstreamMovesOnlyItsShare(t *testing.T) {
 	const keys = 100000
 	var b4, b5 [8]candidate
 	for k := range uint64(keys) {
-		key := mix64(k + 1)
+		key := fmix64(k + 1)
 		a := four.plan(b4[:0], "m", nil, key, true)[0].up.cfg.Name
 		b := five.plan(b5[:0], "m", nil, key, true)[0].up.cfg.Name
 		if a != b {
@@ -219,7 +219,7 @@ func BenchmarkPlan(b *testing.B) {
 			b.ReportAllocs()
 			key := uint64(1)
 			for b.Loop() {
-				key = mix64(key)
+				key = fmix64(key)
 				if len(r.plan(buf[:0], "m", nil, key, true)) != 8 {
 					b.Fatal("short plan")
 				}
