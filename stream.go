@@ -182,16 +182,18 @@ func (s *streamBody) Read(p []byte) (int, error) {
 	s.enter()
 	defer s.leave()
 	for {
-		if s.r < s.dec {
-			n := copy(p, s.buf[s.r:s.dec])
-			s.r += n
-			return n, nil
-		}
 		if s.over.Load() {
+			// Ended: by EOF or an error once everything was handed out, or
+			// by Close.
 			s.mu.Lock()
 			err := s.final
 			s.mu.Unlock()
 			return 0, err
+		}
+		if s.r < s.dec {
+			n := copy(p, s.buf[s.r:s.dec])
+			s.r += n
+			return n, nil
 		}
 		if s.rerr != nil {
 			s.recycle()

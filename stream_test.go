@@ -287,15 +287,23 @@ func TestInjectStreamUsage(t *testing.T) {
 func TestStreamChunksPassAsTheyArrive(t *testing.T) {
 	for _, req := range []string{chatStreamReq, chatStreamUsageReq} {
 		release := make(chan struct{})
+		var once sync.Once
+		unblock := func() { once.Do(func() { close(release) }) }
 		first := "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\n"
 		rest := "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo\"}}]}\n\ndata: [DONE]\n\n"
 		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "text/event-stream")
 			io.WriteString(w, first)
 			w.(http.Flusher).Flush()
-			<-release
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return
+			}
 			io.WriteString(w, rest)
 		}))
+		t.Cleanup(up.Close)
+		t.Cleanup(unblock)
 		r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL + "/v1"}}})
 		hreq, _ := http.NewRequest("POST", "http://relay.invalid/v1/chat/completions", strings.NewReader(req))
 		resp, err := r.RoundTrip(hreq)
@@ -305,7 +313,7 @@ func TestStreamChunksPassAsTheyArrive(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, first, string(buf), "first chunk read before the upstream sent the rest")
 		assert.Empty(t, reps.all())
-		close(release)
+		unblock()
 		tail, err := io.ReadAll(resp.Body)
 		require.NoError(t, err)
 		assert.Equal(t, rest, string(tail))
