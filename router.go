@@ -23,8 +23,11 @@
 //     arrive; usage is picked out of the body or the SSE stream; cost and
 //     latency go into one Report, handed to Config.OnReport exactly once.
 //
-// A Router starts no goroutine of its own and needs no server. Its routing
-// decision can be tested in-process, without a network, with Router.Decide.
+// A Router needs no server and runs no background goroutine: time-based
+// transitions (breaker cooldowns, limiter refills) are computed from
+// timestamps. Only a hedged request races its two attempts on goroutines that
+// end with it. Its routing decision can be tested in-process, without a
+// network, with Router.Decide.
 package relay
 
 import (
@@ -316,7 +319,7 @@ type Report struct {
 
 // Router is an http.RoundTripper that classifies, routes, rewrites, sends and
 // reports OpenAI-compatible requests. Create it with New. It is safe for
-// simultaneous use by multiple goroutines and starts no goroutine of its own.
+// simultaneous use by multiple goroutines and runs no background goroutine.
 type Router struct {
 	cfg     Config
 	base    http.RoundTripper
