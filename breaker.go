@@ -230,8 +230,8 @@ func (b *breaker) allow(now time.Time, forced bool) (ticket, bool) {
 	return t, ok
 }
 
-// done records an attempt's outcome. latency is the time to response
-// headers; hint is a Retry-After the upstream sent (0 if none).
+// done records an attempt's outcome (its latency is already in the
+// upstream's window); hint is a Retry-After the upstream sent (0 if none).
 func (b *breaker) done(t ticket, o outcome, hint time.Duration, now time.Time) {
 	b.mu.Lock()
 	var ev *BreakerEvent

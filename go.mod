@@ -13,6 +13,7 @@ require (
 	github.com/tidwall/sjson v1.2.9
 	github.com/tiktoken-go/tokenizer v0.10.0
 	go.uber.org/goleak v1.3.0
+	golang.org/x/time v0.16.0
 )
 
 require (
@@ -23,5 +24,4 @@ require (
 	github.com/tidwall/match v1.1.1 // indirect
 	github.com/tidwall/pretty v1.3.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
-	golang.org/x/time v0.16.0 // indirect
 )

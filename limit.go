@@ -28,9 +28,9 @@ import (
 //
 // The upstream's own word counts too: x-ratelimit-remaining-requests or
 // -tokens of 0 hold the upstream until x-ratelimit-reset-requests or
-// -tokens (Go durations such as "6m0s", "120ms"); a 429 holds it for its
-// Retry-After (1 s when it gives none). A hold affects that upstream only,
-// never the whole model.
+// -tokens (Go durations such as "6m0s", "120ms"; at most an hour); a 429
+// holds it for its Retry-After (1 s when it gives none, a minute at most). A
+// hold affects that upstream only, never the whole model.
 type LimitConfig struct {
 	// MaxWait bounds the wait for an upstream's rate-limit tokens or
 	// in-flight slot. If 0, 2 s; negative means never wait.
@@ -93,9 +93,10 @@ func bucketDelay(lim *rate.Limiter, now time.Time, n int) time.Duration {
 // take removes the request's tokens at now. The caller has checked that they
 // are there or has waited for them.
 func (l *limiter) take(now time.Time, tpm int) {
-	// AllowN, unlike ReserveN, does not allocate. It can only fail if a
-	// concurrent request took the tokens since delay looked; the request
-	// then goes anyway, a bounded overshoot of one request.
+	// AllowN, unlike ReserveN, does not allocate. It can only fail if
+	// concurrent requests took the tokens since delay looked; those requests
+	// then go anyway: an overshoot of at most the number of requests racing
+	// for the same bucket at that instant.
 	if l.rpm != nil {
 		l.rpm.AllowN(now, 1)
 	}
@@ -135,7 +136,7 @@ func (l *limiter) observe(resp *http.Response, now time.Time) {
 		if !ok {
 			d = time.Second
 		}
-		until = now.Add(d)
+		until = now.Add(min(d, maxHold429))
 	}
 	for _, k := range [...][2]string{
 		{"X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests"},
@@ -158,6 +159,10 @@ func (l *limiter) observe(resp *http.Response, now time.Time) {
 		}
 	}
 }
+
+// maxHold429 caps the hold a 429's Retry-After puts on an upstream, so an
+// absurd hint does not take it out for a day.
+const maxHold429 = time.Minute
 
 // headerValue is h.Get(key) for a key already in canonical form, without
 // canonicalising it again (responses from net/http have canonical keys).
@@ -212,9 +217,10 @@ var ErrCircuitOpen = errors.New("relay: every candidate's circuit is open")
 // acquire picks the candidate of the next attempt, walking cands from start:
 // the first whose breaker admits it and whose limits can take the request
 // now. When none can, it waits for the one that can soonest, at most MaxWait
-// and never past the context's deadline. Forced candidates already tried
-// (bits of tried) are skipped. It returns the candidate's index and the
-// breaker's ticket; the candidate's tokens and slot are taken.
+// (none when mayWait is false) and never past the context's deadline.
+// Forced candidates already tried (bits of tried) are skipped. It returns
+// the candidate's index and the breaker's ticket; the candidate's tokens, its
+// in-flight count and slot are taken, to be given back by attempt.release.
 func (t *trip) acquire(ctx context.Context, cands []candidate, start int, tried uint64, mayWait bool) (int, ticket, error) {
 	r := t.r
 	now := r.clock.Now()
@@ -223,7 +229,7 @@ func (t *trip) acquire(ctx context.Context, cands []candidate, start int, tried 
 		tokens = t.c.req.PromptTokens + t.c.req.MaxTokens
 	}
 	n := len(cands)
-	best, bestD, slotWait, open, over := -1, time.Duration(math.MaxInt64), -1, 0, -1
+	best, bestD, slotWait, over, open := -1, time.Duration(math.MaxInt64), -1, -1, 0
 	for k := range n {
 		i := (start + k) % n
 		c := &cands[i]
@@ -236,41 +242,47 @@ func (t *trip) acquire(ctx context.Context, cands []candidate, start int, tried 
 				continue
 			}
 		}
-		if r.strategy == StrategyBoundedLoad && !c.forced && c.up.inflight.Load() >= r.boundedCap(cands, c.model) {
-			if over < 0 {
-				over = i
-			}
-			continue
-		}
 		lim := &c.up.lim
 		tpm := lim.charge(tokens)
-		d := lim.delay(now, tpm)
-		if d > 0 {
+		if d := lim.delay(now, tpm); d > 0 {
 			if d < bestD {
 				best, bestD = i, d
 			}
 			continue
 		}
-		if !lim.trySlot() {
+		switch r.claim(cands, c, true) {
+		case claimNoSlot:
 			if slotWait < 0 {
 				slotWait = i
+			}
+			continue
+		case claimOverCap:
+			if over < 0 {
+				over = i
 			}
 			continue
 		}
 		tk, ok := c.up.br.allow(now, c.forced)
 		if !ok {
-			lim.release()
+			c.up.unclaim()
 			open++
 			continue
 		}
 		lim.take(now, tpm)
-		c.up.inflight.Add(1)
 		return i, tk, nil
 	}
 	if over >= 0 && best < 0 && slotWait < 0 {
-		// Every candidate is at its bounded-load cap: the first in hash
-		// order takes it, as a consistent-hashing ring would.
-		best, bestD = over, 0
+		// Every candidate that could take the request now is at its
+		// bounded-load cap: the first in hash order takes it, as a
+		// consistent-hashing ring would.
+		c := &cands[over]
+		if r.claim(cands, c, false) == claimed {
+			if tk, ok := c.up.br.allow(now, c.forced); ok {
+				c.up.lim.take(now, c.up.lim.charge(tokens))
+				return over, tk, nil
+			}
+			c.up.unclaim()
+		}
 	}
 	maxWait := r.maxWait
 	if !mayWait {
@@ -280,10 +292,9 @@ func (t *trip) acquire(ctx context.Context, cands []candidate, start int, tried 
 		maxWait = min(maxWait, dl.Sub(now))
 	}
 	pick := -1
-	var wait time.Duration
 	switch {
 	case best >= 0 && bestD <= maxWait:
-		pick, wait = best, max(bestD, 0)
+		pick = best
 	case slotWait >= 0 && maxWait > 0:
 		pick = slotWait
 	case best < 0 && slotWait < 0 && open > 0:
@@ -294,36 +305,88 @@ func (t *trip) acquire(ctx context.Context, cands []candidate, start int, tried 
 	c := &cands[pick]
 	lim := &c.up.lim
 	tpm := lim.charge(tokens)
-	if wait > 0 {
-		// Reserve now, so requests arriving during the wait queue behind
-		// this one; a cancelled wait gives the tokens back.
-		var rs [2]*rate.Reservation
+	// Reserve now, so requests arriving during the wait queue behind this
+	// one; every failure below gives the tokens back.
+	var rs [2]*rate.Reservation
+	wait := time.Duration(0)
+	if pick == best {
+		wait = bestD // the hold, if any
 		if lim.rpm != nil {
 			rs[0] = lim.rpm.ReserveN(now, 1)
+			wait = max(wait, rs[0].DelayFrom(now))
 		}
 		if lim.tpm != nil {
 			rs[1] = lim.tpm.ReserveN(now, tpm)
+			wait = max(wait, rs[1].DelayFrom(now))
 		}
-		if err := sleep(ctx, r.clock, wait); err != nil {
-			at := r.clock.Now()
-			for _, res := range rs {
-				if res != nil {
-					res.CancelAt(at)
-				}
+	}
+	giveBack := func() {
+		at := r.clock.Now()
+		for _, res := range rs {
+			if res != nil {
+				res.CancelAt(at)
 			}
-			return -1, ticket{}, err
 		}
-		tpm = -1 // taken
 	}
-	if !lim.trySlot() {
+	if err := sleep(ctx, r.clock, wait); err != nil {
+		giveBack()
+		return -1, ticket{}, err
+	}
+	if r.claim(cands, c, false) != claimed {
 		if err := waitSlot(ctx, r.clock, lim, maxWait-wait); err != nil {
+			giveBack()
 			return -1, ticket{}, err
 		}
+		c.up.inflight.Add(1)
 	}
-	if tpm >= 0 {
+	now = r.clock.Now()
+	tk, ok := c.up.br.allow(now, c.forced)
+	if !ok { // its circuit opened while we waited
+		c.up.unclaim()
+		giveBack()
+		return -1, ticket{}, ErrCircuitOpen
+	}
+	if pick != best {
 		lim.take(now, tpm)
 	}
-	tk, _ := c.up.br.allow(r.clock.Now(), true)
-	c.up.inflight.Add(1)
 	return pick, tk, nil
+}
+
+// Outcomes of claim.
+const (
+	claimed = iota
+	claimNoSlot
+	claimOverCap
+)
+
+// claim takes an in-flight count and slot on c's upstream. Under bounded
+// loads with capped set, it refuses when the upstream is at its cap; the
+// check and the count are one compare-and-swap, so concurrent requests
+// cannot all slip under the cap.
+func (r *Router) claim(cands []candidate, c *candidate, capped bool) int {
+	u := c.up
+	if !u.lim.trySlot() {
+		return claimNoSlot
+	}
+	if capped && r.strategy == StrategyBoundedLoad && !c.forced {
+		limit := r.boundedCap(cands, c.model)
+		for {
+			cur := u.inflight.Load()
+			if cur >= limit {
+				u.lim.release()
+				return claimOverCap
+			}
+			if u.inflight.CompareAndSwap(cur, cur+1) {
+				return claimed
+			}
+		}
+	}
+	u.inflight.Add(1)
+	return claimed
+}
+
+// unclaim gives back what claim took.
+func (u *upstream) unclaim() {
+	u.inflight.Add(-1)
+	u.lim.release()
 }

@@ -3,6 +3,7 @@ package relay
 import (
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
@@ -17,6 +18,7 @@ type upstream struct {
 	base   *url.URL
 	auth   func() string   // "Bearer <key>"; nil keeps the caller's Authorization
 	models map[string]bool // nil: every model
+	header http.Header     // Upstream.Header, canonical keys, the router's own copy
 	tags   []bodyTag
 	factor float64 // price factor, 1 for list price
 	clock  Clock

@@ -165,13 +165,15 @@ func (p *retryPolicy) newBackOff() backoff.BackOff {
 // Hedging is off unless Delay or P95 is set. A stream is never hedged once a
 // byte reached the caller (hedging acts before response headers).
 //
-// Each hedge runs the two attempts on goroutines that end with the request;
-// the router keeps no goroutine beyond it.
+// Each hedge runs the two attempts on goroutines; a losing attempt that is
+// still in flight is cancelled, and its goroutine ends as soon as the
+// cancelled call returns.
 type HedgeConfig struct {
 	// Delay is the fixed hedge delay, and the floor of the P95 delay.
 	Delay time.Duration
 	// P95 uses the first upstream's observed p95 time to headers as the
-	// delay (Delay until 20 samples are in, and as a floor).
+	// delay once 20 samples are in; Delay (required with P95) is the delay
+	// before that, and the floor after.
 	P95 bool
 	// Budget caps hedges to a fraction of requests, so an outage does not
 	// double the load: each request adds Budget to a balance (capped at 10
@@ -266,7 +268,7 @@ func (t *trip) sendHedged(ctx context.Context, cands []candidate, idx int, tk ti
 	if err != nil || idx2 == idx {
 		if err == nil { // the only candidate is the one in flight: give it back
 			cands[idx2].up.br.done(tk2, outcomeNeutral, 0, r.clock.Now())
-			(&attempt{cand: cands[idx2], held: true}).release()
+			cands[idx2].up.unclaim()
 		}
 		r.hedges.bal.Add(1000) // unspent
 		return <-results, -1
@@ -294,6 +296,10 @@ func (t *trip) sendHedged(ctx context.Context, cands []candidate, idx int, tk ti
 	}
 	second := <-results
 	t.observe(&first)
+	if second.resp == nil && first.resp != nil {
+		// A response, even a retryable one, beats none.
+		second, first = first, second
+	}
 	first.close()
 	return second, idx2 + 1
 }

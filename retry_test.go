@@ -159,22 +159,23 @@ func TestRetryNextCandidateAndHints(t *testing.T) {
 		wantWaits []time.Duration
 	}{
 		{"503 then next upstream", [][]relaytest.Fault{{{Status: 503}}, nil}, "u1", 200, 2, []time.Duration{100 * ms}},
-		{"retry-after-ms honoured", [][]relaytest.Fault{{{Status: 429, Header: http.Header{"Retry-After-Ms": {"350"}}}}, nil}, "u1", 200, 2, []time.Duration{350 * ms}},
-		{"retry-after seconds honoured", [][]relaytest.Fault{{{Status: 429, Header: http.Header{"Retry-After": {"2"}}}}, nil}, "u1", 200, 2, []time.Duration{2 * time.Second}},
-		{"hint does not leak into next wait", [][]relaytest.Fault{{{Status: 429, Header: http.Header{"Retry-After": {"3"}}}}, {{Status: 500}}}, "u0", 200, 3, []time.Duration{3 * time.Second, 100 * ms}},
-		{"hint over cap returns now", [][]relaytest.Fault{{{Status: 429, Header: http.Header{"Retry-After": {"60"}}}}, nil}, "u0", 429, 1, nil},
+		{"retry-after-ms honoured", [][]relaytest.Fault{{{Status: 429, Header: http.Header{"Retry-After-Ms": {"350"}}}}}, "u0", 200, 2, []time.Duration{350 * ms}},
+		{"retry-after seconds honoured", [][]relaytest.Fault{{{Status: 429, Header: http.Header{"Retry-After": {"2"}}}}}, "u0", 200, 2, []time.Duration{2 * time.Second}},
+		{"hint does not leak into next wait", [][]relaytest.Fault{{{Status: 429, Header: http.Header{"Retry-After": {"3"}}}, {Status: 500}}}, "u0", 200, 3, []time.Duration{3 * time.Second, 100 * ms}},
+		{"hint over cap returns now", [][]relaytest.Fault{{{Status: 429, Header: http.Header{"Retry-After": {"60"}}}}}, "u0", 429, 1, nil},
+		{"another upstream is tried after the backoff, not the hint", [][]relaytest.Fault{{{Status: 429, Header: http.Header{"Retry-After": {"60"}}}}, nil}, "u1", 200, 2, []time.Duration{100 * ms}},
 		{"garbage hint uses backoff", [][]relaytest.Fault{{{Status: 429, Header: http.Header{"Retry-After": {"later"}}}}, nil}, "u1", 200, 2, []time.Duration{100 * ms}},
 		{"400 not retried", [][]relaytest.Fault{{{Status: 400}}, nil}, "u0", 400, 1, nil},
 		{"x-should-retry false", [][]relaytest.Fault{{{Status: 503, Header: http.Header{"X-Should-Retry": {"false"}}}}, nil}, "u0", 503, 1, nil},
 		{"x-should-retry true", [][]relaytest.Fault{{{Status: 400, Header: http.Header{"X-Should-Retry": {"true"}}}}, nil}, "u1", 200, 2, []time.Duration{100 * ms}},
 		{"dropped connection", [][]relaytest.Fault{{{Drop: true}}, nil}, "u1", 200, 2, []time.Duration{100 * ms}},
 		{"a response beats a later connection error", [][]relaytest.Fault{{{Status: 503}, {Drop: true}}, {{Drop: true}}}, "u0", 503, 3, []time.Duration{100 * ms, 200 * ms}},
-		{"retry-after 0 retries at once", [][]relaytest.Fault{{{Status: 503, Header: http.Header{"Retry-After": {"0"}}}}, nil}, "u1", 200, 2, nil},
+		{"retry-after 0 retries at once", [][]relaytest.Fault{{{Status: 503, Header: http.Header{"Retry-After": {"0"}}}}}, "u0", 200, 2, nil},
 		{"all fail: last response returned", [][]relaytest.Fault{{{Status: 500}, {Status: 502, Body: `{"error":{"message":"last"}}`}}, {{Status: 503}}}, "u0", 502, 3, []time.Duration{100 * ms, 200 * ms}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			srvs := newServers(t, 2)
+			srvs := newServers(t, len(c.faults)) // one list of faults per upstream
 			for i, f := range c.faults {
 				srvs[i].Script(f...)
 			}

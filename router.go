@@ -33,8 +33,10 @@ package relay
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 )
@@ -236,10 +238,22 @@ type Upstream struct {
 	KeyPrefixes []string
 }
 
-// Format prints the Upstream with its API key redacted, for every verb.
+// Format prints the Upstream with its API key, header values and any
+// password in BaseURL redacted, for every verb (keys often travel in
+// headers such as Api-Key).
 func (u Upstream) Format(f fmt.State, verb rune) {
 	type plain Upstream
 	u.APIKey = redact(u.APIKey)
+	if len(u.Header) > 0 {
+		h := make(http.Header, len(u.Header))
+		for k := range u.Header {
+			h[k] = []string{"[redacted]"}
+		}
+		u.Header = h
+	}
+	if p, err := url.Parse(u.BaseURL); err == nil && p.User != nil {
+		u.BaseURL = p.Redacted()
+	}
 	fmt.Fprintf(f, fmt.FormatString(f, verb), plain(u))
 }
 
@@ -365,6 +379,8 @@ func New(cfg Config) (*Router, error) {
 	}
 	if r.prices == nil {
 		r.prices = DefaultPrices()
+	} else {
+		r.prices = maps.Clone(r.prices) // the caller may keep changing theirs
 	}
 	if r.cfg.Buckets.Mid == 0 {
 		r.cfg.Buckets.Mid = 200
@@ -418,8 +434,8 @@ func New(cfg Config) (*Router, error) {
 	if r.loadFactor < 1 {
 		return nil, errors.New("relay: LoadFactor must be at least 1")
 	}
-	if cfg.Hedge.Delay < 0 || cfg.Hedge.Budget < 0 || cfg.Hedge.Budget > 1 {
-		return nil, errors.New("relay: invalid HedgeConfig: Delay must not be negative, Budget must be within [0, 1]")
+	if cfg.Hedge.Delay < 0 || cfg.Hedge.Budget < 0 || cfg.Hedge.Budget > 1 || (cfg.Hedge.P95 && cfg.Hedge.Delay == 0) {
+		return nil, errors.New("relay: invalid HedgeConfig: Delay must be positive (also with P95), Budget within [0, 1]")
 	}
 	r.hedging = cfg.Hedge.Delay > 0 || cfg.Hedge.P95
 	budget := cfg.Hedge.Budget
@@ -481,6 +497,13 @@ func newUpstream(c *Upstream, r *Router) (*upstream, error) {
 		u.auth = func() string { return auth }
 		c.APIKey = ""
 	}
+	if len(c.Header) > 0 {
+		u.header = make(http.Header, len(c.Header))
+		for k, vs := range c.Header {
+			u.header[http.CanonicalHeaderKey(k)] = slices.Clone(vs)
+		}
+	}
+	c.Header, c.Models, c.KeyPrefixes, c.BodyTags = u.header, slices.Clone(c.Models), slices.Clone(c.KeyPrefixes), maps.Clone(c.BodyTags)
 	if len(c.Models) > 0 {
 		u.models = make(map[string]bool, len(c.Models))
 		for _, m := range c.Models {

@@ -114,10 +114,11 @@ func (t *trip) injectStreamUsage(body []byte) ([]byte, bool) {
 // buf[dec:w] is held back (the start of an event that might be the usage
 // chunk), buf[scan:w] is not yet split into lines.
 type streamBody struct {
-	rc io.ReadCloser
-	t  *trip
-	a  *attempt
-	sc sse.Scanner
+	closing atomic.Bool // Close has begun
+	rc      io.ReadCloser
+	t       *trip
+	a       *attempt
+	sc      sse.Scanner
 
 	drop      bool // the injected usage chunk may still come: hold back event starts
 	dropBlank bool // the usage chunk was removed: remove the blank line that ends it
@@ -620,6 +621,11 @@ func (s *streamBody) streamError(code, msg string) {
 // reader gets from now on. cause is the upstream's read error (io.EOF at a
 // normal end), or nil when the caller closed the body.
 func (s *streamBody) end(cause error, closed bool) error {
+	if !closed && s.closing.Load() {
+		// The caller's Close made the pending Read fail: that is a close,
+		// not a broken stream.
+		cause, closed = nil, true
+	}
 	s.stopTimer()
 	s.mu.Lock()
 	if s.ended {
@@ -685,6 +691,7 @@ func (s *streamBody) end(cause error, closed bool) error {
 var errBodyClosed = errors.New("http: read on closed response body")
 
 func (s *streamBody) Close() error {
+	s.closing.Store(true)
 	err := s.rc.Close()
 	s.end(nil, true)
 	return err
@@ -695,18 +702,22 @@ func (s *streamBody) Close() error {
 // came within d of the call. A stream that ends or fails before, or sends
 // more than 1 MiB without content, is left for the caller as it is.
 func (s *streamBody) awaitFirstToken(d time.Duration) error {
-	var timedOut atomic.Bool
+	// state settles the race between the timer and the first token: 0
+	// while waiting, 1 once the stream is kept, 2 once the timer fired.
+	var state atomic.Int32
 	stop := s.t.r.clock.AfterFunc(d, func() {
-		timedOut.Store(true)
-		s.rc.Close()
-		if s.a.cancel != nil {
-			s.a.cancel()
+		if state.CompareAndSwap(0, 2) {
+			s.rc.Close()
+			if s.a.cancel != nil {
+				s.a.cancel()
+			}
 		}
 	})
 	for !s.st.gotFirst && s.rerr == nil && s.w-s.r < streamAheadMax {
 		s.fill()
 	}
-	if !stop() && timedOut.Load() {
+	stop()
+	if !state.CompareAndSwap(0, 1) {
 		return ErrFirstTokenTimeout
 	}
 	return nil

@@ -8,7 +8,9 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -193,13 +195,18 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 		next      int
 		tried     uint64 // forced candidates already tried, by index
 		lastModel string
+		lastUp    *upstream
+		lastFail  *attempt // the last attempt that got no response
 		body      []byte
 	)
 	for i := 0; i < r.retry.MaxAttempts; i++ {
 		idx, tk, err := t.acquire(ctx, cands, next, tried, true)
 		if err != nil {
-			if last != nil && ctx.Err() == nil {
+			switch {
+			case last != nil && ctx.Err() == nil:
 				return t.finalize(*last) // the last upstream response, intact
+			case lastFail != nil && ctx.Err() == nil:
+				return t.finalize(*lastFail) // the real failure, not the limiter's
 			}
 			return nil, t.fail(&Error{Op: "acquire", Model: t.route.Model, Err: err})
 		}
@@ -208,16 +215,19 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 		if cand.forced {
 			tried |= 1 << (idx % 64)
 		}
-		if body == nil || cand.model != lastModel {
-			lastModel, body = cand.model, t.bodyFor(cand)
+		if body == nil || cand.model != lastModel || (cand.up != lastUp && (len(cand.up.tags) > 0 || len(lastUp.tags) > 0)) {
+			lastModel, lastUp, body = cand.model, cand.up, t.bodyFor(cand)
 		}
 		a, hedgeNext := t.sendHedged(ctx, cands, idx, tk, tried, body)
 		if hedgeNext >= 0 {
 			next = hedgeNext
 		}
 		t.rep.Attempts++
-		if a.err == nil && r.cfg.Stream.FirstTokenTimeout > 0 && a.resp.StatusCode < 300 && isEventStream(a.resp.Header) {
-			// First-token failover: nothing has reached the caller yet.
+		if a.err == nil && r.cfg.Stream.FirstTokenTimeout > 0 && i < r.retry.MaxAttempts-1 &&
+			a.resp.StatusCode < 300 && isEventStream(a.resp.Header) {
+			// First-token failover: nothing has reached the caller yet, and
+			// another attempt may follow (on the last one, a slow stream
+			// beats none).
 			a.stream = newStreamBody(t, &a)
 			if err := a.stream.awaitFirstToken(r.cfg.Stream.FirstTokenTimeout); err != nil {
 				a.stream.abandon()
@@ -229,7 +239,10 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 		var wait time.Duration
 		if !final {
 			hinted := false
-			if a.resp != nil {
+			// A server's hint is about itself: it sets the wait when the
+			// retry goes back to it. Another upstream is tried after the
+			// backoff (the limiter holds this one for its hint).
+			if a.resp != nil && cands[next%len(cands)].up == a.cand.up {
 				if wait, hinted = RetryAfter(a.resp.Header, r.clock.Now()); hinted && wait > r.retry.MaxRetryAfter {
 					final = true // the server asks for longer than we wait: answer now
 				}
@@ -253,6 +266,8 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 		a.discard()
 		if a.resp != nil {
 			last = &a
+		} else {
+			lastFail = &a
 		}
 		if err := sleep(ctx, r.clock, wait); err != nil {
 			return nil, t.fail(&Error{Op: "backoff", Upstream: a.cand.up.cfg.Name, Model: a.cand.model, Err: err})
@@ -266,6 +281,9 @@ func (t *trip) observe(a *attempt) {
 	now := t.r.clock.Now()
 	var hint time.Duration
 	o := outcomeOf(a.resp, a.err)
+	if a.resp == nil && t.req.Context().Err() != nil {
+		o = outcomeNeutral // the caller gave up (cancel or its own deadline), not the upstream
+	}
 	a.cand.up.requests.Add(1)
 	if o == outcomeFailure {
 		a.cand.up.failures.Add(1)
@@ -310,26 +328,38 @@ func (t *trip) bodyFor(cand candidate) []byte {
 func (t *trip) send(ctx context.Context, cand candidate, body []byte) attempt {
 	r := t.r
 	a := attempt{cand: cand, held: true}
-	var timedOut atomic.Bool
+	// state settles the race between the attempt timer and the response:
+	// 0 while waiting, 1 once the response is kept, 2 once the timer fired.
+	var state atomic.Int32
 	var stop func() bool
 	if r.retry.AttemptTimeout > 0 {
 		ctx, a.cancel = context.WithCancel(ctx)
 		cancel := a.cancel
 		stop = r.clock.AfterFunc(r.retry.AttemptTimeout, func() {
-			timedOut.Store(true)
-			cancel()
+			if state.CompareAndSwap(0, 2) {
+				cancel()
+			}
 		})
 	}
 	out := t.outgoing(ctx, cand, body)
 	up := cand.up
 	a.sent = r.clock.Now()
 	a.resp, a.err = r.base.RoundTrip(out)
-	if stop != nil && !stop() && timedOut.Load() {
-		if a.resp != nil {
-			a.resp.Body.Close()
-			a.resp = nil
+	if a.err == nil && a.resp == nil {
+		a.err = errors.New("relay: Base returned no response and no error")
+	}
+	if a.resp != nil && a.resp.Body == nil {
+		a.resp.Body = http.NoBody
+	}
+	if stop != nil {
+		stop()
+		if !state.CompareAndSwap(0, 1) { // the timer won: its cancel may reach the body
+			if a.resp != nil {
+				a.resp.Body.Close()
+				a.resp = nil
+			}
+			a.err = ErrAttemptTimeout
 		}
-		a.err = ErrAttemptTimeout
 	}
 	if a.err == nil || a.err == ErrAttemptTimeout {
 		now := r.clock.Now()
@@ -387,14 +417,19 @@ func (t *trip) outgoing(ctx context.Context, cand candidate, body []byte) *http.
 	u := *cand.up.base
 	u.Path = u.Path + "/" + t.pathFor()
 	u.RawPath = ""
-	u.RawQuery = req.URL.RawQuery
+	switch {
+	case u.RawQuery == "":
+		u.RawQuery = req.URL.RawQuery
+	case req.URL.RawQuery != "":
+		u.RawQuery += "&" + req.URL.RawQuery // the BaseURL's own query (e.g. api-version) first
+	}
 	out.URL = &u
 	out.Host = ""
 	if cand.up.auth != nil {
 		out.Header.Set("Authorization", cand.up.auth())
 	}
-	for k, vs := range cand.up.cfg.Header {
-		out.Header[http.CanonicalHeaderKey(k)] = vs
+	for k, vs := range cand.up.header {
+		out.Header[k] = slices.Clone(vs) // a Base may add to them
 	}
 	if body == nil {
 		out.Body, out.GetBody, out.ContentLength = nil, nil, 0
@@ -505,10 +540,12 @@ const usageTeeMax = 4 << 20
 
 // reportBody passes a response body through unchanged, keeps a bounded copy
 // to read usage from, and finishes the trip's report at EOF, on a read error
-// or on Close, whichever comes first.
+// or on Close, whichever comes first. Close may run concurrently with Read
+// (net/http allows it to cancel a read); mu orders them.
 type reportBody struct {
 	rc  io.ReadCloser
 	t   *trip
+	mu  sync.Mutex
 	buf []byte
 	max int
 	cut bool // buf overflowed: it holds only a tail
@@ -517,6 +554,11 @@ type reportBody struct {
 
 func (b *reportBody) Read(p []byte) (int, error) {
 	n, err := b.rc.Read(p)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.t.done.Load() {
+		return n, err // closed meanwhile: the report is made
+	}
 	if n > 0 {
 		b.keep(p[:n])
 	}
@@ -545,10 +587,13 @@ func (b *reportBody) keep(p []byte) {
 
 func (b *reportBody) Close() error {
 	err := b.rc.Close()
+	b.mu.Lock()
 	b.done()
+	b.mu.Unlock()
 	return err
 }
 
+// done finishes the report from what was read; b.mu is held.
 func (b *reportBody) done() {
 	t := b.t
 	if t.done.Load() {
