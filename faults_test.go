@@ -40,7 +40,7 @@ func TestFaultMatrix(t *testing.T) {
 		{"429 storm, ms hints", nil, nil, f429(h("retry-after-ms", "40")), f429(h("retry-after-ms", "40")), 429, 3, "a"},
 		{"429 storm, seconds", nil, nil, f429(h("Retry-After", "1")), f429(h("Retry-After", "1")), 429, 3, "a"},
 		{"429 storm, http date", nil, nil, f429(h("Retry-After", now.Add(3*time.Second).Format(http.TimeFormat))), f429(nil), 429, 3, "b"}, // a is held 3 s, b 1 s
-		{"429 storm, absurd hint", nil, nil, f429(h("Retry-After", "86400")), f429(nil), 429, 3, "b"}, // a is held (a minute at most), b is tried
+		{"429 storm, absurd hint", nil, nil, f429(h("Retry-After", "86400")), f429(nil), 429, 3, "b"},                                      // a is held (a minute at most), b is tried
 		{"429 storm, negative hint", nil, nil, f429(h("Retry-After", "-5")), f429(nil), 429, 3, "a"},
 		{"429 storm, garbage hint", nil, nil, f429(h("Retry-After", "tomorrow-ish")), f429(nil), 429, 3, "a"},
 		{"429 then recovery", []relaytest.Fault{f429(h("Retry-After", "1"))}, []relaytest.Fault{f429(h("Retry-After", "1"))}, relaytest.Fault{}, relaytest.Fault{}, 200, 3, "a"},
