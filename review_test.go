@@ -148,3 +148,25 @@ func TestHedgeKeepsResponseOverLaterError(t *testing.T) {
 	assert.Equal(t, 503, resp.StatusCode)
 	assert.True(t, reps.all()[0].Hedged)
 }
+
+func TestReportCarriesRequestContext(t *testing.T) {
+	srvs := newServers(t, 1)
+	r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: srvs[0].URL}}})
+	type key struct{}
+	for _, body := range []string{chatBody("gpt-4.1", "x"), strings.Repeat("x", 10)} {
+		ctx := context.WithValue(context.Background(), key{}, body)
+		req, _ := http.NewRequestWithContext(ctx, "POST", "http://relay/v1/chat/completions", strings.NewReader(body))
+		resp, err := r.RoundTrip(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+	}
+	ctx := context.WithValue(context.Background(), key{}, "too large")
+	r.maxBody = 4
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://relay/v1/chat/completions", strings.NewReader("12345"))
+	_, err := r.RoundTrip(req)
+	require.ErrorIs(t, err, ErrBodyTooLarge)
+	list := reps.all()
+	require.Len(t, list, 3)
+	assert.Equal(t, chatBody("gpt-4.1", "x"), list[0].Context.Value(key{}))
+	assert.Equal(t, "too large", list[2].Context.Value(key{}))
+}

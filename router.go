@@ -31,6 +31,7 @@
 package relay
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -329,6 +330,11 @@ type Report struct {
 	StatusCode   int           // final status; 0 when none came
 	Stream       bool
 	Err          error // nil on success
+
+	// Context is the request's context, so a hook can tell which call a
+	// report belongs to (e.g. a request ID kept in a context value). It may
+	// be done by the time the report is made.
+	Context context.Context
 }
 
 // Router is an http.RoundTripper that classifies, routes, rewrites, sends and

@@ -38,6 +38,7 @@ const (
 // ErrNoUpstream, ErrRateLimited, the context's error or the transport's).
 func (r *Router) RoundTrip(req *http.Request) (*http.Response, error) {
 	t := &trip{r: r, req: req, start: r.clock.Now()}
+	t.rep.Context = req.Context()
 	body, err := r.readBody(req)
 	if err != nil {
 		return nil, t.fail(&Error{Op: "read body", Err: err})
@@ -53,6 +54,7 @@ func (r *Router) RoundTrip(req *http.Request) (*http.Response, error) {
 		Endpoint:       t.c.req.Endpoint,
 		PromptTokens:   t.c.req.PromptTokens,
 		Stream:         t.c.req.Stream,
+		Context:        req.Context(),
 	}
 	cands := r.candidates(t.cbuf[:0], &t.c, t.route, t.key, true)
 	if len(cands) == 0 {

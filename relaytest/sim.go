@@ -52,8 +52,10 @@ import (
 //     in the cache are the cached prefix: the answer reports the o200k_base
 //     tokens of that prefix text (at most the prompt tokens) as
 //     cached_tokens, and prefill charges them at CachedPerToken. Every block
-//     of the prompt is then inserted (or refreshed). A partial last block is
-//     never cached.
+//     of the prompt is then inserted (or refreshed), the first block last,
+//     so the LRU evicts the tail of a prefix before its head, as a
+//     radix-tree cache evicts leaves first. A partial last block is never
+//     cached.
 //   - Faults on demand: SetDark makes a region refuse every call (the
 //     connection is closed with no answer, or a 503 when DarkStatus is 503);
 //     Burst429 answers the next calls of a region with 429 and a
@@ -138,7 +140,9 @@ type SimConfig struct {
 	// tokens, inclusive; if both are 0, 150 and 220.
 	ClusterMin, ClusterMax int
 	// CacheBlocks bounds the prefix cache of each (region, model) Server, in
-	// blocks; 0: 256; negative: no cache.
+	// blocks; 0: 384 (24 KB of prompt text, a few dozen prompts' worth: small
+	// enough that where a request lands decides whether its prefix is still
+	// cached); negative: no cache.
 	CacheBlocks int
 	// BlockBytes is the size of a prefix block; 0: 64 (about 16 tokens of
 	// English text).
@@ -198,7 +202,7 @@ func NewSimFleet(cfg SimConfig) *SimFleet {
 		cfg.ClusterMin, cfg.ClusterMax = 150, 220
 	}
 	if cfg.CacheBlocks == 0 {
-		cfg.CacheBlocks = 256
+		cfg.CacheBlocks = 384
 	}
 	if cfg.BlockBytes <= 0 {
 		cfg.BlockBytes = 64
@@ -664,7 +668,7 @@ func newPrefixCache(capacity int) *prefixCache {
 
 // touch looks up the full blocks of text, returns the length in bytes of the
 // cached prefix (the leading blocks found), and inserts or refreshes every
-// block.
+// block, the first one last (most recent).
 func (c *prefixCache) touch(text string, block int) int {
 	n := len(text) / block
 	if n == 0 {
@@ -685,7 +689,13 @@ func (c *prefixCache) touch(text string, block int) int {
 		}
 		hit++
 	}
-	for _, k := range hashes {
+	// Refresh from the last block to the first, so the first block is the
+	// most recent: the LRU then evicts the tail of a prefix before its
+	// head, as a radix-tree cache evicts leaves first. (Refreshing in order
+	// would evict block 0 first and lose the whole chained prefix while its
+	// later blocks still take room.)
+	for i := n - 1; i >= 0; i-- {
+		k := hashes[i]
 		if e, ok := c.items[k]; ok {
 			c.order.MoveToFront(e)
 			continue
