@@ -140,9 +140,9 @@ type SimConfig struct {
 	// tokens, inclusive; if both are 0, 150 and 220.
 	ClusterMin, ClusterMax int
 	// CacheBlocks bounds the prefix cache of each (region, model) Server, in
-	// blocks; 0: 384 (24 KB of prompt text, a few dozen prompts' worth: small
-	// enough that where a request lands decides whether its prefix is still
-	// cached); negative: no cache.
+	// blocks; 0: 1024 (64 KB of prompt text, a few dozen prompts' worth:
+	// small enough that where a request lands decides whether its prefix is
+	// still cached); negative: no cache.
 	CacheBlocks int
 	// BlockBytes is the size of a prefix block; 0: 64 (about 16 tokens of
 	// English text).
@@ -202,7 +202,7 @@ func NewSimFleet(cfg SimConfig) *SimFleet {
 		cfg.ClusterMin, cfg.ClusterMax = 150, 220
 	}
 	if cfg.CacheBlocks == 0 {
-		cfg.CacheBlocks = 384
+		cfg.CacheBlocks = 1024
 	}
 	if cfg.BlockBytes <= 0 {
 		cfg.BlockBytes = 64
