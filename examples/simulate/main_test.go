@@ -153,3 +153,35 @@ func TestTableOutput(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(s, "\n         direct "), "a mode listed twice runs once:\n%s", s)
 	assert.NotContains(t, s, "floor p99")
 }
+
+// TestTargets runs a shortened simulation and asserts the issue's targets
+// that hold with a margin on a short run: cluster-aware p99 at most half of
+// direct's, throughput at least twice direct's, success at least 99.9%. The
+// floor ratio and the affinity cache ratio need the full run on an idle
+// machine (see the README); they are logged. Under the race detector the
+// simulation is starved of CPU and its timings mean nothing, so the test
+// is skipped there (CI runs -race; `go test ./...` runs it).
+func TestTargets(t *testing.T) {
+	if raceDetector || testing.Short() {
+		t.Skip("timing targets need an uninstrumented, full-speed build")
+	}
+	var out, errb bytes.Buffer
+	code := run([]string{"-requests", "600", "-modes", "floor,direct,striped,affinity,cluster-aware", "-json"}, &out, &errb)
+	require.Equal(t, 0, code, errb.String())
+	var rows []map[string]any
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rows))
+	m := map[string]map[string]any{}
+	for _, r := range rows {
+		m[r["mode"].(string)] = r
+	}
+	f := func(mode, k string) float64 { return m[mode][k].(float64) }
+	p99 := f("cluster-aware", "p99_ms") / f("direct", "p99_ms")
+	tput := f("cluster-aware", "throughput_rps") / f("direct", "throughput_rps")
+	assert.LessOrEqual(t, p99, 0.5, "cluster-aware p99 / direct p99")
+	assert.GreaterOrEqual(t, tput, 2.0, "cluster-aware throughput / direct")
+	for _, mode := range []string{"striped", "affinity", "cluster-aware"} {
+		assert.GreaterOrEqual(t, f(mode, "success_pct"), 99.9, mode)
+	}
+	t.Logf("cluster-aware p99 / direct p99 = %.2f, throughput × %.1f, p99 / floor p99 = %.2f, affinity cache hits / striped = %.2f",
+		p99, tput, f("cluster-aware", "p99_ms")/f("floor", "p99_ms"), f("affinity", "cache_hit_pct")/max(f("striped", "cache_hit_pct"), 0.01))
+}
