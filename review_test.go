@@ -21,8 +21,8 @@ func TestBodyTagsFollowTheUpstream(t *testing.T) {
 	srvs := newServers(t, 2)
 	srvs[0].Script(relaytest.Fault{Status: 503})
 	r, _, _ := retryRouter(t, Config{}, srvs...)
-	r.ups[0].tags = []bodyTag{{path: "x_route_region", raw: []byte(`"us-east"`)}}
-	r.ups[1].tags = []bodyTag{{path: "x_route_region", raw: []byte(`"eu-west"`)}}
+	r.ups[0].tags = []bodyTag{{key: "x_route_region", raw: []byte(`"us-east"`)}}
+	r.ups[1].tags = []bodyTag{{key: "x_route_region", raw: []byte(`"eu-west"`)}}
 	resp, _, err := send(t, r, chatBody("gpt-4.1", "x"))
 	require.NoError(t, err)
 	assert.Equal(t, "u1", resp.Header.Get(HeaderUpstream))

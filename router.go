@@ -522,7 +522,7 @@ func newUpstream(c *Upstream, r *Router) (*upstream, error) {
 			if err != nil {
 				return nil, fmt.Errorf("relay: upstream %q: body tag %q: %v", c.Name, k, err)
 			}
-			u.tags = append(u.tags, bodyTag{path: escapePathKey(k), raw: raw})
+			u.tags = append(u.tags, bodyTag{key: k, raw: raw})
 		}
 	}
 	u.factor = c.PriceFactor

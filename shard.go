@@ -7,9 +7,6 @@ import (
 	"unicode"
 	"unicode/utf8"
 	"unsafe"
-
-	"github.com/tidwall/gjson"
-	"github.com/tidwall/sjson"
 )
 
 // This file holds the prompt sharder (Shard), the prefix block hashes
@@ -1164,27 +1161,4 @@ func cacheKeyString(key uint64) string {
 		b[6+i] = hexd[key>>(60-4*i)&0xF]
 	}
 	return string(b[:])
-}
-
-// injectCacheKey sets the top-level "prompt_cache_key" of body to
-// "relay-" followed by key in 16 lowercase hex digits, the OpenAI field that
-// steers the provider's cache routing, so requests with one affinity key
-// land on the same provider cache. It changes nothing, and returns body and
-// false, when body is not a valid JSON object, already has a
-// "prompt_cache_key" member (whatever its value, null included: the
-// caller's choice wins), or key is 0 (no affinity key). Otherwise it returns
-// a new slice (body itself is never written) and true.
-func injectCacheKey(body []byte, key uint64) ([]byte, bool) {
-	if key == 0 || !gjson.ValidBytes(body) {
-		return body, false
-	}
-	root := gjson.ParseBytes(body)
-	if !root.IsObject() || root.Get("prompt_cache_key").Exists() {
-		return body, false
-	}
-	out, err := sjson.SetBytes(body, "prompt_cache_key", cacheKeyString(key))
-	if err != nil {
-		return body, false
-	}
-	return out, true
 }

@@ -465,16 +465,16 @@ func affJSON(s string) string {
 }
 
 func TestInjectCacheKey(t *testing.T) {
-	body := []byte(`{"model":"gpt-4o","messages":[]}`)
-	orig := string(body)
-	out, ok := injectCacheKey(body, 0x0123456789abcdef)
-	require.True(t, ok)
-	assert.JSONEq(t, `{"model":"gpt-4o","messages":[],"prompt_cache_key":"relay-0123456789abcdef"}`, string(out))
-	assert.Equal(t, orig, string(body), "input untouched")
-	out, ok = injectCacheKey([]byte(`{"model":"x"}`), 1)
-	require.True(t, ok)
-	assert.Contains(t, string(out), `"relay-0000000000000001"`)
-
+	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1"}}, PromptCacheKey: true})
+	require.NoError(t, err)
+	inject := func(in string, key uint64) string {
+		tr := &trip{r: r, body: []byte(in), key: key}
+		tr.c = r.classify("POST", "/v1/chat/completions", nil, tr.body)
+		return string(tr.bodyFor(candidate{up: r.ups[0], model: tr.c.req.Model}))
+	}
+	body := `{"model":"gpt-4o","messages":[]}`
+	assert.Equal(t, `{"model":"gpt-4o","messages":[],"prompt_cache_key":"relay-0123456789abcdef"}`, inject(body, 0x0123456789abcdef))
+	assert.Contains(t, inject(`{"model":"x"}`, 1), `"relay-0000000000000001"`)
 	for _, in := range []string{
 		`{"model":"gpt-4o","prompt_cache_key":"mine"}`,
 		`{"prompt_cache_key":null}`,
@@ -484,13 +484,9 @@ func TestInjectCacheKey(t *testing.T) {
 		`"string"`,
 		``,
 	} {
-		out, ok := injectCacheKey([]byte(in), 42)
-		assert.False(t, ok, in)
-		assert.Equal(t, in, string(out), in)
+		assert.Equal(t, in, inject(in, 42), in)
 	}
-	out, ok = injectCacheKey([]byte(`{"model":"x"}`), 0)
-	assert.False(t, ok)
-	assert.Equal(t, `{"model":"x"}`, string(out))
+	assert.Equal(t, `{"model":"x"}`, inject(`{"model":"x"}`, 0), "no key, no field")
 }
 
 func BenchmarkAffinityKey(b *testing.B) {

@@ -89,9 +89,7 @@ func isEventStream(h http.Header) bool {
 // and whether it did so. The Responses API needs none: its usage comes in
 // response.completed.
 func (t *trip) injectStreamUsage(body []byte) ([]byte, bool) {
-	switch t.c.req.Endpoint {
-	case "chat/completions", "completions":
-	default:
+	if !wantsStreamUsage(t.c.req.Endpoint) {
 		return body, false
 	}
 	if gjson.GetBytes(body, "stream_options.include_usage").Bool() {
@@ -102,6 +100,13 @@ func (t *trip) injectStreamUsage(body []byte) ([]byte, bool) {
 		return body, false
 	}
 	return nb, true
+}
+
+// wantsStreamUsage reports whether an endpoint's streams carry usage only
+// when asked (stream_options.include_usage); the Responses API always sends
+// it in response.completed.
+func wantsStreamUsage(endpoint string) bool {
+	return endpoint == EndpointChat || endpoint == EndpointCompletions
 }
 
 // streamBody passes an SSE response body through unchanged and finishes the

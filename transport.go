@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
-	"github.com/tidwall/sjson"
+	"github.com/tidwall/gjson"
 )
 
 // ErrAttemptTimeout: an attempt got no response headers within
@@ -299,28 +299,41 @@ func (t *trip) observe(a *attempt) {
 	a.cand.up.br.done(a.tk, o, hint, now)
 }
 
-// bodyFor returns the body to send to cand: the caller's bytes, with model
-// and the upstream's body tags set in place when the body is a JSON object.
+// bodyFor returns the body to send to cand: the caller's bytes, with, when
+// the body is a JSON object, the model, the upstream's body tags, the prompt
+// cache key and the stream usage option set in place, in one copy (none when
+// nothing changes).
 func (t *trip) bodyFor(cand candidate) []byte {
-	b := t.body
 	if !t.c.json {
-		return b
+		return t.body
 	}
+	var buf [8]topSet
+	sets := buf[:0]
 	if cand.model != "" && cand.model != t.c.req.Model {
-		if nb, err := sjson.SetBytes(b, "model", cand.model); err == nil {
-			b = nb
-		}
+		sets = append(sets, topSet{key: "model", raw: gjson.AppendJSONString(nil, cand.model)})
 	}
 	for _, tag := range cand.up.tags {
-		if nb, err := sjson.SetRawBytes(b, tag.path, tag.raw); err == nil {
-			b = nb
+		sets = append(sets, topSet{key: tag.key, raw: tag.raw})
+	}
+	if t.r.cfg.PromptCacheKey && t.key != 0 {
+		sets = append(sets, topSet{key: "prompt_cache_key", raw: gjson.AppendJSONString(nil, cacheKeyString(t.key)), ifAbsent: true})
+	}
+	usage := -1
+	if t.c.req.Stream && !t.r.cfg.Stream.KeepUsageOption && wantsStreamUsage(t.c.req.Endpoint) {
+		usage = len(sets)
+		sets = append(sets, topSet{key: "stream_options", raw: []byte(`{"include_usage":true}`), ifAbsent: true})
+	}
+	if len(sets) == 0 || len(sets) > 64 {
+		return t.body
+	}
+	b, found := editTop(t.body, sets)
+	t.injectedUsage = false
+	if usage >= 0 {
+		if found&(1<<usage) == 0 {
+			t.injectedUsage = true
+		} else {
+			b, t.injectedUsage = t.injectStreamUsage(b) // stream_options exists: set the one field in it
 		}
-	}
-	if t.r.cfg.PromptCacheKey {
-		b, _ = injectCacheKey(b, t.key)
-	}
-	if t.c.req.Stream && !t.r.cfg.Stream.KeepUsageOption {
-		b, t.injectedUsage = t.injectStreamUsage(b)
 	}
 	return b
 }
@@ -643,22 +656,70 @@ func (t *trip) estimateUsage(body []byte) (Usage, bool) {
 
 // bodyTag is a top-level JSON field set on every request body to an upstream.
 type bodyTag struct {
-	path string // sjson path of the key
-	raw  []byte // JSON value
+	key string // the field's name
+	raw []byte // its JSON value
 }
 
 func tagJSON(v any) ([]byte, error) { return json.Marshal(v) }
 
-// escapePathKey escapes the characters sjson treats as path syntax, so a tag
-// key is always one top-level field.
-func escapePathKey(k string) string {
-	var b strings.Builder
-	for _, c := range k {
-		switch c {
-		case '.', '*', '?', '|', '#', '@', '\\', ':', '!', '=', '<', '>', '%', '(', ')', '[', ']', '{', '}', ',':
-			b.WriteByte('\\')
+// topSet is one top-level field bodyFor sets.
+type topSet struct {
+	key      string
+	raw      []byte
+	ifAbsent bool // leave an existing field alone
+}
+
+// editTop sets top-level fields of a JSON object in one pass and one copy:
+// an existing field's value is replaced where it stands (unless ifAbsent),
+// a missing one is added before the closing brace; every other byte is kept.
+// body must be a valid JSON object. found reports, per set, whether the field
+// was there.
+func editTop(body []byte, sets []topSet) (out []byte, found uint64) {
+	root := gjson.ParseBytes(body)
+	type span struct{ start, end, set int }
+	var spansBuf [8]span
+	spans := spansBuf[:0]
+	empty := true
+	root.ForEach(func(k, v gjson.Result) bool {
+		empty = false
+		for i := range sets {
+			if k.Str == sets[i].key { // every occurrence, should a key repeat
+				found |= 1 << i
+				if !sets[i].ifAbsent {
+					spans = append(spans, span{v.Index, v.Index + len(v.Raw), i})
+				}
+			}
 		}
-		b.WriteRune(c)
+		return true
+	})
+	closing := bytes.LastIndexByte(body, '}') // the object's: only whitespace may follow
+	size := len(body)
+	for i, st := range sets {
+		if found&(1<<i) == 0 {
+			size += len(st.key) + len(st.raw) + 8
+		} else {
+			size += len(st.raw)
+		}
 	}
-	return b.String()
+	out = make([]byte, 0, size)
+	at := 0
+	for _, sp := range spans { // ForEach goes in document order
+		out = append(out, body[at:sp.start]...)
+		out = append(out, sets[sp.set].raw...)
+		at = sp.end
+	}
+	out = append(out, body[at:closing]...)
+	for i, st := range sets {
+		if found&(1<<i) != 0 {
+			continue
+		}
+		if !empty {
+			out = append(out, ',')
+		}
+		empty = false
+		out = gjson.AppendJSONString(out, st.key)
+		out = append(out, ':')
+		out = append(out, st.raw...)
+	}
+	return append(out, body[closing:]...), found
 }

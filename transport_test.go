@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -422,4 +423,61 @@ func TestRoundTripMultiMegabytePrompt(t *testing.T) {
 	rep := reps.all()[0]
 	assert.Equal(t, 3+countTokens(o200k, "user")+countTokens(o200k, prompt)+3, rep.PromptTokens)
 	assert.Equal(t, BucketLong, rep.Bucket)
+}
+
+func TestEditTop(t *testing.T) {
+	cases := []struct {
+		name, in string
+		sets     []topSet
+		want     string
+		found    uint64
+	}{
+		{"replace in place", `{"a":1,"model":"x","b":{"model":"inner"}}`, []topSet{{key: "model", raw: []byte(`"y"`)}},
+			`{"a":1,"model":"y","b":{"model":"inner"}}`, 1},
+		{"add at the end", `{"a":1}`, []topSet{{key: "t", raw: []byte(`"v"`)}}, `{"a":1,"t":"v"}`, 0},
+		{"empty object", `{}`, []topSet{{key: "t", raw: []byte(`1`)}, {key: "u", raw: []byte(`2`)}}, `{"t":1,"u":2}`, 0},
+		{"whitespace kept", " {\n \"a\" : 1 ,\n \"m\" : \"x\"\n}\n", []topSet{{key: "m", raw: []byte(`"y"`)}, {key: "n", raw: []byte(`true`)}},
+			" {\n \"a\" : 1 ,\n \"m\" : \"y\"\n,\"n\":true}\n", 1},
+		{"if absent keeps", `{"k":"mine"}`, []topSet{{key: "k", raw: []byte(`"ours"`), ifAbsent: true}}, `{"k":"mine"}`, 1},
+		{"escaped key", `{"a\"b":1}`, []topSet{{key: `a"b`, raw: []byte(`2`)}, {key: `c"d`, raw: []byte(`3`)}}, `{"a\"b":2,"c\"d":3}`, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			out, found := editTop([]byte(c.in), c.sets)
+			assert.Equal(t, c.want, string(out))
+			assert.Equal(t, c.found, found)
+			assert.True(t, gjson.Valid(string(out)))
+		})
+	}
+}
+
+func FuzzEditTop(f *testing.F) {
+	f.Add(`{"a":1,"model":"x"}`, "model")
+	f.Add(" {\"m\" : [1,{\"model\":2}] }\n", "t")
+	f.Add(`{}`, `we"ird`)
+	f.Fuzz(func(t *testing.T, in, key string) {
+		if !gjson.Valid(in) || !gjson.Parse(in).IsObject() || !utf8.ValidString(key) {
+			return
+		}
+		out, _ := editTop([]byte(in), []topSet{{key: key, raw: []byte(`"relay-set"`)}})
+		if !gjson.ValidBytes(out) {
+			t.Fatalf("invalid output %q from %q", out, in)
+		}
+		got := ""
+		gjson.ParseBytes(out).ForEach(func(k, v gjson.Result) bool {
+			if k.Str == key {
+				got = v.Str
+			}
+			return true
+		})
+		if got != "relay-set" {
+			t.Fatalf("key %q not set in %q", key, out)
+		}
+	})
+}
+
+func TestEditTopRepeatedKey(t *testing.T) {
+	out, found := editTop([]byte(`{"k":1,"k":2}`), []topSet{{key: "k", raw: []byte(`3`)}})
+	assert.Equal(t, `{"k":3,"k":3}`, string(out))
+	assert.Equal(t, uint64(1), found)
 }
