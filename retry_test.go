@@ -277,6 +277,7 @@ func TestRetryCancelDuringBackoff(t *testing.T) {
 	assert.Equal(t, 1, srvs[0].Calls())
 	require.Len(t, reps.all(), 1)
 	assert.ErrorIs(t, reps.all()[0].Err, context.Canceled)
+	assert.Equal(t, "a", reps.all()[0].Upstream, "the report names the upstream last tried")
 }
 
 func TestRetryCancelDuringRequest(t *testing.T) {

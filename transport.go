@@ -272,6 +272,7 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 			lastFail = &a
 		}
 		if err := sleep(ctx, r.clock, wait); err != nil {
+			t.rep.Upstream = a.cand.up.cfg.Name // the last one tried
 			return nil, t.fail(&Error{Op: "backoff", Upstream: a.cand.up.cfg.Name, Model: a.cand.model, Err: err})
 		}
 	}
