@@ -31,8 +31,11 @@ type RetryConfig struct {
 	// 0.5; negative means no randomisation.
 	RandomizationFactor float64
 	// MaxRetryAfter caps the wait a server may ask for with retry-after-ms
-	// or Retry-After. A response asking for longer is returned to the caller
-	// at once instead of waited for. If 0, 8 s.
+	// or Retry-After. A hint sets the wait when the retry goes back to the
+	// upstream that sent it, and a response asking for longer than the cap
+	// is then returned to the caller at once instead of waited for. When the
+	// next candidate is another upstream, the backoff applies (the limiter
+	// holds the hinting upstream). If 0, 8 s.
 	MaxRetryAfter time.Duration
 	// AttemptTimeout bounds each attempt's time to response headers. If 0,
 	// no bound but the request's context.
