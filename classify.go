@@ -35,6 +35,49 @@ func endpointOf(path string) string {
 	return ""
 }
 
+// maxJSONDepth bounds the nesting of JSON the router parses. gjson's
+// validator recurses once per level, so a body of millions of '[' would
+// overflow the goroutine stack, a fatal error no recover catches. Deeper
+// JSON is treated as not JSON: forwarded unchanged, zero tokens.
+const maxJSONDepth = 512
+
+// validJSON is gjson.Valid for JSON nested at most maxJSONDepth deep. The
+// depth is scanned only when the document has that many brackets at all.
+func validJSON(s string) bool {
+	if strings.Count(s, "[")+strings.Count(s, "{") > maxJSONDepth && jsonDepth(s) > maxJSONDepth {
+		return false
+	}
+	return gjson.Valid(s)
+}
+
+// jsonDepth returns the deepest nesting of arrays and objects in s, strings
+// skipped.
+func jsonDepth(s string) int {
+	depth, deepest, inString := 0, 0, false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if inString {
+			switch c {
+			case '\\':
+				i++
+			case '"':
+				inString = false
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = true
+		case '[', '{':
+			depth++
+			deepest = max(deepest, depth)
+		case ']', '}':
+			depth--
+		}
+	}
+	return deepest
+}
+
 // encoding is a tiktoken encoding.
 type encoding uint8
 
@@ -91,7 +134,7 @@ func (r *Router) classify(method string, path string, h http.Header, body []byte
 	}
 	s := unsafe.String(unsafe.SliceData(body), len(body))
 	c.body = s
-	if !gjson.Valid(s) {
+	if !validJSON(s) {
 		c.req.Bucket = r.cfg.Buckets.Bucket(0)
 		return c
 	}
@@ -453,7 +496,7 @@ func (sh *memoShard) insert(k uint64, v int32, per int) {
 // Responses API's output text.
 func (r *Router) completionTokens(enc encoding, body []byte) int {
 	s := unsafe.String(unsafe.SliceData(body), len(body))
-	if !gjson.Valid(s) {
+	if !validJSON(s) {
 		return 0
 	}
 	root := gjson.Parse(s)

@@ -177,7 +177,7 @@ func LoadPrices(r io.Reader) (map[string]Price, error) {
 	if err != nil {
 		return nil, fmt.Errorf("relay: reading price catalog: %w", err)
 	}
-	if !gjson.ValidBytes(data) {
+	if !validJSON(unsafe.String(unsafe.SliceData(data), len(data))) {
 		return nil, errors.New("relay: price catalog is not valid JSON")
 	}
 	root := gjson.ParseBytes(data)
@@ -377,7 +377,7 @@ func priceIsDate(year, month, day string) bool {
 // A total_tokens that matches none of these readings is ignored.
 func parseUsage(body []byte) (Usage, bool) {
 	s := usageTrimEvent(unsafe.String(unsafe.SliceData(body), len(body)))
-	if s == "" || (s[0] != '{') || !gjson.Valid(s) {
+	if s == "" || (s[0] != '{') || !validJSON(s) {
 		return Usage{}, false
 	}
 	usage := gjson.Get(s, "usage")

@@ -96,7 +96,7 @@ func (t *trip) injectStreamUsage(body []byte) ([]byte, bool) {
 		return body, false
 	}
 	nb, err := sjson.SetBytes(body, "stream_options.include_usage", true)
-	if err != nil || !gjson.ValidBytes(nb) {
+	if err != nil || !validJSON(unsafe.String(unsafe.SliceData(nb), len(nb))) {
 		return body, false
 	}
 	return nb, true

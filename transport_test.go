@@ -481,3 +481,24 @@ func TestEditTopRepeatedKey(t *testing.T) {
 	assert.Equal(t, `{"k":3,"k":3}`, string(out))
 	assert.Equal(t, uint64(1), found)
 }
+
+// TestDeeplyNestedBodyIsNotFatal sends bodies nested far deeper than any
+// real request: gjson's recursive validator would overflow the stack (a
+// fatal error, not a panic), so the router treats them as not JSON and
+// forwards them unchanged.
+func TestDeeplyNestedBodyIsNotFatal(t *testing.T) {
+	up := newRecorder(t, 200, []byte(`{"usage":{"prompt_tokens":1,"completion_tokens":1}}`))
+	r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL}}})
+	const n = 8 << 20
+	deep := `{"model":"gpt-4.1","messages":` + strings.Repeat("[", n) + strings.Repeat("]", n) + `}`
+	resp, _ := do(t, r, "POST", "http://x/v1/chat/completions", deep)
+	assert.Equal(t, 200, resp.StatusCode)
+	assert.Equal(t, "0", resp.Header.Get(HeaderPromptTokens))
+	assert.Len(t, up.got()[0].Body, len(deep), "forwarded unchanged")
+	assert.Len(t, reps.all(), 1)
+
+	// Brackets inside strings do not count, and ordinary nesting is fine.
+	assert.Equal(t, 2, jsonDepth(`{"a":["[[[[{{{{"]}`))
+	assert.True(t, validJSON(`{"a":"`+strings.Repeat("[", 2000)+`"}`))
+	assert.False(t, validJSON(strings.Repeat("[", 600)+strings.Repeat("]", 600)))
+}
