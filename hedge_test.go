@@ -199,3 +199,27 @@ func TestHedgeLoserUsageAddsToCost(t *testing.T) {
 	assert.Equal(t, 12.0+4.0, got.ListCostUSD)
 	assert.Equal(t, (12.0+4.0)*0.5, got.CostUSD)
 }
+
+func TestHedgeWithOneUpstreamTakesNoTokens(t *testing.T) {
+	a := newGatedUpstream(t)
+	clock := newFakeClock()
+	r, reps := newTestRouter(t, Config{
+		Clock: clock, Hedge: HedgeConfig{Delay: 100 * time.Millisecond},
+		Upstreams: []Upstream{{Name: "a", BaseURL: a.URL, RPM: 2}},
+	})
+	r.hedges.bal.Store(hedgeBudgetCap)
+	done := sendWithID(t, r, "1")
+	<-clock.armed
+	require.Eventually(t, func() bool { return a.Calls() == 1 }, 5*time.Second, time.Millisecond)
+	clock.Advance(100 * time.Millisecond) // the hedge finds no other upstream
+	a.open("1")
+	require.NotNil(t, <-done)
+	assert.False(t, reps.all()[0].Hedged)
+	assert.Equal(t, int64(hedgeBudgetCap), r.hedges.bal.Load(), "the budget was not spent")
+	// The second of the two requests a minute allows goes without waiting.
+	a.open("2")
+	done = sendWithID(t, r, "2")
+	<-clock.armed // its hedge timer, not a limiter wait
+	require.NotNil(t, <-done)
+	assert.Equal(t, 2, a.Calls())
+}

@@ -233,7 +233,7 @@ func (t *trip) acquire(ctx context.Context, cands []candidate, start int, tried 
 	for k := range n {
 		i := (start + k) % n
 		c := &cands[i]
-		if c.forced && tried&(1<<(i%64)) != 0 {
+		if (c.forced && tried&(1<<(i%64)) != 0) || c.up == t.exclude {
 			continue
 		}
 		if !c.forced {

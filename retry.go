@@ -267,12 +267,10 @@ func (t *trip) sendHedged(ctx context.Context, cands []candidate, idx int, tk ti
 	if !r.hedges.take() {
 		return <-results, -1
 	}
+	t.exclude = cand.up // a hedge goes elsewhere: no tokens taken from the one in flight
 	idx2, tk2, err := t.acquire(ctx, cands, idx+1, tried, false)
-	if err != nil || idx2 == idx {
-		if err == nil { // the only candidate is the one in flight: give it back
-			cands[idx2].up.br.done(tk2, outcomeNeutral, 0, r.clock.Now())
-			cands[idx2].up.unclaim()
-		}
+	t.exclude = nil
+	if err != nil {
 		r.hedges.bal.Add(1000) // unspent
 		return <-results, -1
 	}

@@ -160,9 +160,10 @@ type trip struct {
 	key   uint64 // affinity key
 	rep   Report
 
-	att  attempt // the answering attempt, once there is one
-	done atomic.Bool
-	cbuf [8]candidate // backing array of the candidate list
+	att     attempt   // the answering attempt, once there is one
+	exclude *upstream // acquire skips it (a hedge's first upstream)
+	done    atomic.Bool
+	cbuf    [8]candidate // backing array of the candidate list
 
 	injectedUsage bool        // the router added stream_options.include_usage
 	loser         *loserUsage // usage of a hedge's losing attempt, when it completed too
