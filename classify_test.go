@@ -298,3 +298,15 @@ func FuzzClassify(f *testing.F) {
 		}
 	})
 }
+
+func TestDecideKeepsBodyClosable(t *testing.T) {
+	r := testRouter(t)
+	body := newTrackedBody(chatBody("gpt-4o", "hello"))
+	req, _ := http.NewRequest("POST", "http://x/v1/chat/completions", nil)
+	req.Body = body // no GetBody: Decide must read it and leave it readable
+	_, err := r.Decide(req)
+	require.NoError(t, err)
+	assert.Equal(t, chatBody("gpt-4o", "hello"), mustRead(t, req))
+	require.NoError(t, req.Body.Close())
+	assert.EqualValues(t, 1, body.closes.Load(), "closing the replacement closes the caller's body")
+}

@@ -91,7 +91,11 @@ func (r *Router) Decide(req *http.Request) (Decision, error) {
 		if req.GetBody != nil {
 			rc.Close()
 		} else {
-			req.Body = io.NopCloser(io.MultiReader(bytes.NewReader(b), rc))
+			// What was read, then the rest; closing it closes the original.
+			req.Body = struct {
+				io.Reader
+				io.Closer
+			}{io.MultiReader(bytes.NewReader(b), rc), rc}
 		}
 		if err != nil {
 			return Decision{}, &Error{Op: "read body", Err: err}
