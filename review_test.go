@@ -170,3 +170,12 @@ func TestReportCarriesRequestContext(t *testing.T) {
 	assert.Equal(t, chatBody("gpt-4.1", "x"), list[0].Context.Value(key{}))
 	assert.Equal(t, "too large", list[2].Context.Value(key{}))
 }
+
+func TestNilURL(t *testing.T) {
+	r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1"}}})
+	body := newTrackedBody("{}")
+	_, err := r.RoundTrip(&http.Request{Method: "POST", Body: body, Header: http.Header{}})
+	require.Error(t, err)
+	assert.EqualValues(t, 1, body.closes.Load())
+	assert.Len(t, reps.all(), 1)
+}

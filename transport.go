@@ -39,6 +39,12 @@ const (
 func (r *Router) RoundTrip(req *http.Request) (*http.Response, error) {
 	t := &trip{r: r, req: req, start: r.clock.Now()}
 	t.rep.Context = req.Context()
+	if req.URL == nil {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		return nil, t.fail(&Error{Op: "read request", Err: errors.New("nil request URL")})
+	}
 	body, err := r.readBody(req)
 	if err != nil {
 		return nil, t.fail(&Error{Op: "read body", Err: err})
