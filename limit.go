@@ -332,6 +332,8 @@ func (t *trip) acquire(ctx context.Context, cands []candidate, start int, tried 
 		giveBack()
 		return -1, ticket{}, err
 	}
+	// A request that waited for this upstream takes it now, even past a
+	// bounded-load cap: the wait already queued it there.
 	if r.claim(cands, c, false) != claimed {
 		if err := waitSlot(ctx, r.clock, lim, maxWait-wait); err != nil {
 			giveBack()

@@ -296,11 +296,11 @@ func (t *trip) sendHedged(ctx context.Context, cands []candidate, idx int, tk ti
 		return first, idx2 + 1
 	}
 	second := <-results
-	t.observe(&first)
 	if second.resp == nil && first.resp != nil {
 		// A response, even a retryable one, beats none.
 		second, first = first, second
 	}
+	t.observe(&first) // the one not returned; run observes the other
 	first.close()
 	return second, idx2 + 1
 }

@@ -147,6 +147,12 @@ func TestHedgeKeepsResponseOverLaterError(t *testing.T) {
 	require.NotNil(t, resp, "a response was obtained: err must be nil")
 	assert.Equal(t, 503, resp.StatusCode)
 	assert.True(t, reps.all()[0].Hedged)
+	// Each attempt was observed exactly once by its own upstream.
+	st := r.Stats()
+	assert.Equal(t, uint64(1), st[0].Requests)
+	assert.Equal(t, uint64(1), st[0].Failures)
+	assert.Equal(t, uint64(1), st[1].Requests)
+	assert.Equal(t, uint64(1), st[1].Failures)
 }
 
 func TestReportCarriesRequestContext(t *testing.T) {
@@ -178,4 +184,20 @@ func TestNilURL(t *testing.T) {
 	require.Error(t, err)
 	assert.EqualValues(t, 1, body.closes.Load())
 	assert.Len(t, reps.all(), 1)
+}
+
+func TestReservedBodyTagsRejected(t *testing.T) {
+	for _, k := range []string{"model", "stream_options", "prompt_cache_key"} {
+		_, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1", BodyTags: map[string]any{k: "x"}}}})
+		require.Error(t, err, k)
+		assert.Contains(t, err.Error(), `body tag "`+k+`"`)
+	}
+	out, _ := editTop([]byte(`{"model":"a"}`), []topSet{{key: "model", raw: []byte(`"b"`)}, {key: "model", raw: []byte(`"c"`)}, {key: "n", raw: []byte(`1`)}, {key: "n", raw: []byte(`2`)}})
+	assert.Equal(t, `{"model":"b","n":1}`, string(out), "a key set twice: the first set wins")
+}
+
+func TestDecideNilURL(t *testing.T) {
+	r := testRouter(t)
+	_, err := r.Decide(&http.Request{Method: "POST", Header: http.Header{}})
+	require.Error(t, err)
 }

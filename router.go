@@ -518,6 +518,10 @@ func newUpstream(c *Upstream, r *Router) (*upstream, error) {
 	}
 	if len(c.BodyTags) > 0 {
 		for k, v := range c.BodyTags {
+			switch k {
+			case "model", "stream_options", "prompt_cache_key":
+				return nil, fmt.Errorf("relay: upstream %q: body tag %q would clash with a field the router sets", c.Name, k)
+			}
 			raw, err := tagJSON(v)
 			if err != nil {
 				return nil, fmt.Errorf("relay: upstream %q: body tag %q: %v", c.Name, k, err)

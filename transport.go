@@ -84,6 +84,9 @@ func (r *Router) candidates(buf []candidate, c *classified, route Route, key uin
 // upstream order is the strategy's deterministic ranking; at run time
 // Jitter (and the random parts of the other strategies) may move a request.
 func (r *Router) Decide(req *http.Request) (Decision, error) {
+	if req.URL == nil {
+		return Decision{}, &Error{Op: "read request", Err: errors.New("nil request URL")}
+	}
 	var body []byte
 	if req.Body != nil && req.Body != http.NoBody {
 		rc := req.Body
@@ -681,6 +684,17 @@ type topSet struct {
 	ifAbsent bool // leave an existing field alone
 }
 
+// firstSet reports whether sets[i] is the first set of its key; a later
+// set of the same key is ignored.
+func firstSet(sets []topSet, i int) bool {
+	for j := range i {
+		if sets[j].key == sets[i].key {
+			return false
+		}
+	}
+	return true
+}
+
 // editTop sets top-level fields of a JSON object in one pass and one copy:
 // an existing field's value is replaced where it stands (unless ifAbsent),
 // a missing one is added before the closing brace; every other byte is kept.
@@ -695,7 +709,7 @@ func editTop(body []byte, sets []topSet) (out []byte, found uint64) {
 	root.ForEach(func(k, v gjson.Result) bool {
 		empty = false
 		for i := range sets {
-			if k.Str == sets[i].key { // every occurrence, should a key repeat
+			if k.Str == sets[i].key && firstSet(sets, i) { // every occurrence, should a key repeat
 				found |= 1 << i
 				if !sets[i].ifAbsent {
 					spans = append(spans, span{v.Index, v.Index + len(v.Raw), i})
@@ -722,7 +736,7 @@ func editTop(body []byte, sets []topSet) (out []byte, found uint64) {
 	}
 	out = append(out, body[at:closing]...)
 	for i, st := range sets {
-		if found&(1<<i) != 0 {
+		if found&(1<<i) != 0 || !firstSet(sets, i) {
 			continue
 		}
 		if !empty {
