@@ -111,5 +111,5 @@ func TestGoOpenAIRetriesAndFailover(t *testing.T) {
 	var apiErr *goopenai.APIError
 	require.ErrorAs(t, err, &apiErr)
 	assert.Equal(t, 429, apiErr.HTTPStatusCode)
-	assert.Equal(t, fmt.Sprint("rate_limit_exceeded"), fmt.Sprint(apiErr.Code))
+	assert.Equal(t, "rate_limit_exceeded", fmt.Sprint(apiErr.Code))
 }

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -89,23 +88,14 @@ func TestLimiterCancelDuringWaitGivesTokensBack(t *testing.T) {
 	_, _, err := send(t, r, chatBody("gpt-4.1", "x"))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error)
-	go func() {
-		req, _ := http.NewRequestWithContext(ctx, "POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "x")))
-		_, err := r.RoundTrip(req)
-		errc <- err
-	}()
+	errc := roundTripAsync(r, ctx)
 	assert.Equal(t, 60*time.Second, <-clock.armed)
 	cancel()
 	assert.ErrorIs(t, <-errc, context.Canceled)
 	// The cancelled reservation was returned: after a minute one request
 	// passes without waiting.
 	clock.Advance(time.Minute)
-	go func() {
-		_, _, err := send(t, r, chatBody("gpt-4.1", "x"))
-		errc <- err
-	}()
-	require.NoError(t, <-errc)
+	require.NoError(t, <-roundTripAsync(r, context.Background()))
 	assert.Equal(t, 2, srvs[0].Calls())
 	assert.Len(t, reps.all(), 3)
 }

@@ -2,10 +2,12 @@ package relay
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net/http"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -150,3 +152,18 @@ func fixture(t testing.TB, name string) []byte {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// roundTripAsync sends a chat request with ctx through rt on its own
+// goroutine and delivers RoundTrip's error (the body, if any, is closed).
+func roundTripAsync(rt http.RoundTripper, ctx context.Context) <-chan error {
+	errc := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, "POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "x")))
+		resp, err := rt.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	return errc
+}

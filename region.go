@@ -21,7 +21,6 @@ type upstream struct {
 	header http.Header     // Upstream.Header, canonical keys, the router's own copy
 	tags   []bodyTag
 	factor float64 // price factor, 1 for list price
-	clock  Clock
 
 	seed     uint64  // rendezvous seed, from the name
 	weight   float64 // Upstream.Weight, 1 when unset
@@ -34,7 +33,6 @@ type upstream struct {
 }
 
 func (u *upstream) initRuntime(r *Router) {
-	u.clock = r.clock
 	u.seed = fnv1a(fnvOffset64, u.cfg.Name)
 	u.weight = u.cfg.Weight
 	if u.weight == 0 {
@@ -322,10 +320,9 @@ const latencyWindowSize = 200
 // latencyWindow keeps the last n latencies of an upstream and their p99,
 // recomputed lazily.
 type latencyWindow struct {
-	mu    sync.Mutex
-	ewma  float64   // peak-sensitive EWMA, nanoseconds
-	ewmaT time.Time // time of the last sample
-	// copies of ewma and ewmaT for lock-free readers
+	mu sync.Mutex
+	// The peak-sensitive EWMA (float64 bits, nanoseconds) and the time of
+	// its last sample: written under mu, read without it.
 	ewmaBits  atomic.Uint64
 	ewmaNanos atomic.Int64
 	ring      []time.Duration
@@ -344,14 +341,14 @@ func (w *latencyWindow) init(n int) {
 
 func (w *latencyWindow) add(d time.Duration, now time.Time) {
 	w.mu.Lock()
-	if x := float64(d); x > w.ewma || w.ewmaT.IsZero() {
-		w.ewma = x // peak-sensitive: a slow sample counts at once
+	e, at := w.ewmaAt()
+	if x := float64(d); x > e || at.UnixNano() == 0 {
+		e = x // peak-sensitive: a slow sample counts at once
 	} else {
-		decay := math.Exp(-float64(now.Sub(w.ewmaT)) / float64(ewmaDecay))
-		w.ewma = w.ewma*decay + x*(1-decay)
+		decay := math.Exp(-float64(now.Sub(at)) / float64(ewmaDecay))
+		e = e*decay + x*(1-decay)
 	}
-	w.ewmaT = now
-	w.ewmaBits.Store(math.Float64bits(w.ewma))
+	w.ewmaBits.Store(math.Float64bits(e))
 	w.ewmaNanos.Store(now.UnixNano())
 	w.ring[w.next] = d
 	w.next++

@@ -264,12 +264,7 @@ func TestRetryCancelDuringBackoff(t *testing.T) {
 	clock := newFakeClock()
 	r, reps := newTestRouter(t, Config{Clock: clock, Upstreams: []Upstream{{Name: "a", BaseURL: srvs[0].URL}}})
 	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error)
-	go func() {
-		req, _ := http.NewRequestWithContext(ctx, "POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "x")))
-		_, err := r.RoundTrip(req)
-		errc <- err
-	}()
+	errc := roundTripAsync(r, ctx)
 	<-clock.armed // in backoff now
 	cancel()
 	err := <-errc
@@ -285,12 +280,7 @@ func TestRetryCancelDuringRequest(t *testing.T) {
 	srvs[0].Script(relaytest.Fault{Hang: true})
 	r, reps, _ := retryRouter(t, Config{}, srvs...)
 	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error)
-	go func() {
-		req, _ := http.NewRequestWithContext(ctx, "POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "x")))
-		_, err := r.RoundTrip(req)
-		errc <- err
-	}()
+	errc := roundTripAsync(r, ctx)
 	require.Eventually(t, func() bool { return srvs[0].Calls() == 1 }, 5*time.Second, time.Millisecond)
 	cancel()
 	assert.ErrorIs(t, <-errc, context.Canceled)

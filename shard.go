@@ -154,6 +154,19 @@ func (sh *sharder) unitStart(k int) int {
 	return sh.units[k-1].end
 }
 
+// extend adds units[k] to the token estimate of the segment that starts at
+// s in units[j]. The estimate is a sum of unit counts, exact while every
+// cut between the units summed is a pre-token boundary.
+func (sh *sharder) extend(s, j, k, est int, exact bool) (int, bool) {
+	if k > j {
+		return est + sh.units[k].tokens, exact && sh.units[k-1].safe
+	}
+	if sh.unitStart(k) < s { // after a hard cut inside the unit
+		return sh.count(s, sh.units[k].end), exact
+	}
+	return sh.units[k].tokens, exact
+}
+
 // next returns the end of the segment that starts at s; units[j] is the
 // unit that holds s (or starts at s).
 func (sh *sharder) next(s, j int) int {
@@ -161,16 +174,7 @@ func (sh *sharder) next(s, j int) int {
 	est, exact := 0, true
 	for k := j; k < len(sh.units); k++ {
 		u := sh.units[k]
-		if k == j {
-			if sh.unitStart(k) < s { // after a hard cut inside the unit
-				est = sh.count(s, u.end)
-			} else {
-				est = u.tokens
-			}
-		} else {
-			exact = exact && sh.units[k-1].safe
-			est += u.tokens
-		}
+		est, exact = sh.extend(s, j, k, est, exact)
 		e := u.end
 		if u.sentence {
 			if !exact && 2*est >= sh.size {
@@ -202,16 +206,7 @@ func (sh *sharder) hardCut(s, j int) int {
 	prev := s
 	for k := j; k < len(sh.units); k++ {
 		u := sh.units[k]
-		if k == j {
-			if sh.unitStart(k) < s {
-				est = sh.count(s, u.end)
-			} else {
-				est = u.tokens
-			}
-		} else {
-			exact = exact && sh.units[k-1].safe
-			est += u.tokens
-		}
+		est, exact = sh.extend(s, j, k, est, exact)
 		e := u.end
 		if est >= sh.size {
 			if !exact {

@@ -234,7 +234,7 @@ var streamBufs = sync.Pool{New: func() any { b := make([]byte, streamBufSize); r
 // recycle returns buf to the pool once everything in it was handed out;
 // only Read calls it, so no other goroutine holds the buffer.
 func (s *streamBody) recycle() {
-	if s.buf != nil && len(s.buf) == streamBufSize {
+	if len(s.buf) == streamBufSize {
 		b := s.buf
 		s.buf = nil
 		streamBufs.Put(&b)

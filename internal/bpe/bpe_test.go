@@ -10,7 +10,8 @@ import (
 )
 
 func TestNames(t *testing.T) {
-	if CL100K().Name() != "cl100k_base" || O200K().Name() != "o200k_base" || CL100K() != CL100K() {
+	first, second := CL100K(), CL100K()
+	if first.Name() != "cl100k_base" || O200K().Name() != "o200k_base" || first != second {
 		t.Fatal("bad names or encodings not cached")
 	}
 }
@@ -20,6 +21,14 @@ func TestLoadTime(t *testing.T) {
 		start := time.Now()
 		e := mustLoad(name, name == "o200k_base")
 		t.Logf("%s: loaded %d byte arena in %v", name, len(e.ranks.arena), time.Since(start))
+		// A fresh load is the same table as the cached encoding's.
+		cached := CL100K()
+		if name == "o200k_base" {
+			cached = O200K()
+		}
+		if len(e.ranks.arena) != len(cached.ranks.arena) || e.Count(mixedCorpus(4<<10)) != cached.Count(mixedCorpus(4<<10)) {
+			t.Fatalf("%s: a fresh load differs from the cached encoding", name)
+		}
 	}
 }
 

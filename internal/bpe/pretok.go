@@ -105,6 +105,14 @@ func (c classifier) nextCL100K(s string, i int) int {
 			return c.scan(s, j+n2, cL)
 		}
 	}
+	return c.tail(s, i, j, k, false)
+}
+
+// tail matches what the two patterns share after their letter rules, for
+// the pre-token starting at i whose first rune (class k) ends at j:
+// \p{N}{1,3}, then ` ?[^\s\p{L}\p{N}]+` followed by [\r\n]* (o200k, with
+// slash: [\r\n/]*), then the whitespace rules.
+func (c classifier) tail(s string, i, j int, k uint8, slash bool) int {
 	if k&cN != 0 {
 		for d := 1; d < 3 && j < len(s); d++ {
 			k2, n2 := c.at(s, j)
@@ -115,23 +123,22 @@ func (c classifier) nextCL100K(s string, i int) int {
 		}
 		return j
 	}
-	if b == ' ' && j < len(s) {
+	e := -1
+	if s[i] == ' ' && j < len(s) {
 		if k2, n2 := c.at(s, j); k2&(cL|cN|cS) == 0 {
-			e := c.scanPunct(s, j+n2)
-			for e < len(s) && (s[e] == '\r' || s[e] == '\n') {
-				e++
-			}
-			return e
+			e = c.scanPunct(s, j+n2)
 		}
 	}
-	if k&(cL|cN|cS) == 0 {
-		e := c.scanPunct(s, j)
-		for e < len(s) && (s[e] == '\r' || s[e] == '\n') {
-			e++
-		}
-		return e
+	if e < 0 && k&(cL|cN|cS) == 0 {
+		e = c.scanPunct(s, j)
 	}
-	return c.whitespace(s, i)
+	if e < 0 {
+		return c.whitespace(s, i)
+	}
+	for e < len(s) && (s[e] == '\r' || s[e] == '\n' || (slash && s[e] == '/')) {
+		e++
+	}
+	return e
 }
 
 // upperLower matches [U]*[W]+ at s[p:] (U = \p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M},
@@ -177,7 +184,6 @@ func (c classifier) upperThenLower(s string, p int) (int, bool) {
 //	[^\r\n\p{L}\p{N}]?[U]+[W]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|
 //	\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
 func (c classifier) nextO200K(s string, i int) int {
-	b := s[i]
 	k, n := c.at(s, i)
 	j := i + n
 	if pre := k&(cL|cN|cNL) == 0; pre || k&(cU|cW) != 0 {
@@ -202,31 +208,5 @@ func (c classifier) nextO200K(s string, i int) int {
 			return e
 		}
 	}
-	if k&cN != 0 {
-		for d := 1; d < 3 && j < len(s); d++ {
-			k2, n2 := c.at(s, j)
-			if k2&cN == 0 {
-				break
-			}
-			j += n2
-		}
-		return j
-	}
-	if b == ' ' && j < len(s) {
-		if k2, n2 := c.at(s, j); k2&(cL|cN|cS) == 0 {
-			e := c.scanPunct(s, j+n2)
-			for e < len(s) && (s[e] == '\r' || s[e] == '\n' || s[e] == '/') {
-				e++
-			}
-			return e
-		}
-	}
-	if k&(cL|cN|cS) == 0 {
-		e := c.scanPunct(s, j)
-		for e < len(s) && (s[e] == '\r' || s[e] == '\n' || s[e] == '/') {
-			e++
-		}
-		return e
-	}
-	return c.whitespace(s, i)
+	return c.tail(s, i, j, k, true)
 }
