@@ -15,9 +15,9 @@ import (
 
 // costWireDir holds the shared OpenAI wire fixtures, relative to the package
 // directory (the working directory of `go test`).
-const costWireDir = "../shared/fixtures/openai-wire"
+const costWireDir = "testdata/openai-wire"
 
-const costLiteLLMSample = "../shared/fixtures/litellm_prices_sample.json"
+const costLiteLLMSample = "testdata/litellm_prices_sample.json"
 
 func costReadFixture(t testing.TB, name string) []byte {
 	t.Helper()

@@ -27,7 +27,7 @@ type errorFixture struct {
 // one attempt: the caller gets the status and the body byte for byte with
 // err == nil, the report says what failed, and go-openai parses the error.
 func TestErrorFixtures(t *testing.T) {
-	files, err := filepath.Glob("../shared/fixtures/openai-wire/error_*.json")
+	files, err := filepath.Glob("testdata/openai-wire/error_*.json")
 	require.NoError(t, err)
 	require.NotEmpty(t, files)
 	for _, file := range files {

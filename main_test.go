@@ -138,10 +138,10 @@ func (b *trackedBody) Close() error { b.closes.Add(1); return nil }
 
 func newTrackedBody(s string) *trackedBody { return &trackedBody{Reader: bytes.NewBufferString(s)} }
 
-// fixture reads a wire sample from ../shared/fixtures/openai-wire.
+// fixture reads a wire sample from testdata/openai-wire.
 func fixture(t testing.TB, name string) []byte {
 	t.Helper()
-	b, err := os.ReadFile("../shared/fixtures/openai-wire/" + name)
+	b, err := os.ReadFile("testdata/openai-wire/" + name)
 	if err != nil {
 		t.Fatalf("fixture %s: %v", name, err)
 	}

@@ -124,7 +124,7 @@ var fixtureUsage = map[string]Usage{
 // a real connection and split at every byte: the caller reads the bytes the
 // upstream sent, and the report has the fixture's usage.
 func TestStreamFixtures(t *testing.T) {
-	files, err := filepath.Glob("../shared/fixtures/openai-wire/*.sse")
+	files, err := filepath.Glob("testdata/openai-wire/*.sse")
 	require.NoError(t, err)
 	require.NotEmpty(t, files)
 	for _, f := range files {
@@ -783,7 +783,7 @@ func FuzzStream(f *testing.F) {
 }
 
 func bodyFixture(name string) ([]byte, error) {
-	return os.ReadFile("../shared/fixtures/openai-wire/" + name)
+	return os.ReadFile("testdata/openai-wire/" + name)
 }
 
 // cutReader returns b in pieces ending at cuts.
