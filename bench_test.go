@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/tokenrelay/relay/internal/tokens"
 )
 
 // BenchmarkRoundTrip measures the router's overhead over a bare
@@ -54,7 +56,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	countTokens(o200k, "load the encodings before timing")
+	tokens.O200K.Count("load the encodings before timing")
 	b.Run("router-warm", func(b *testing.B) {
 		send(b, r, "http://relay/v1/chat/completions", func(int) string { return body })
 	})
@@ -91,7 +93,7 @@ func BenchmarkCount(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	countTokens(o200k, "load the encodings before timing")
+	tokens.O200K.Count("load the encodings before timing")
 	cases := []struct {
 		name string
 		text string
@@ -158,7 +160,7 @@ func BenchmarkAcquire(b *testing.B) {
 	resp := &http.Response{StatusCode: 200, Header: http.Header{}}
 	one := func(t *trip, start int) {
 		cands := r.plan(t.cbuf[:0], "gpt-4.1", nil, uint64(start), true)
-		i, tk, err := t.acquire(context.Background(), cands, start, 0, true)
+		i, tk, err := r.acquire(context.Background(), cands, start, r.admissionOf(&t.c))
 		if err != nil {
 			b.Fatal(err)
 		}

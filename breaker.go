@@ -6,52 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 )
-
-// BreakerConfig configures the circuit breaker of every upstream.
-//
-// A breaker is closed (traffic flows), open (the upstream is dropped from
-// the candidate order) or half-open (one real request probes it). It opens
-// after more than Failures consecutive failures, or when the p99 latency of
-// the upstream's last 200 requests passes P99. After Cooldown (stretched by a
-// Retry-After the upstream sent) it is half-open: the next request that
-// would use it is the probe. Success closes it; failure opens it again with
-// the cooldown doubled, up to MaxCooldown.
-//
-// Failures are 5xx, 429 and connection errors (per-attempt timeouts
-// included). Other 4xx, caused by the request, and cancelled requests count
-// neither way. There is no background goroutine: every transition is
-// computed from timestamps of Config.Clock when the breaker is consulted.
-type BreakerConfig struct {
-	// Failures is the number of consecutive failures the breaker tolerates;
-	// one more opens it. If 0, 5; negative disables failure counting.
-	Failures int
-	// P99 opens the breaker when the p99 latency (to response headers) of
-	// the last 200 requests exceeds it, once MinSamples are in. If 0,
-	// 1.5 s; negative disables.
-	P99 time.Duration
-	// MinSamples is the number of latencies needed before P99 can trip. If
-	// 0, 20.
-	MinSamples int
-	// Cooldown is the first open period. If 0, 30 s.
-	Cooldown time.Duration
-	// MaxCooldown caps the doubled cooldown. If 0, 5 min.
-	MaxCooldown time.Duration
-	// BusyP99 is the recent p99 latency over which an upstream counts as
-	// busy for Load.Busy. If 0, 1 s.
-	BusyP99 time.Duration
-	// ProbePath, when set, turns on the active health probe: an open
-	// upstream whose cooldown ended is not handed a user request as its
-	// probe; it waits until Router.Probe (called from the user's own ticker)
-	// gets a 2xx for GET BaseURL+ProbePath (e.g. "/models").
-	ProbePath string
-	// OnChange is called on every state change, synchronously, with no lock
-	// held. It must not block.
-	OnChange func(BreakerEvent)
-}
 
 // BreakerState is the state of a circuit breaker.
 type BreakerState uint8
@@ -109,49 +68,14 @@ func outcomeOf(resp *http.Response, err error) outcome {
 	return outcomeSuccess
 }
 
-type breakerSettings struct {
-	failures    int
-	p99         time.Duration
-	minSamples  int
-	cooldown    time.Duration
-	maxCooldown time.Duration
-	probe       bool
-	onChange    func(BreakerEvent)
-}
-
-func newBreakerSettings(c BreakerConfig) (*breakerSettings, error) {
-	if c.MinSamples < 0 || c.Cooldown < 0 || c.MaxCooldown < 0 || c.BusyP99 < 0 {
-		return nil, errors.New("relay: invalid BreakerConfig: MinSamples, Cooldown, MaxCooldown and BusyP99 must not be negative")
-	}
-	s := &breakerSettings{failures: c.Failures, p99: c.P99, minSamples: c.MinSamples, cooldown: c.Cooldown,
-		maxCooldown: c.MaxCooldown, probe: c.ProbePath != "", onChange: c.OnChange}
-	if s.failures == 0 {
-		s.failures = 5
-	}
-	if s.p99 == 0 {
-		s.p99 = 1500 * time.Millisecond
-	}
-	if s.minSamples == 0 {
-		s.minSamples = 20
-	}
-	if s.cooldown == 0 {
-		s.cooldown = 30 * time.Second
-	}
-	if s.maxCooldown == 0 {
-		s.maxCooldown = 5 * time.Minute
-	}
-	s.maxCooldown = max(s.maxCooldown, s.cooldown)
-	return s, nil
-}
-
-// breaker is the circuit breaker of one upstream. Its mutex guards only this
-// upstream's state; callbacks run after it is released.
+// breaker is the circuit breaker of one upstream (BreakerConfig describes
+// its states). Its mutex guards only this upstream's state; OnChange runs
+// after it is released.
 type breaker struct {
-	u       *upstream
-	s       *breakerSettings
-	busyP99 time.Duration
+	name string
+	s    *breakerSettings
 
-	// out is 0 while the breaker is closed, so the common case reads one
+	// out is false while the breaker is closed, so the common case reads one
 	// atomic and takes no lock; otherwise the state is read under mu.
 	out atomic.Bool
 
@@ -170,14 +94,8 @@ type ticket struct {
 	probe bool
 }
 
-func (b *breaker) init(u *upstream, r *Router) {
-	b.u = u
-	b.s = r.breakers
-	b.busyP99 = r.cfg.Breaker.BusyP99
-	if b.busyP99 == 0 {
-		b.busyP99 = time.Second
-	}
-	b.cooldown = b.s.cooldown
+func (b *breaker) init(name string, s *breakerSettings) {
+	b.name, b.s, b.cooldown = name, s, s.cooldown
 }
 
 // openUntil reports whether the breaker keeps the upstream out of the
@@ -187,15 +105,16 @@ func (b *breaker) openUntil(now time.Time) (time.Time, bool) {
 	if !b.out.Load() {
 		return time.Time{}, false
 	}
+	active := b.s.probePath != ""
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch b.state {
 	case StateOpen:
-		if now.Before(b.until) || b.s.probe {
+		if now.Before(b.until) || active {
 			return b.until, true
 		}
 	case StateHalfOpen:
-		if b.probing || b.s.probe {
+		if b.probing || active {
 			return now, true
 		}
 	}
@@ -211,11 +130,11 @@ func (b *breaker) allow(now time.Time, forced bool) (ticket, bool) {
 	ok := true
 	switch b.state {
 	case StateOpen:
-		if now.Before(b.until) || b.s.probe {
+		if now.Before(b.until) || b.s.probePath != "" {
 			ok = forced
 			break
 		}
-		ev = b.setLocked(StateHalfOpen, "cooldown ended", now)
+		ev = b.setLocked(StateHalfOpen, "cooldown ended")
 		fallthrough
 	case StateHalfOpen:
 		if b.probing && !forced {
@@ -230,35 +149,38 @@ func (b *breaker) allow(now time.Time, forced bool) (ticket, bool) {
 	return t, ok
 }
 
-// done records an attempt's outcome (its latency is already in the
-// upstream's window); hint is a Retry-After the upstream sent (0 if none).
-func (b *breaker) done(t ticket, o outcome, hint time.Duration, now time.Time) {
+// done records an attempt's outcome. hint is a Retry-After the upstream
+// sent (0 if none). lat is the upstream's latency window, with this
+// attempt's latency already in it: a closed breaker trips when its p99
+// passes the bound, and an opening breaker empties it, so that stale
+// latencies do not open it again after recovery.
+func (b *breaker) done(t ticket, o outcome, hint time.Duration, lat *latencyWindow, now time.Time) {
 	b.mu.Lock()
 	var ev *BreakerEvent
-	if t.probe && t.gen == b.gen && b.state == StateHalfOpen {
+	switch {
+	case t.probe && t.gen == b.gen && b.state == StateHalfOpen:
 		b.probing = false
 		switch o {
 		case outcomeSuccess:
-			b.fails = 0
-			b.cooldown = b.s.cooldown
-			ev = b.setLocked(StateClosed, "probe succeeded", now)
+			b.fails, b.cooldown = 0, b.s.cooldown
+			ev = b.setLocked(StateClosed, "probe succeeded")
 		case outcomeFailure:
 			b.cooldown = min(2*b.cooldown, b.s.maxCooldown)
-			ev = b.openLocked("probe failed", max(b.cooldown, hint), now)
+			ev = b.openLocked("probe failed", max(b.cooldown, hint), lat, now)
 		}
-	} else if t.gen == b.gen && b.state == StateClosed {
+	case t.gen == b.gen && b.state == StateClosed:
 		switch o {
 		case outcomeSuccess:
 			b.fails = 0
-			if b.s.p99 > 0 && b.u.lat.count() >= b.s.minSamples {
-				if p := b.u.lat.p99(); p > b.s.p99 {
-					ev = b.openLocked(fmt.Sprintf("p99 %s over %s", p.Round(time.Millisecond), b.s.p99), b.cooldown, now)
+			if b.s.p99 > 0 && lat.count() >= b.s.minSamples {
+				if p := lat.p99(); p > b.s.p99 {
+					ev = b.openLocked(fmt.Sprintf("p99 %s over %s", p.Round(time.Millisecond), b.s.p99), b.cooldown, lat, now)
 				}
 			}
 		case outcomeFailure:
 			b.fails++
 			if b.s.failures > 0 && b.fails > b.s.failures {
-				ev = b.openLocked(fmt.Sprintf("%d consecutive failures", b.fails), max(b.cooldown, hint), now)
+				ev = b.openLocked(fmt.Sprintf("%d consecutive failures", b.fails), max(b.cooldown, hint), lat, now)
 			}
 		}
 	}
@@ -266,26 +188,37 @@ func (b *breaker) done(t ticket, o outcome, hint time.Duration, now time.Time) {
 	b.emit(ev)
 }
 
+// due reports whether the breaker is out of the closed state with its
+// cooldown ended: time for an active probe.
+func (b *breaker) due(now time.Time) bool {
+	if !b.out.Load() {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.state != StateClosed && !now.Before(b.until)
+}
+
 // reset closes the breaker after a successful active probe.
-func (b *breaker) reset(now time.Time) {
+func (b *breaker) reset() {
 	b.mu.Lock()
 	var ev *BreakerEvent
 	if b.state != StateClosed {
 		b.fails, b.probing, b.cooldown = 0, false, b.s.cooldown
-		ev = b.setLocked(StateClosed, "health probe succeeded", now)
+		ev = b.setLocked(StateClosed, "health probe succeeded")
 	}
 	b.mu.Unlock()
 	b.emit(ev)
 }
 
-func (b *breaker) openLocked(reason string, d time.Duration, now time.Time) *BreakerEvent {
+func (b *breaker) openLocked(reason string, d time.Duration, lat *latencyWindow, now time.Time) *BreakerEvent {
 	b.until = now.Add(d)
 	b.fails = 0
-	b.u.lat.reset() // stale latencies must not re-open it after recovery
-	return b.setLocked(StateOpen, reason, now)
+	lat.reset()
+	return b.setLocked(StateOpen, reason)
 }
 
-func (b *breaker) setLocked(to BreakerState, reason string, now time.Time) *BreakerEvent {
+func (b *breaker) setLocked(to BreakerState, reason string) *BreakerEvent {
 	from := b.state
 	b.state = to
 	b.out.Store(to != StateClosed)
@@ -293,7 +226,7 @@ func (b *breaker) setLocked(to BreakerState, reason string, now time.Time) *Brea
 	if b.s.onChange == nil {
 		return nil
 	}
-	ev := &BreakerEvent{Upstream: b.u.cfg.Name, From: from, To: to, Reason: reason}
+	ev := &BreakerEvent{Upstream: b.name, From: from, To: to, Reason: reason}
 	if to == StateOpen {
 		ev.Until = b.until
 	}
@@ -306,11 +239,11 @@ func (b *breaker) emit(ev *BreakerEvent) {
 	}
 }
 
-// State returns an upstream's breaker state, as of now.
+// stateAt returns the breaker's state as of now.
 func (b *breaker) stateAt(now time.Time) BreakerState {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.state == StateOpen && !now.Before(b.until) && !b.s.probe {
+	if b.state == StateOpen && !now.Before(b.until) && b.s.probePath == "" {
 		return StateHalfOpen
 	}
 	return b.state
@@ -320,23 +253,20 @@ func (b *breaker) stateAt(now time.Time) BreakerState {
 // upstream whose breaker is open with its cooldown ended, and closes the
 // breakers of those that answer 2xx. It returns the names of the upstreams
 // it re-admitted. Call it from your own ticker; the router starts no
-// goroutine. Without ProbePath it does nothing.
+// goroutine. Without ProbePath it does nothing. It is safe for concurrent
+// use.
 func (r *Router) Probe(ctx context.Context) []string {
-	path := r.cfg.Breaker.ProbePath
-	if path == "" {
+	if r.s.breaker.probePath == "" {
 		return nil
 	}
+	path := strings.TrimLeft(r.s.breaker.probePath, "/")
 	var back []string
 	for _, u := range r.ups {
-		now := r.clock.Now()
-		u.br.mu.Lock()
-		due := u.br.state != StateClosed && !now.Before(u.br.until)
-		u.br.mu.Unlock()
-		if !due {
+		if !u.br.due(r.s.clock.Now()) {
 			continue
 		}
 		pu := *u.base
-		pu.Path = u.base.Path + "/" + trimSlash(path)
+		pu.Path = u.base.Path + "/" + path
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, pu.String(), nil)
 		if err != nil {
 			continue
@@ -344,23 +274,16 @@ func (r *Router) Probe(ctx context.Context) []string {
 		if u.auth != nil {
 			req.Header.Set("Authorization", u.auth())
 		}
-		resp, err := r.base.RoundTrip(req)
+		resp, err := r.s.base.RoundTrip(req)
 		if err != nil {
 			continue
 		}
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		resp.Body.Close()
 		if resp.StatusCode < 300 {
-			u.br.reset(r.clock.Now())
+			u.br.reset()
 			back = append(back, u.cfg.Name)
 		}
 	}
 	return back
-}
-
-func trimSlash(p string) string {
-	for len(p) > 0 && p[0] == '/' {
-		p = p[1:]
-	}
-	return p
 }

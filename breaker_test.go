@@ -52,7 +52,7 @@ func (g *breakerRig) call(o outcome, latency time.Duration, hint time.Duration) 
 		return false
 	}
 	g.u.lat.add(latency, now)
-	g.u.br.done(tk, o, hint, now)
+	g.u.br.done(tk, o, hint, &g.u.lat, now)
 	return true
 }
 
@@ -161,9 +161,9 @@ func TestBreakerOneProbeAtATime(t *testing.T) {
 	_, ok = g.u.br.allow(now, false)
 	assert.False(t, ok, "second request while the probe is in flight")
 	// A stale outcome from before the state change is ignored.
-	g.u.br.done(ticket{gen: tk.gen - 2}, outcomeFailure, 0, now)
+	g.u.br.done(ticket{gen: tk.gen - 2}, outcomeFailure, 0, &g.u.lat, now)
 	assert.Equal(t, StateHalfOpen, g.u.br.stateAt(now))
-	g.u.br.done(tk, outcomeSuccess, 0, now)
+	g.u.br.done(tk, outcomeSuccess, 0, &g.u.lat, now)
 	assert.Equal(t, StateClosed, g.u.br.stateAt(now))
 }
 

@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tokenrelay/relay/internal/tokens"
 )
 
 // cookbookMessages are the example messages of OpenAI's "How to count tokens
@@ -58,19 +60,19 @@ func TestCountCookbookFormula(t *testing.T) {
 }
 
 func TestEncodingFor(t *testing.T) {
-	for model, want := range map[string]encoding{
-		"gpt-4o": o200k, "gpt-4o-mini-2024-07-18": o200k, "gpt-4.1": o200k, "gpt-5": o200k, "gpt-5.5-codex": o200k,
-		"o1": o200k, "o3-mini": o200k, "o4-mini": o200k,
-		"gpt-4": cl100k, "gpt-4-turbo": cl100k, "gpt-3.5-turbo": cl100k, "text-embedding-3-small": cl100k,
-		"openai/gpt-4": cl100k, "claude-sonnet-4.5": o200k, "gemini-2.5-flash": o200k, "deepseek-v3.2": o200k, "": o200k,
+	for model, want := range map[string]tokens.Encoding{
+		"gpt-4o": tokens.O200K, "gpt-4o-mini-2024-07-18": tokens.O200K, "gpt-4.1": tokens.O200K, "gpt-5": tokens.O200K, "gpt-5.5-codex": tokens.O200K,
+		"o1": tokens.O200K, "o3-mini": tokens.O200K, "o4-mini": tokens.O200K,
+		"gpt-4": tokens.CL100K, "gpt-4-turbo": tokens.CL100K, "gpt-3.5-turbo": tokens.CL100K, "text-embedding-3-small": tokens.CL100K,
+		"openai/gpt-4": tokens.CL100K, "claude-sonnet-4.5": tokens.O200K, "gemini-2.5-flash": tokens.O200K, "deepseek-v3.2": tokens.O200K, "": tokens.O200K,
 	} {
-		assert.Equal(t, want, encodingFor(model), model)
+		assert.Equal(t, want, tokens.ForModel(model), model)
 	}
 }
 
 func TestClassifyShapes(t *testing.T) {
 	r := testRouter(t)
-	enc := func(s string) int { return countTokens(o200k, s) }
+	enc := func(s string) int { return tokens.O200K.Count(s) }
 	cases := []struct {
 		name, path, body string
 		want             int
@@ -91,10 +93,10 @@ func TestClassifyShapes(t *testing.T) {
 		{"responses items", "/v1/responses",
 			`{"model":"gpt-4o","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"Hi there"}]},{"type":"function_call_output","call_id":"c1","output":"42"}]}`,
 			3 + enc("user") + enc("Hi there") + 3 + enc("c1") + enc("42") + 3},
-		{"completions string", "/v1/completions", `{"model":"gpt-3.5-turbo-instruct","prompt":"Say this is a test"}`, countTokens(cl100k, "Say this is a test")},
+		{"completions string", "/v1/completions", `{"model":"gpt-3.5-turbo-instruct","prompt":"Say this is a test"}`, tokens.CL100K.Count("Say this is a test")},
 		{"completions array", "/v1/completions", `{"model":"gpt-4o","prompt":["a b","c d"]}`, enc("a b") + enc("c d")},
 		{"completions token ids", "/v1/completions", `{"model":"gpt-4o","prompt":[[1,2,3],[4]]}`, 4},
-		{"embeddings", "/v1/embeddings", `{"model":"text-embedding-3-small","input":["hello world","bye"]}`, countTokens(cl100k, "hello world") + countTokens(cl100k, "bye")},
+		{"embeddings", "/v1/embeddings", `{"model":"text-embedding-3-small","input":["hello world","bye"]}`, tokens.CL100K.Count("hello world") + tokens.CL100K.Count("bye")},
 		{"embeddings ids", "/v1/embeddings", `{"model":"text-embedding-3-small","input":[1,2,3]}`, 3},
 	}
 	for _, c := range cases {
@@ -157,7 +159,7 @@ func TestBuckets(t *testing.T) {
 func TestMemoBoundedAndResendPaysOnlyNew(t *testing.T) {
 	m := newMemo(64)
 	for i := range 10000 {
-		m.put(o200k, kindText, fmt.Sprintf("message number %d", i), i)
+		m.put(tokens.O200K, kindText, fmt.Sprintf("message number %d", i), i)
 	}
 	total := 0
 	for i := range m.shards {
@@ -166,13 +168,13 @@ func TestMemoBoundedAndResendPaysOnlyNew(t *testing.T) {
 	assert.LessOrEqual(t, total, 64+memoShards*2)
 
 	// A conversation that resends its history counts only new messages.
-	c := newCounter(1024)
+	c := newCounter(1024, 85)
 	calls := 0
 	counted := func(s string) int {
-		if _, ok := c.memo.get(o200k, kindText, s); !ok {
+		if _, ok := c.memo.get(tokens.O200K, kindText, s); !ok {
 			calls++
 		}
-		return c.count(o200k, s)
+		return c.count(tokens.O200K, s)
 	}
 	history := []string{}
 	for turn := range 5 {

@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/tokenrelay/relay/internal/jsonscan"
 )
 
 // Price is a model's list price in USD per 1M tokens.
@@ -177,7 +179,7 @@ func LoadPrices(r io.Reader) (map[string]Price, error) {
 	if err != nil {
 		return nil, fmt.Errorf("relay: reading price catalog: %w", err)
 	}
-	if !validJSON(unsafe.String(unsafe.SliceData(data), len(data))) {
+	if !jsonscan.Valid(data) {
 		return nil, errors.New("relay: price catalog is not valid JSON")
 	}
 	root := gjson.ParseBytes(data)
@@ -377,7 +379,7 @@ func priceIsDate(year, month, day string) bool {
 // A total_tokens that matches none of these readings is ignored.
 func parseUsage(body []byte) (Usage, bool) {
 	s := usageTrimEvent(unsafe.String(unsafe.SliceData(body), len(body)))
-	if s == "" || (s[0] != '{') || !validJSON(s) {
+	if s == "" || (s[0] != '{') || !jsonscan.Valid(s) {
 		return Usage{}, false
 	}
 	usage := gjson.Get(s, "usage")

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -141,7 +142,7 @@ func TestHedgeBothCompletedBilledTwice(t *testing.T) {
 	a, b := newGatedUpstream(t), newGatedUpstream(t)
 	r, reps, clock := hedgeRouter(t, HedgeConfig{Delay: 100 * time.Millisecond}, a.URL, b.URL)
 	r.hedges.bal.Store(hedgeBudgetCap)
-	r.prices = map[string]Price{"gpt-4.1": {InputPerMTok: 1e6, OutputPerMTok: 1e6}} // $1 per token
+	r.s.prices = map[string]Price{"gpt-4.1": {InputPerMTok: 1e6, OutputPerMTok: 1e6}} // $1 per token
 	done := sendWithID(t, r, "1")
 	<-clock.armed
 	require.Eventually(t, func() bool { return a.Calls() == 1 }, 5*time.Second, time.Millisecond)
@@ -189,13 +190,13 @@ func TestHedgeLoserUsageAddsToCost(t *testing.T) {
 		Prices:   map[string]Price{"m": {InputPerMTok: 1e6, OutputPerMTok: 1e6}},
 		OnReport: func(rep Report) { got = rep }})
 	require.NoError(t, err)
-	tr := &trip{r: r, start: r.clock.Now()}
-	tr.rep.Model = "m"
+	tr := &trip{r: r, req: httptest.NewRequest("POST", "/v1/chat/completions", nil), start: r.s.clock.Now()}
+	tr.route.Model = "m"
 	tr.att.cand = candidate{up: r.ups[0], model: "m"}
 	loser := attempt{cand: candidate{up: r.ups[0], model: "m"}, resp: &http.Response{StatusCode: 200, Header: http.Header{},
 		Body: io.NopCloser(strings.NewReader(`{"usage":{"prompt_tokens":3,"completion_tokens":1}}`))}}
 	tr.addLoserUsage(&loser)
-	tr.finish(Usage{PromptTokens: 10, CompletionTokens: 2}, true)
+	tr.finish(bodyEnd{usage: Usage{PromptTokens: 10, CompletionTokens: 2}, haveUsage: true})
 	assert.Equal(t, 12.0+4.0, got.ListCostUSD)
 	assert.Equal(t, (12.0+4.0)*0.5, got.CostUSD)
 }

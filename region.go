@@ -3,58 +3,10 @@ package relay
 import (
 	"math"
 	"math/rand/v2"
-	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 )
-
-// upstream is an Upstream with its runtime state.
-type upstream struct {
-	cfg    *Upstream
-	base   *url.URL
-	auth   func() string   // "Bearer <key>"; nil keeps the caller's Authorization
-	models map[string]bool // nil: every model
-	header http.Header     // Upstream.Header, canonical keys, the router's own copy
-	tags   []bodyTag
-	factor float64 // price factor, 1 for list price
-
-	seed     uint64  // rendezvous seed, from the name
-	weight   float64 // Upstream.Weight, 1 when unset
-	inflight atomic.Int64
-	requests atomic.Uint64
-	failures atomic.Uint64
-	lat      latencyWindow
-	br       breaker
-	lim      limiter
-}
-
-func (u *upstream) initRuntime(r *Router) {
-	u.seed = fnv1a(fnvOffset64, u.cfg.Name)
-	u.weight = u.cfg.Weight
-	if u.weight == 0 {
-		u.weight = 1
-	}
-	u.lat.init(latencyWindowSize)
-	u.br.init(u, r)
-	u.lim.init(u.cfg, r)
-}
-
-func (u *upstream) serves(model string) bool {
-	return u.models == nil || model == "" || u.models[model]
-}
-
-// busy reports whether the upstream is saturated (MaxInFlight reached) or
-// its recent p99 latency is over the router's busy bound.
-func (u *upstream) busy() bool {
-	if m := u.cfg.MaxInFlight; m > 0 && u.inflight.Load() >= int64(m) {
-		return true
-	}
-	return u.lat.p99() > u.br.busyP99
-}
 
 // candidate is one place to send a request: an upstream and the model to ask
 // it for.
@@ -108,6 +60,15 @@ func (s Strategy) String() string {
 	return "Strategy(" + strconv.Itoa(int(s)) + ")"
 }
 
+// candidates lists where a request may go: for the known endpoints the
+// route's plan; other paths (/models, /files...) go to the first upstream.
+func (r *Router) candidates(buf []candidate, c *classified, route Route, key uint64, random bool) []candidate {
+	if c.req.Endpoint == "" {
+		return append(buf, candidate{up: r.ups[0]})
+	}
+	return r.plan(buf, route.Model, route.Fallbacks, key, random)
+}
+
 // plan lists the candidates for a route in the order to try them: the
 // upstreams serving the route's model, then those of each fallback model,
 // each group in the strategy's order for the affinity key. Open circuits are
@@ -117,7 +78,7 @@ func (s Strategy) String() string {
 // weighted draw) are left out and the order is the deterministic ranking.
 func (r *Router) plan(buf []candidate, model string, fallbacks []string, key uint64, random bool) []candidate {
 	out := buf[:0]
-	now := r.clock.Now()
+	now := r.s.clock.Now()
 	out = r.appendCandidates(out, model, now, key, random)
 	for _, fb := range fallbacks {
 		if fb == "" || fb == model || slices.ContainsFunc(out, func(c candidate) bool { return c.model == fb }) {
@@ -154,13 +115,13 @@ func (r *Router) appendCandidates(out []candidate, model string, now time.Time, 
 // order sorts one model's candidates by the router's strategy.
 func (r *Router) order(seg []candidate, key uint64, now time.Time, random bool) {
 	n := len(seg)
-	if n < 2 || r.strategy == StrategyPriority {
+	if n < 2 || r.s.strategy == StrategyPriority {
 		return
 	}
-	switch r.strategy {
+	switch r.s.strategy {
 	case StrategyAffinity, StrategyBoundedLoad:
 		sortBy(seg, func(c *candidate) uint64 { return ^rendezvous(key, c.up.seed) }) // highest score first
-		if r.strategy == StrategyAffinity && random && r.jitter > 0 && rand.Float64() < r.jitter {
+		if r.s.strategy == StrategyAffinity && random && r.s.jitter > 0 && rand.Float64() < r.s.jitter {
 			j := 1 + rand.IntN(n-1)
 			home := seg[j]
 			copy(seg[1:j+1], seg[:j])
@@ -255,9 +216,6 @@ func (u *upstream) cost(now time.Time) float64 {
 	return e * float64(u.inflight.Load()+1)
 }
 
-// ewmaDecay is the time constant of the latency EWMA (Finagle's default).
-const ewmaDecay = 10 * time.Second
-
 // boundedCap is the in-flight cap of one upstream under bounded loads:
 // ⌈c·(in-flight of the model's candidates + 1)/n⌉.
 func (r *Router) boundedCap(cands []candidate, model string) int64 {
@@ -268,166 +226,5 @@ func (r *Router) boundedCap(cands []candidate, model string) int64 {
 			n++
 		}
 	}
-	return int64(math.Ceil(r.loadFactor * float64(total+1) / float64(n)))
-}
-
-// keyOf returns the request's affinity key (shard.go); 0 for a request
-// without a prompt. Only the strategies that hash need it.
-func (r *Router) keyOf(c *classified) uint64 {
-	if r.strategy != StrategyAffinity && r.strategy != StrategyBoundedLoad && !r.cfg.PromptCacheKey {
-		return 0
-	}
-	return r.affinityKey(c)
-}
-
-// UpstreamStats is a snapshot of one upstream's live state, for dashboards.
-type UpstreamStats struct {
-	Name      string
-	InFlight  int
-	Samples   int           // latencies in the window (at most 200)
-	P50, P99  time.Duration // of the last 200 times to response headers
-	EWMA      time.Duration // peak-sensitive EWMA of the same
-	Requests  uint64        // attempts sent
-	Failures  uint64        // of which failed (5xx, 429, connection errors)
-	ErrorRate float64       // Failures / Requests
-	Breaker   BreakerState
-}
-
-// Stats returns a snapshot of every upstream's live state, in
-// configuration order.
-func (r *Router) Stats() []UpstreamStats {
-	now := r.clock.Now()
-	out := make([]UpstreamStats, len(r.ups))
-	for i, u := range r.ups {
-		s := &out[i]
-		s.Name = u.cfg.Name
-		s.InFlight = int(u.inflight.Load())
-		s.Samples, s.P50, s.P99 = u.lat.snapshot()
-		e, _ := u.lat.ewmaAt()
-		s.EWMA = time.Duration(e)
-		s.Requests, s.Failures = u.requests.Load(), u.failures.Load()
-		if s.Requests > 0 {
-			s.ErrorRate = float64(s.Failures) / float64(s.Requests)
-		}
-		s.Breaker = u.br.stateAt(now)
-	}
-	return out
-}
-
-// latencyWindowSize is the number of recent latencies kept per upstream.
-const latencyWindowSize = 200
-
-// latencyWindow keeps the last n latencies of an upstream and their p99,
-// recomputed lazily.
-type latencyWindow struct {
-	mu sync.Mutex
-	// The peak-sensitive EWMA (float64 bits, nanoseconds) and the time of
-	// its last sample: written under mu, read without it.
-	ewmaBits  atomic.Uint64
-	ewmaNanos atomic.Int64
-	ring      []time.Duration
-	next      int
-	full      bool
-	dirty     int // samples added since p99 was computed
-	cached    time.Duration
-	cached95  time.Duration
-	scratch   []time.Duration
-}
-
-func (w *latencyWindow) init(n int) {
-	w.ring = make([]time.Duration, n)
-	w.scratch = make([]time.Duration, 0, n)
-}
-
-func (w *latencyWindow) add(d time.Duration, now time.Time) {
-	w.mu.Lock()
-	e, at := w.ewmaAt()
-	if x := float64(d); x > e || at.UnixNano() == 0 {
-		e = x // peak-sensitive: a slow sample counts at once
-	} else {
-		decay := math.Exp(-float64(now.Sub(at)) / float64(ewmaDecay))
-		e = e*decay + x*(1-decay)
-	}
-	w.ewmaBits.Store(math.Float64bits(e))
-	w.ewmaNanos.Store(now.UnixNano())
-	w.ring[w.next] = d
-	w.next++
-	if w.next == len(w.ring) {
-		w.next, w.full = 0, true
-	}
-	w.dirty++
-	w.mu.Unlock()
-}
-
-// ewmaAt returns the EWMA and the time of its last sample, without taking
-// the lock.
-func (w *latencyWindow) ewmaAt() (float64, time.Time) {
-	return math.Float64frombits(w.ewmaBits.Load()), time.Unix(0, w.ewmaNanos.Load())
-}
-
-// snapshot returns the sample count, p50 and p99.
-func (w *latencyWindow) snapshot() (int, time.Duration, time.Duration) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	n := w.next
-	if w.full {
-		n = len(w.ring)
-	}
-	return n, w.quantileLocked(0.5), w.quantileLocked(0.99)
-}
-
-// reset empties the window.
-func (w *latencyWindow) reset() {
-	w.mu.Lock()
-	w.next, w.full, w.dirty, w.cached = 0, false, 0, 0
-	w.mu.Unlock()
-}
-
-// count returns how many samples the window holds.
-func (w *latencyWindow) count() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.full {
-		return len(w.ring)
-	}
-	return w.next
-}
-
-// p99 returns the 99th percentile of the window; 0 when empty. It is
-// recomputed at most once per 8 new samples.
-func (w *latencyWindow) p99() time.Duration {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.refreshLocked()
-	return w.cached
-}
-
-// p95 is p99's companion, for the hedge delay.
-func (w *latencyWindow) p95() time.Duration {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.refreshLocked()
-	return w.cached95
-}
-
-func (w *latencyWindow) refreshLocked() {
-	if w.dirty >= 8 || (w.dirty > 0 && !w.full && w.next < 100) {
-		w.cached = w.quantileLocked(0.99)
-		w.cached95 = w.quantileLocked(0.95)
-		w.dirty = 0
-	}
-}
-
-func (w *latencyWindow) quantileLocked(q float64) time.Duration {
-	n := w.next
-	if w.full {
-		n = len(w.ring)
-	}
-	if n == 0 {
-		return 0
-	}
-	s := append(w.scratch[:0], w.ring[:n]...)
-	slices.Sort(s)
-	i := int(q*float64(n)+0.5) - 1
-	return s[min(max(i, 0), n-1)]
+	return int64(math.Ceil(r.s.loadFactor * float64(total+1) / float64(n)))
 }

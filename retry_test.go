@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -97,15 +98,23 @@ func TestRetryAfter(t *testing.T) {
 	}
 }
 
+// defaultBackoff returns the backoff a router built from c uses when
+// RetryConfig.Backoff is nil.
+func defaultBackoff(t *testing.T, c RetryConfig) backoff.BackOff {
+	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1"}}, Retry: c})
+	require.NoError(t, err)
+	return exponential(&r.s.retry)
+}
+
 func TestDefaultBackOff(t *testing.T) {
-	b := DefaultBackOff(RetryConfig{RandomizationFactor: -1})
+	b := defaultBackoff(t, RetryConfig{RandomizationFactor: -1})
 	var got []time.Duration
 	for range 6 {
 		got = append(got, b.NextBackOff())
 	}
 	ms := time.Millisecond
 	assert.Equal(t, []time.Duration{100 * ms, 200 * ms, 400 * ms, 800 * ms, 1200 * ms, 1200 * ms}, got)
-	b = DefaultBackOff(RetryConfig{})
+	b = defaultBackoff(t, RetryConfig{})
 	for range 20 {
 		d := b.NextBackOff()
 		assert.True(t, d >= 50*ms && d <= 1800*ms, d)

@@ -59,8 +59,8 @@ func TestConfigCopiedByNew(t *testing.T) {
 	require.NoError(t, err)
 	prices["m"] = Price{OutputPerMTok: 99}
 	hdr.Set("X-A", "2")
-	assert.Equal(t, 1.0, r.prices["m"].OutputPerMTok)
-	assert.Equal(t, "1", r.ups[0].header.Get("X-A"))
+	assert.Equal(t, 1.0, r.s.prices["m"].OutputPerMTok)
+	assert.Equal(t, "1", r.ups[0].cfg.Header.Get("X-A"))
 }
 
 func TestReportBodyCloseDuringRead(t *testing.T) {
@@ -102,7 +102,7 @@ func TestCallerDeadlineDoesNotTripBreaker(t *testing.T) {
 		cancel()
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 	}
-	assert.Equal(t, StateClosed, r.ups[0].br.stateAt(r.clock.Now()), "the caller's own deadline is not the upstream's failure")
+	assert.Equal(t, StateClosed, r.ups[0].br.stateAt(r.s.clock.Now()), "the caller's own deadline is not the upstream's failure")
 }
 
 func TestHedgeKeepsResponseOverLaterError(t *testing.T) {
@@ -167,7 +167,7 @@ func TestReportCarriesRequestContext(t *testing.T) {
 		resp.Body.Close()
 	}
 	ctx := context.WithValue(context.Background(), key{}, "too large")
-	r.maxBody = 4
+	r.s.maxBody = 4
 	req, _ := http.NewRequestWithContext(ctx, "POST", "http://relay/v1/chat/completions", strings.NewReader("12345"))
 	_, err := r.RoundTrip(req)
 	require.ErrorIs(t, err, ErrBodyTooLarge)

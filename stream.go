@@ -10,57 +10,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/tidwall/gjson"
-	"github.com/tidwall/sjson"
 
+	"github.com/tokenrelay/relay/internal/jsonscan"
 	"github.com/tokenrelay/relay/internal/sse"
 )
-
-// ErrFirstTokenTimeout: a stream sent no content within
-// StreamConfig.FirstTokenTimeout; the router tried the next candidate.
-var ErrFirstTokenTimeout = errors.New("relay: no first token within the first-token timeout")
-
-// ErrStreamError: a 200 stream carried an error event (`data: {"error":...}`
-// in chat and completions streams; an `error` or `response.failed` event in
-// Responses streams). It appears only in Report.Err: the caller reads the
-// event's bytes as the upstream sent them.
-var ErrStreamError = errors.New("relay: upstream sent an error in the stream")
-
-// StreamConfig configures the handling of server-sent-event answers
-// (2xx responses with Content-Type text/event-stream).
-//
-// The bytes of a stream reach the caller as they arrive, unchanged. The
-// reader gets an error wrapping io.ErrUnexpectedEOF when the stream ends
-// without its terminal event (`data: [DONE]` for chat and completions;
-// response.completed, response.incomplete or response.failed for the
-// Responses API), and one wrapping ErrStreamStalled when it went idle. One
-// Report is made per stream, when the reader hits EOF or an error, or closes
-// the body; its TTFT runs from RoundTrip's start to the first chunk carrying
-// content (text, refusal or a tool-call delta), and is 0 when no such chunk
-// came.
-type StreamConfig struct {
-	// IdleTimeout closes a stream that sent no byte for this long while the
-	// caller was waiting in Read; the reader then gets ErrStreamStalled. If
-	// 0, 25 s; negative disables it.
-	IdleTimeout time.Duration
-	// FirstTokenTimeout, when set, holds a stream's response until its first
-	// content chunk; if none comes within this time of the response headers
-	// the router cancels that upstream and tries the next candidate (as a
-	// retry, under RetryConfig), while nothing has reached the caller. A
-	// stream that ends or fails before its first content chunk is handed to
-	// the caller as it is. Once a byte reached the caller, a stream is never
-	// retried. If 0, off.
-	FirstTokenTimeout time.Duration
-	// KeepUsageOption turns off the injection of
-	// stream_options.include_usage. By default, when a chat or completions
-	// stream does not ask for usage, the router asks for it and removes that
-	// extra usage chunk (and its event line, if any) from what the caller
-	// reads. With injection off, such a stream's usage is estimated locally
-	// (Usage.Estimated).
-	KeepUsageOption bool
-}
 
 // Stream parsing bounds.
 const (
@@ -71,7 +26,6 @@ const (
 	streamEstFlush = 64 << 10  // delta text kept before it is counted
 	streamJunkMax  = 4 << 10   // non-SSE bytes kept to read an error body from
 	streamMsgMax   = 200       // bytes of an upstream error message kept in Report.Err
-	defaultIdle    = 25 * time.Second
 )
 
 // isEventStream reports whether a response is a server-sent-event stream.
@@ -82,31 +36,6 @@ func isEventStream(h http.Header) bool {
 	}
 	mt, _, err := mime.ParseMediaType(ct)
 	return err == nil && mt == "text/event-stream"
-}
-
-// injectStreamUsage returns body with stream_options.include_usage set when
-// the request is a chat or completions stream that did not ask for usage,
-// and whether it did so. The Responses API needs none: its usage comes in
-// response.completed.
-func (t *trip) injectStreamUsage(body []byte) ([]byte, bool) {
-	if !wantsStreamUsage(t.c.req.Endpoint) {
-		return body, false
-	}
-	if gjson.GetBytes(body, "stream_options.include_usage").Bool() {
-		return body, false
-	}
-	nb, err := sjson.SetBytes(body, "stream_options.include_usage", true)
-	if err != nil || !validJSON(unsafe.String(unsafe.SliceData(nb), len(nb))) {
-		return body, false
-	}
-	return nb, true
-}
-
-// wantsStreamUsage reports whether an endpoint's streams carry usage only
-// when asked (stream_options.include_usage); the Responses API always sends
-// it in response.completed.
-func wantsStreamUsage(endpoint string) bool {
-	return endpoint == EndpointChat || endpoint == EndpointCompletions
 }
 
 // streamBody passes an SSE response body through unchanged and finishes the
@@ -172,12 +101,8 @@ type streamState struct {
 }
 
 func newStreamBody(t *trip, a *attempt) *streamBody {
-	s := &streamBody{rc: a.resp.Body, t: t, a: a, drop: t.injectedUsage}
+	s := &streamBody{rc: a.resp.Body, t: t, a: a, drop: a.injected, idle: t.r.s.stream.idle}
 	s.sc.Max = streamLineMax
-	s.idle = t.r.cfg.Stream.IdleTimeout
-	if s.idle == 0 {
-		s.idle = defaultIdle
-	}
 	return s
 }
 
@@ -408,7 +333,7 @@ func (s *streamBody) line(line []byte, full int) (kind int, usageChunk bool) {
 func (s *streamBody) content() {
 	if !s.st.gotFirst {
 		s.st.gotFirst = true
-		s.st.ttft = s.t.r.clock.Now().Sub(s.t.start)
+		s.st.ttft = s.t.r.s.clock.Now().Sub(s.t.start)
 	}
 }
 
@@ -440,20 +365,20 @@ func (s *streamBody) data(v []byte) (usageChunk bool) {
 // firstType returns the value of "type" when it is the object's first key,
 // as in every Responses stream event.
 func firstType(v []byte) []byte {
-	i := skipSpace(v, 1)
+	i := jsonscan.SkipSpace(v, 1)
 	if !bytes.HasPrefix(v[i:], []byte(`"type"`)) {
 		return nil
 	}
-	i = skipSpace(v, i+len(`"type"`))
+	i = jsonscan.SkipSpace(v, i+len(`"type"`))
 	if i >= len(v) || v[i] != ':' {
 		return nil
 	}
-	i = skipSpace(v, i+1)
+	i = jsonscan.SkipSpace(v, i+1)
 	if i >= len(v) || v[i] != '"' {
 		return nil
 	}
-	end, ok := stringEnd(v, i)
-	if !ok {
+	end := jsonscan.StringEnd(v, i)
+	if end >= len(v) {
 		return nil
 	}
 	return v[i+1 : end]
@@ -464,12 +389,12 @@ func (s *streamBody) responsesEvent(typ, v []byte) {
 	st := &s.st
 	switch string(typ) {
 	case "response.output_text.delta", "response.refusal.delta", "response.function_call_arguments.delta":
-		if raw, ok := stringField(v, "delta"); ok && len(raw) > 0 {
+		if raw, ok := jsonscan.FindString(v, "delta"); ok && len(raw) > 0 {
 			s.content()
 			s.estimate(raw)
 		}
 	case "response.reasoning_text.delta", "response.reasoning_summary_text.delta":
-		if raw, ok := stringField(v, "delta"); ok {
+		if raw, ok := jsonscan.FindString(v, "delta"); ok {
 			s.estimate(raw)
 		}
 	case "response.completed", "response.incomplete", "response.failed":
@@ -503,22 +428,22 @@ func (s *streamBody) chatChunk(v []byte) (usageChunk bool) {
 			continue
 		}
 		ks := i
-		ke := quoteEnd(v, ks)
+		ke := jsonscan.StringEnd(v, ks)
 		if ke >= n {
 			break
 		}
 		i = ke
-		j := skipSpace(v, ke+1)
+		j := jsonscan.SkipSpace(v, ke+1)
 		if j >= n || v[j] != ':' {
 			continue // a string value
 		}
-		j = skipSpace(v, j+1)
+		j = jsonscan.SkipSpace(v, j+1)
 		if j >= n {
 			break
 		}
 		key := v[ks+1 : ke]
 		if v[j] == '"' {
-			ve := quoteEnd(v, j)
+			ve := jsonscan.StringEnd(v, j)
 			if ve >= n {
 				break
 			}
@@ -539,7 +464,7 @@ func (s *streamBody) chatChunk(v []byte) (usageChunk bool) {
 		switch string(key) {
 		case "tool_calls":
 			if v[j] == '[' {
-				if k := skipSpace(v, j+1); k < n && v[k] == '{' {
+				if k := jsonscan.SkipSpace(v, j+1); k < n && v[k] == '{' {
 					s.content()
 				}
 			}
@@ -548,7 +473,7 @@ func (s *streamBody) chatChunk(v []byte) (usageChunk bool) {
 		case "choices":
 			noChoices = false
 			if v[j] == '[' {
-				if k := skipSpace(v, j+1); k < n && v[k] == ']' {
+				if k := jsonscan.SkipSpace(v, j+1); k < n && v[k] == ']' {
 					emptyChoices = true
 				}
 			}
@@ -599,7 +524,7 @@ func (s *streamBody) countEst() int {
 		text = gjson.ParseBytes(q).Str
 	}
 	st.est = st.est[:0]
-	return s.t.r.counter.countRaw(s.t.c.enc, text)
+	return s.t.c.enc.Count(text)
 }
 
 // streamError records the first error event of the stream.
@@ -658,16 +583,14 @@ func (s *streamBody) end(cause error, closed bool) error {
 	case cause != nil:
 		readErr = cause
 	}
-	mkErr := func(err error) error {
-		return &Error{Op: "stream", Upstream: t.rep.Upstream, Model: t.rep.Model, Err: err}
-	}
+	end := bodyEnd{ttft: st.ttft, usage: st.usage, haveUsage: st.haveUsage}
 	s.final = io.EOF
 	if closed {
 		s.final = errBodyClosed
 	}
 	if readErr != nil {
-		s.final = mkErr(readErr)
-		t.rep.Err = s.final
+		s.final = t.errorf("stream", readErr)
+		end.err = s.final
 	}
 	if !st.haveErr && !st.sawData && len(st.junk) > 0 {
 		// A body that is not SSE, such as a JSON error sent with the
@@ -677,18 +600,15 @@ func (s *streamBody) end(cause error, closed bool) error {
 		}
 	}
 	if st.haveErr {
-		t.rep.Err = mkErr(fmt.Errorf("%w: %s", ErrStreamError, st.errMsg))
+		end.err = t.errorf("stream", fmt.Errorf("%w: %s", ErrStreamError, st.errMsg))
 	}
-	t.rep.TTFT = st.ttft
-	u, ok := st.usage, st.haveUsage
-	if !ok && t.c.req.Endpoint != "" {
-		u = Usage{PromptTokens: t.c.req.PromptTokens, CompletionTokens: st.estTokens + s.countEst(), Estimated: true}
-		ok = true
+	if !end.haveUsage {
+		end.usage, end.haveUsage = t.estimated(st.estTokens + s.countEst())
 	}
 	final := s.final
 	s.over.Store(true)
 	s.mu.Unlock()
-	t.finish(u, ok) // without s.mu: OnReport runs with no lock held
+	t.finish(end) // without s.mu: OnReport runs with no lock held
 	return final
 }
 
@@ -710,7 +630,7 @@ func (s *streamBody) awaitFirstToken(d time.Duration) error {
 	// state settles the race between the timer and the first token: 0
 	// while waiting, 1 once the stream is kept, 2 once the timer fired.
 	var state atomic.Int32
-	stop := s.t.r.clock.AfterFunc(d, func() {
+	stop := s.t.r.s.clock.AfterFunc(d, func() {
 		if state.CompareAndSwap(0, 2) {
 			s.rc.Close()
 			if s.a.cancel != nil {
@@ -740,21 +660,21 @@ func (s *streamBody) abandon() {
 // enter and leave mark the time of each Read, for the idle timer; enter
 // arms it on the first Read.
 func (s *streamBody) enter() {
-	s.mark.Store(int64(s.t.r.clock.Now().Sub(s.t.start)))
+	s.mark.Store(int64(s.t.r.s.clock.Now().Sub(s.t.start)))
 	s.inRead.Store(true)
 	if !s.armed && s.idle > 0 {
 		s.armed = true
 		s.checkFn = s.checkIdle
 		s.tmu.Lock()
 		if !s.timerOff {
-			s.stopIdle = s.t.r.clock.AfterFunc(s.idle, s.checkFn)
+			s.stopIdle = s.t.r.s.clock.AfterFunc(s.idle, s.checkFn)
 		}
 		s.tmu.Unlock()
 	}
 }
 
 func (s *streamBody) leave() {
-	s.mark.Store(int64(s.t.r.clock.Now().Sub(s.t.start)))
+	s.mark.Store(int64(s.t.r.s.clock.Now().Sub(s.t.start)))
 	s.inRead.Store(false)
 }
 
@@ -769,7 +689,7 @@ func (s *streamBody) checkIdle() {
 	}
 	wait := s.idle
 	if s.inRead.Load() {
-		idle := s.t.r.clock.Now().Sub(s.t.start) - time.Duration(s.mark.Load())
+		idle := s.t.r.s.clock.Now().Sub(s.t.start) - time.Duration(s.mark.Load())
 		if idle >= s.idle {
 			s.timerOff = true
 			s.stalled.Store(true)
@@ -781,7 +701,7 @@ func (s *streamBody) checkIdle() {
 		}
 		wait = s.idle - idle
 	}
-	s.stopIdle = s.t.r.clock.AfterFunc(wait, s.checkFn)
+	s.stopIdle = s.t.r.s.clock.AfterFunc(wait, s.checkFn)
 }
 
 func (s *streamBody) stopTimer() {
@@ -791,83 +711,4 @@ func (s *streamBody) stopTimer() {
 		s.stopIdle()
 	}
 	s.tmu.Unlock()
-}
-
-// skipSpace returns the index of the first byte of v at or after i that is
-// not JSON white space.
-func skipSpace(v []byte, i int) int {
-	for i < len(v) && (v[i] == ' ' || v[i] == '\t' || v[i] == '\n' || v[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// stringEnd returns the index of the quote that closes the JSON string
-// opening at v[i].
-func stringEnd(v []byte, i int) (int, bool) {
-	for k := i + 1; ; {
-		q := bytes.IndexByte(v[k:], '"')
-		if q < 0 {
-			return 0, false
-		}
-		q += k
-		b := 0
-		for q-1-b > i && v[q-1-b] == '\\' {
-			b++
-		}
-		if b%2 == 0 {
-			return q, true
-		}
-		k = q + 1
-	}
-}
-
-// quoteEnd returns the index of the quote that closes the JSON string
-// opening at v[i], or len(v) when it is not closed.
-func quoteEnd(v []byte, i int) int {
-	j := i + 1
-	for j < len(v) {
-		switch v[j] {
-		case '"':
-			return j
-		case '\\':
-			j++
-		}
-		j++
-	}
-	return len(v)
-}
-
-// stringField returns the raw (escaped) text of the first string value of
-// key, found by a scan of the keys.
-func stringField(v []byte, key string) ([]byte, bool) {
-	for i := 0; ; {
-		q := bytes.IndexByte(v[i:], '"')
-		if q < 0 {
-			return nil, false
-		}
-		ks := i + q
-		ke, ok := stringEnd(v, ks)
-		if !ok {
-			return nil, false
-		}
-		i = ke + 1
-		j := skipSpace(v, i)
-		if j >= len(v) || v[j] != ':' {
-			continue
-		}
-		j = skipSpace(v, j+1)
-		if j >= len(v) || v[j] != '"' {
-			i = j
-			continue
-		}
-		ve, ok := stringEnd(v, j)
-		if !ok {
-			return nil, false
-		}
-		if unsafe.String(unsafe.SliceData(v[ks+1:ke]), ke-ks-1) == key {
-			return v[j+1 : ve], true
-		}
-		i = ve + 1
-	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 )
@@ -85,11 +86,12 @@ func BenchmarkStream(b *testing.B) {
 		b.SetBytes(int64(len(withUsage)))
 		b.ReportAllocs()
 		body := bytes.NewReader(withUsage)
+		req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
 		for b.Loop() {
 			body.Reset(withUsage)
-			t := &trip{r: r, start: r.clock.Now()}
+			t := &trip{r: r, req: req, start: r.s.clock.Now()}
 			t.c.req.Endpoint = EndpointChat
-			t.rep.Stream = true
+			t.c.req.Stream = true
 			a := &attempt{resp: &http.Response{Body: io.NopCloser(body)}}
 			s := newStreamBody(t, a)
 			if _, err := io.CopyBuffer(io.Discard, onlyReader{s}, buf); err != nil {

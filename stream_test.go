@@ -15,7 +15,6 @@ import (
 	"testing/iotest"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/tidwall/gjson"
@@ -559,7 +558,7 @@ func TestStreamFirstTokenFailover(t *testing.T) {
 		Upstreams: []Upstream{{Name: "slow", BaseURL: fleet.Get("slow").URL}, {Name: "fast", BaseURL: fleet.Get("fast").URL}},
 		Strategy:  StrategyPriority,
 		Clock:     clk,
-		Retry:     RetryConfig{NewBackOff: func() backoff.BackOff { return &backoff.ZeroBackOff{} }},
+		Retry:     RetryConfig{Backoff: func(int) time.Duration { return 0 }},
 		Stream:    StreamConfig{FirstTokenTimeout: 2 * time.Second, IdleTimeout: -1},
 	})
 	type result struct {

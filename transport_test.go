@@ -15,6 +15,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/tidwall/gjson"
+
+	"github.com/tokenrelay/relay/internal/jsonscan"
+	"github.com/tokenrelay/relay/internal/tokens"
 )
 
 // seen is what a recording upstream received.
@@ -346,7 +349,7 @@ func TestReportEstimatesUsageWhenAbsent(t *testing.T) {
 	rep := reps.all()[0]
 	assert.True(t, rep.Usage.Estimated)
 	assert.Equal(t, rep.PromptTokens, rep.Usage.PromptTokens)
-	assert.Equal(t, countTokens(o200k, "Hello there, general Kenobi."), rep.Usage.CompletionTokens)
+	assert.Equal(t, tokens.O200K.Count("Hello there, general Kenobi."), rep.Usage.CompletionTokens)
 }
 
 func TestUsageFromTailOfLargeBody(t *testing.T) {
@@ -421,7 +424,7 @@ func TestRoundTripMultiMegabytePrompt(t *testing.T) {
 	require.Len(t, got, 1)
 	assert.Equal(t, body, string(got[0].Body))
 	rep := reps.all()[0]
-	assert.Equal(t, 3+countTokens(o200k, "user")+countTokens(o200k, prompt)+3, rep.PromptTokens)
+	assert.Equal(t, 3+tokens.O200K.Count("user")+tokens.O200K.Count(prompt)+3, rep.PromptTokens)
 	assert.Equal(t, BucketLong, rep.Bucket)
 }
 
@@ -498,7 +501,7 @@ func TestDeeplyNestedBodyIsNotFatal(t *testing.T) {
 	assert.Len(t, reps.all(), 1)
 
 	// Brackets inside strings do not count, and ordinary nesting is fine.
-	assert.Equal(t, 2, jsonDepth(`{"a":["[[[[{{{{"]}`))
-	assert.True(t, validJSON(`{"a":"`+strings.Repeat("[", 2000)+`"}`))
-	assert.False(t, validJSON(strings.Repeat("[", 600)+strings.Repeat("]", 600)))
+	assert.Equal(t, 2, jsonscan.Depth(`{"a":["[[[[{{{{"]}`))
+	assert.True(t, jsonscan.Valid(`{"a":"`+strings.Repeat("[", 2000)+`"}`))
+	assert.False(t, jsonscan.Valid(strings.Repeat("[", 600)+strings.Repeat("]", 600)))
 }

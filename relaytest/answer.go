@@ -67,34 +67,32 @@ func errorJSON(message, typ, param, code string) []byte {
 	return b
 }
 
+// statusErrors are the OpenAI-shaped errors of the statuses relaytest
+// knows: message ("{model}" is replaced by the request's model), type, code.
+var statusErrors = map[int][3]string{
+	http.StatusBadRequest:            {"Invalid request: relaytest scripted a 400.", "invalid_request_error", ""},
+	http.StatusUnauthorized:          {"Incorrect API key provided: sk-relay*****test. You can find your API key at https://platform.openai.com/account/api-keys.", "invalid_request_error", "invalid_api_key"},
+	http.StatusForbidden:             {"You are not allowed to sample from this model.", "permission_error", ""},
+	http.StatusNotFound:              {"The model `{model}` does not exist or you do not have access to it.", "invalid_request_error", "model_not_found"},
+	http.StatusRequestTimeout:        {"Request timed out.", "timeout", ""},
+	http.StatusConflict:              {"Another request is in progress; please try again.", "conflict", ""},
+	http.StatusRequestEntityTooLarge: {"Request too large.", "invalid_request_error", "request_too_large"},
+	http.StatusUnprocessableEntity:   {"Unprocessable request.", "invalid_request_error", ""},
+	http.StatusTooManyRequests:       {"Rate limit reached for {model} in organization org-relaytest on requests per min (RPM): Limit 60, Used 60, Requested 1. Please try again in 1s. Visit https://platform.openai.com/account/rate-limits to learn more.", "requests", "rate_limit_exceeded"},
+	http.StatusServiceUnavailable:    {"The engine is currently overloaded, please try again later.", "server_error", ""},
+	http.StatusBadGateway:            {"Bad gateway.", "server_error", ""},
+	http.StatusGatewayTimeout:        {"Bad gateway.", "server_error", ""},
+}
+
 // errorBody is the OpenAI-shaped error that fits status.
 func errorBody(status int, model string, r *http.Request) []byte {
 	if model == "" {
 		model = "gpt-4o"
 	}
+	if e, ok := statusErrors[status]; ok {
+		return errorJSON(strings.ReplaceAll(e[0], "{model}", model), e[1], "", e[2])
+	}
 	switch {
-	case status == http.StatusBadRequest:
-		return errorJSON("Invalid request: relaytest scripted a 400.", "invalid_request_error", "", "")
-	case status == http.StatusUnauthorized:
-		return errorJSON("Incorrect API key provided: sk-relay*****test. You can find your API key at https://platform.openai.com/account/api-keys.", "invalid_request_error", "", "invalid_api_key")
-	case status == http.StatusForbidden:
-		return errorJSON("You are not allowed to sample from this model.", "permission_error", "", "")
-	case status == http.StatusNotFound:
-		return errorJSON("The model `"+model+"` does not exist or you do not have access to it.", "invalid_request_error", "", "model_not_found")
-	case status == http.StatusRequestTimeout:
-		return errorJSON("Request timed out.", "timeout", "", "")
-	case status == http.StatusConflict:
-		return errorJSON("Another request is in progress; please try again.", "conflict", "", "")
-	case status == http.StatusRequestEntityTooLarge:
-		return errorJSON("Request too large.", "invalid_request_error", "", "request_too_large")
-	case status == http.StatusUnprocessableEntity:
-		return errorJSON("Unprocessable request.", "invalid_request_error", "", "")
-	case status == http.StatusTooManyRequests:
-		return errorJSON("Rate limit reached for "+model+" in organization org-relaytest on requests per min (RPM): Limit 60, Used 60, Requested 1. Please try again in 1s. Visit https://platform.openai.com/account/rate-limits to learn more.", "requests", "", "rate_limit_exceeded")
-	case status == http.StatusServiceUnavailable:
-		return errorJSON("The engine is currently overloaded, please try again later.", "server_error", "", "")
-	case status == http.StatusBadGateway || status == http.StatusGatewayTimeout:
-		return errorJSON("Bad gateway.", "server_error", "", "")
 	case status >= 500:
 		return errorJSON("The server had an error while processing your request. Sorry about that!", "server_error", "", "")
 	case status >= 400:
@@ -234,15 +232,19 @@ type chunkChoice struct {
 	FinishReason *string    `json:"finish_reason"`
 }
 
-type chatChunk struct {
+// envelope is a chat chunk or a legacy completion (streamed or not),
+// which differ only by their choices.
+type envelope[C any] struct {
 	ID                string          `json:"id"`
 	Object            string          `json:"object"`
 	Created           int64           `json:"created"`
 	Model             string          `json:"model"`
 	SystemFingerprint string          `json:"system_fingerprint"`
-	Choices           []chunkChoice   `json:"choices"`
+	Choices           []C             `json:"choices"`
 	Usage             json.RawMessage `json:"usage,omitempty"`
 }
+
+type chatChunk = envelope[chunkChoice]
 
 type textChoice struct {
 	Text         string  `json:"text"`
@@ -251,15 +253,7 @@ type textChoice struct {
 	FinishReason *string `json:"finish_reason"`
 }
 
-type textCompletion struct {
-	ID                string          `json:"id"`
-	Object            string          `json:"object"`
-	Created           int64           `json:"created"`
-	Model             string          `json:"model"`
-	SystemFingerprint string          `json:"system_fingerprint"`
-	Choices           []textChoice    `json:"choices"`
-	Usage             json.RawMessage `json:"usage,omitempty"`
-}
+type textCompletion = envelope[textChoice]
 
 type outputText struct {
 	Type        string `json:"type"`

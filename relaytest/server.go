@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/tokenrelay/relay/internal/prompt"
 )
 
 // Defaults of a Server's options.
@@ -28,10 +30,10 @@ const NameHeader = "X-Relaytest-Name"
 
 // Endpoint names, as recorded in Recorded.Endpoint.
 const (
-	epChat        = "chat/completions"
-	epResponses   = "responses"
-	epCompletions = "completions"
-	epEmbeddings  = "embeddings"
+	epChat        = prompt.Chat
+	epResponses   = prompt.Responses
+	epCompletions = prompt.Completions
+	epEmbeddings  = prompt.Embeddings
 	epModels      = "models"
 	epModel       = "models/{id}"
 )
@@ -320,11 +322,7 @@ func endpointOf(method, path string) string {
 	path = strings.TrimSuffix(path, "/")
 	switch method {
 	case http.MethodPost:
-		for _, ep := range []string{epChat, epResponses, epCompletions, epEmbeddings} {
-			if strings.HasSuffix(path, "/"+ep) && (ep != epCompletions || !strings.HasSuffix(path, "/"+epChat)) {
-				return ep
-			}
-		}
+		return prompt.Endpoint(path)
 	case http.MethodGet:
 		if strings.HasSuffix(path, "/models") {
 			return epModels

@@ -96,6 +96,24 @@ func (a *answer) streamError(e *sse) {
 	e.send(a.eventName("error"), errorJSON(streamErrorMessage, "server_error", "", ""))
 }
 
+// contentEvents sends n content events, event(i) for each; with
+// Fault.ErrorEvent the stream ends in an error event after the first (or at
+// once when there is none), and contentEvents reports false.
+func (a *answer) contentEvents(e *sse, n int, event func(i int) []byte) bool {
+	for i := range n {
+		e.content(a.eventName("message"), event(i))
+		if i == 0 && a.f.ErrorEvent {
+			a.streamError(e)
+			return false
+		}
+	}
+	if n == 0 && a.f.ErrorEvent {
+		a.streamError(e)
+		return false
+	}
+	return true
+}
+
 // chatStream answers a chat completion with "stream": true.
 func (a *answer) chatStream(req gjson.Result, id, model string, now int64, u usage, pieces []string) {
 	includeUsage := req.Get("stream_options.include_usage").Bool() && !a.f.NoUsage
@@ -122,23 +140,18 @@ func (a *answer) chatStream(req gjson.Result, id, model string, now int64, u usa
 		parts, finish = toolArgs, "tool_calls"
 	}
 	e.send(a.eventName("message"), chunk([]chunkChoice{{Delta: first}}))
-	for i, p := range parts {
+	ok := a.contentEvents(e, len(parts), func(i int) []byte {
 		var d chunkDelta
 		if a.f.ToolCall {
 			tc := toolCall{Index: ptr(0)}
-			tc.Function.Arguments = p
+			tc.Function.Arguments = parts[i]
 			d.ToolCalls = []toolCall{tc}
 		} else {
-			d.Content = mustJSON(p)
+			d.Content = mustJSON(parts[i])
 		}
-		e.content(a.eventName("message"), chunk([]chunkChoice{{Delta: d}}))
-		if i == 0 && a.f.ErrorEvent {
-			a.streamError(e)
-			return
-		}
-	}
-	if len(parts) == 0 && a.f.ErrorEvent {
-		a.streamError(e)
+		return chunk([]chunkChoice{{Delta: d}})
+	})
+	if !ok {
 		return
 	}
 	e.send(a.eventName("message"), chunk([]chunkChoice{{Delta: chunkDelta{}, FinishReason: &finish}}))
@@ -161,15 +174,7 @@ func (a *answer) textStream(req gjson.Result, id, model string, now int64, u usa
 		return mustJSON(c)
 	}
 	e := a.startStream()
-	for i, p := range pieces {
-		e.content(a.eventName("message"), chunk([]textChoice{{Text: p}}, nil))
-		if i == 0 && a.f.ErrorEvent {
-			a.streamError(e)
-			return
-		}
-	}
-	if len(pieces) == 0 && a.f.ErrorEvent {
-		a.streamError(e)
+	if !a.contentEvents(e, len(pieces), func(i int) []byte { return chunk([]textChoice{{Text: pieces[i]}}, nil) }) {
 		return
 	}
 	finish := "stop"

@@ -8,12 +8,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/tokenrelay/relay/internal/bpe"
-)
-
-const (
-	tokensPerMessage = 3
-	tokensPerName    = 1
-	tokensReply      = 3
+	"github.com/tokenrelay/relay/internal/prompt"
 )
 
 // countTokens returns the exact number of o200k_base tokens of text (the
@@ -23,110 +18,23 @@ func countTokens(text string) int {
 }
 
 // promptTokens counts the prompt of a request body for an endpoint
-// ("chat/completions", "responses", "completions", "embeddings"), following
-// OpenAI's published chat formula: 3 tokens per message, the tokens of every
-// string field of a message (role, content, name, tool_call_id), 1 more per
-// name, 3 for the reply priming. Tool definitions and images are not counted.
+// ("chat/completions", "responses", "completions", "embeddings") with the
+// router's own formula (OpenAI's published chat formula: 3 tokens per
+// message, the tokens of every string field of a message, 1 more per name,
+// 3 for the reply priming, tool definitions by the cookbook's estimate), in
+// o200k_base. Images count nothing.
 func promptTokens(endpoint string, root gjson.Result) int {
-	switch endpoint {
-	case epChat:
-		n := 0
-		root.Get("messages").ForEach(func(_, m gjson.Result) bool {
-			n += messageTokens(m)
-			return true
-		})
-		return n + tokensReply
-	case epResponses:
-		n := 0
-		if ins := root.Get("instructions"); ins.Type == gjson.String {
-			n += tokensPerMessage + countTokens(ins.Str)
-		}
-		in := root.Get("input")
-		switch {
-		case in.Type == gjson.String:
-			n += tokensPerMessage + countTokens(in.Str)
-		case in.IsArray():
-			in.ForEach(func(_, item gjson.Result) bool {
-				n += messageTokens(item)
-				return true
-			})
-		}
-		return n + tokensReply
-	case epCompletions:
-		return inputTokens(root.Get("prompt"))
-	case epEmbeddings:
-		return inputTokens(root.Get("input"))
-	}
-	return 0
+	f := prompt.Fields{Messages: root.Get("messages"), Input: root.Get("input"), Prompt: root.Get("prompt"),
+		Instructions: root.Get("instructions"), Tools: root.Get("tools")}
+	return prompt.Tokens(o200kCounter{}, 0, endpoint, &f)
 }
 
-// messageTokens counts one chat message or Responses input item.
-func messageTokens(m gjson.Result) int {
-	if !m.IsObject() {
-		return 0
-	}
-	n := tokensPerMessage
-	m.ForEach(func(k, v gjson.Result) bool {
-		switch k.Str {
-		case "content":
-			n += contentTokens(v)
-		case "name":
-			if v.Type == gjson.String {
-				n += countTokens(v.Str) + tokensPerName
-			}
-		case "tool_calls":
-			v.ForEach(func(_, call gjson.Result) bool {
-				fn := call.Get("function")
-				n += countTokens(fn.Get("name").Str) + countTokens(fn.Get("arguments").Str)
-				return true
-			})
-		case "type", "id", "status":
-			// Responses item framing, not billed text.
-		default:
-			if v.Type == gjson.String {
-				n += countTokens(v.Str)
-			}
-		}
-		return true
-	})
-	return n
-}
+// o200kCounter counts in o200k_base, without a memo.
+type o200kCounter struct{}
 
-// contentTokens counts a string content or the text of content parts.
-func contentTokens(v gjson.Result) int {
-	if v.Type == gjson.String {
-		return countTokens(v.Str)
-	}
-	n := 0
-	if v.IsArray() {
-		v.ForEach(func(_, part gjson.Result) bool {
-			if t := part.Get("text"); t.Type == gjson.String {
-				n += countTokens(t.Str)
-			}
-			return true
-		})
-	}
-	return n
-}
+func (o200kCounter) Text(s string) int { return countTokens(s) }
 
-// inputTokens counts a completions prompt or an embeddings input: a string,
-// an array of strings, an array of token ids, or an array of such arrays.
-func inputTokens(v gjson.Result) int {
-	switch {
-	case v.Type == gjson.String:
-		return countTokens(v.Str)
-	case v.Type == gjson.Number:
-		return 1
-	case v.IsArray():
-		n := 0
-		v.ForEach(func(_, e gjson.Result) bool {
-			n += inputTokens(e)
-			return true
-		})
-		return n
-	}
-	return 0
-}
+func (o200kCounter) Tools(tools gjson.Result) int { return prompt.ToolsTokens(countTokens, tools) }
 
 // pieceRE splits text into word-sized pieces: a run of letters or digits, or
 // one other character, each with the white space before it.

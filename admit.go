@@ -1,0 +1,200 @@
+package relay
+
+import (
+	"context"
+	"math"
+	"time"
+)
+
+// admission is what the admission step knows of one request.
+type admission struct {
+	tokens  int       // prompt tokens plus max output tokens, for the TPM charge
+	tried   uint64    // forced candidates already tried, by index (bit i%64)
+	exclude *upstream // skipped: a hedge's first upstream, already in flight
+	mayWait bool      // false: take only what is free now (a hedge)
+}
+
+// admissionOf returns the admission of a request classified as c.
+func (r *Router) admissionOf(c *classified) admission {
+	out := r.s.defaultMaxTokens
+	if c.req.MaxTokens > 0 {
+		out = c.req.MaxTokens
+	}
+	return admission{tokens: c.req.PromptTokens + out, mayWait: true}
+}
+
+// scanResult is what one pass over the candidates found.
+type scanResult struct {
+	pick     int // admitted now; -1 if none
+	tk       ticket
+	best     int // the candidate whose limits clear soonest; -1 if none
+	bestD    time.Duration
+	slotWait int // the first candidate waiting only for an in-flight slot
+	overCap  int // the first candidate at its bounded-load cap
+	open     int // candidates skipped for an open circuit
+}
+
+// acquire is the admission step: it picks the candidate of the next
+// attempt, walking cands from start: the first whose breaker admits it and
+// whose limits can take the request now. When none can, it waits for the
+// one that can soonest, at most Limits.MaxWait (none when !a.mayWait) and
+// never past the context's deadline. It returns the candidate's index and
+// the breaker's ticket; the candidate's tokens, its in-flight count and
+// slot are taken, to be given back by attempt.release.
+func (r *Router) acquire(ctx context.Context, cands []candidate, start int, a admission) (int, ticket, error) {
+	now := r.s.clock.Now()
+	sc := r.scan(cands, start, a, now)
+	if sc.pick >= 0 {
+		return sc.pick, sc.tk, nil
+	}
+	if sc.overCap >= 0 && sc.best < 0 && sc.slotWait < 0 {
+		// Every candidate that could take the request now is at its
+		// bounded-load cap: the first in hash order takes it, as a
+		// consistent-hashing ring would.
+		c := &cands[sc.overCap]
+		if r.claim(cands, c, false) == claimed {
+			if tk, ok := c.up.br.allow(now, c.forced); ok {
+				c.up.lim.take(now, c.up.lim.charge(a.tokens))
+				return sc.overCap, tk, nil
+			}
+			c.up.unclaim()
+		}
+	}
+	maxWait := r.s.maxWait
+	if !a.mayWait {
+		maxWait = 0
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		maxWait = min(maxWait, dl.Sub(now))
+	}
+	switch {
+	case sc.best >= 0 && sc.bestD <= maxWait:
+		return r.await(ctx, cands, sc.best, sc.bestD, a, maxWait)
+	case sc.slotWait >= 0 && maxWait > 0:
+		return r.await(ctx, cands, sc.slotWait, -1, a, maxWait)
+	case sc.best < 0 && sc.slotWait < 0 && sc.open > 0:
+		return -1, ticket{}, ErrCircuitOpen
+	}
+	return -1, ticket{}, ErrRateLimited
+}
+
+// scan walks the candidates once and admits the first that can go now.
+func (r *Router) scan(cands []candidate, start int, a admission, now time.Time) scanResult {
+	sc := scanResult{pick: -1, best: -1, bestD: time.Duration(math.MaxInt64), slotWait: -1, overCap: -1}
+	n := len(cands)
+	for k := range n {
+		i := (start + k) % n
+		c := &cands[i]
+		if (c.forced && a.tried&(1<<(i%64)) != 0) || c.up == a.exclude {
+			continue
+		}
+		if !c.forced {
+			if _, isOpen := c.up.br.openUntil(now); isOpen {
+				sc.open++
+				continue
+			}
+		}
+		lim := &c.up.lim
+		tpm := lim.charge(a.tokens)
+		if d := lim.delay(now, tpm); d > 0 {
+			if d < sc.bestD {
+				sc.best, sc.bestD = i, d
+			}
+			continue
+		}
+		switch r.claim(cands, c, true) {
+		case claimNoSlot:
+			if sc.slotWait < 0 {
+				sc.slotWait = i
+			}
+			continue
+		case claimOverCap:
+			if sc.overCap < 0 {
+				sc.overCap = i
+			}
+			continue
+		}
+		tk, ok := c.up.br.allow(now, c.forced)
+		if !ok {
+			c.up.unclaim()
+			sc.open++
+			continue
+		}
+		lim.take(now, tpm)
+		sc.pick, sc.tk = i, tk
+		return sc
+	}
+	return sc
+}
+
+// await waits for cands[pick]: for its buckets to clear (delay >= 0, the
+// tokens reserved now, so that requests arriving during the wait queue
+// behind this one) and then for an in-flight slot, within maxWait in all.
+// Every failure gives the tokens back.
+func (r *Router) await(ctx context.Context, cands []candidate, pick int, delay time.Duration, a admission, maxWait time.Duration) (int, ticket, error) {
+	clock := r.s.clock
+	c := &cands[pick]
+	lim := &c.up.lim
+	tpm := lim.charge(a.tokens)
+	var rv reservation
+	if delay >= 0 {
+		rv = lim.reserve(clock.Now(), tpm, delay)
+	}
+	if err := sleep(ctx, clock, rv.wait); err != nil {
+		rv.cancel(clock.Now())
+		return -1, ticket{}, err
+	}
+	// A request that waited for this upstream takes it now, even past a
+	// bounded-load cap: the wait already queued it there.
+	if r.claim(cands, c, false) != claimed {
+		if err := lim.waitSlot(ctx, clock, maxWait-rv.wait); err != nil {
+			rv.cancel(clock.Now())
+			return -1, ticket{}, err
+		}
+		c.up.inflight.Add(1)
+	}
+	now := clock.Now()
+	tk, ok := c.up.br.allow(now, c.forced)
+	if !ok { // its circuit opened while we waited
+		c.up.unclaim()
+		rv.cancel(now)
+		return -1, ticket{}, ErrCircuitOpen
+	}
+	if delay < 0 {
+		lim.take(now, tpm)
+	}
+	return pick, tk, nil
+}
+
+// Outcomes of claim.
+const (
+	claimed = iota
+	claimNoSlot
+	claimOverCap
+)
+
+// claim takes an in-flight count and slot on c's upstream. Under bounded
+// loads with capped set, it refuses when the upstream is at its cap; the
+// check and the count are one compare-and-swap, so concurrent requests
+// cannot all slip under the cap.
+func (r *Router) claim(cands []candidate, c *candidate, capped bool) int {
+	u := c.up
+	if !u.lim.trySlot() {
+		return claimNoSlot
+	}
+	if capped && r.s.strategy == StrategyBoundedLoad && !c.forced {
+		limit := r.boundedCap(cands, c.model)
+		for {
+			cur := u.inflight.Load()
+			if cur >= limit {
+				u.lim.release()
+				return claimOverCap
+			}
+			if u.inflight.CompareAndSwap(cur, cur+1) {
+				return claimed
+			}
+		}
+	}
+	u.inflight.Add(1)
+	return claimed
+}

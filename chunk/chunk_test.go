@@ -1,0 +1,292 @@
+package chunk
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/tokenrelay/relay/internal/tokens"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func ExampleSplit() {
+	text := "Relay routes each request. It counts tokens first! Then it picks an upstream? " +
+		"Yes.\nShort lines end segments too.\n東京は晴れです。大阪は雨です。"
+	for _, seg := range Split(text, 8, "gpt-4o") {
+		fmt.Printf("%q\n", seg)
+	}
+	// Output:
+	// "Relay routes each request. It counts tokens first!"
+	// " Then it picks an upstream? Yes.\n"
+	// "Short lines end segments too.\n東京は晴れです。"
+	// "大阪は雨です。"
+}
+
+// corpus holds texts of every shape the splitter must handle.
+func corpus() map[string]string {
+	prose := strings.Repeat("The quick brown fox jumps over the lazy dog. Did it? It did! "+
+		"\"Quoted sentences end here.\" (So do bracketed ones.) Decimal 3.14 and example.com do not.\n\n", 40)
+	code := strings.Repeat(`func add(a, b int) int {
+	// adds two numbers; see issue 1234.
+	return a + b
+}
+
+type T struct{ x, y float64 }
+`, 40)
+	cjk := strings.Repeat("今天天气很好。我们去公园散步吧！你觉得怎么样？東京は晴れです。大阪は雨でした。", 30)
+	cjkNoPunct := strings.Repeat("这是一个没有任何标点符号的很长很长的句子", 60)
+	arabic := strings.Repeat("مرحبا بك في الموجه. كيف حالك اليوم؟ نحن نعد الرموز بدقة۔ ", 40)
+	emoji := strings.Repeat("Family: 👨‍👩‍👧‍👦! Flags 🇫🇷🇩🇪. Skin 👍🏽? Keycap 1️⃣. ", 40)
+	mixed := strings.Repeat("Überprüfen Sie die Konfiguration: naïve café résumé, 東京 の 天気 は 晴れ です。 Revenue grew 17.5% to 4,321,000 USD. ", 30)
+	return map[string]string{
+		"prose":        prose,
+		"code":         code,
+		"cjk":          cjk,
+		"cjk-no-punct": cjkNoPunct,
+		"arabic":       arabic,
+		"emoji":        emoji,
+		"mixed":        mixed,
+		"long-word":    strings.Repeat("supercalifragilistic", 500),
+		"one-letter":   strings.Repeat("a", 100<<10),
+		"newlines":     strings.Repeat("\n", 5000),
+		"crlf-lines":   strings.Repeat("line\r\n", 300),
+		"bangs":        strings.Repeat("!", 3000),
+		"spaces":       strings.Repeat(" ", 3000) + "x",
+		"one-char":     "x",
+		"one-rune":     "界",
+		"short":        "Hello there.",
+		"no-end":       strings.Repeat("word ", 400),
+		"digits":       strings.Repeat("1234567890", 300),
+		"base64":       strings.Repeat("QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0123+/", 100),
+		"invalid-utf8": strings.Repeat("ok. \xff\xfe bad\xe4\xbd bytes! \x80", 50),
+	}
+}
+
+// sentenceEnds lists every sentence end of text the way units finds
+// them, in order, ending with the end of the text.
+func sentenceEnds(text string) []int {
+	var ends []int
+	for p := 0; p < len(text); {
+		if q, ok := sentenceEndAt(text, p); ok {
+			ends = append(ends, q)
+			p = q
+			continue
+		}
+		_, n := utf8.DecodeRuneInString(text[p:])
+		p += n
+	}
+	if len(ends) == 0 || ends[len(ends)-1] != len(text) {
+		ends = append(ends, len(text))
+	}
+	return ends
+}
+
+// checkSplit asserts every documented property of Split(text, size, model)
+// and returns the segments.
+func checkSplit(t *testing.T, text string, size int, model string) []string {
+	t.Helper()
+	segs := Split(text, size, model)
+	require.Equal(t, text, strings.Join(segs, ""), "reconstruction")
+	if text == "" {
+		require.Nil(t, segs)
+		return segs
+	}
+	if size <= 0 {
+		size = DefaultSize
+	}
+	bound := boundFactor * size
+	enc := tokens.ForModel(model)
+	ends := sentenceEnds(text)
+	valid := utf8.ValidString(text)
+	off := 0
+	for i, seg := range segs {
+		require.NotEmpty(t, seg, "segment %d is empty", i)
+		start := off
+		off += len(seg)
+		if valid {
+			require.True(t, utf8.ValidString(seg), "segment %d splits a rune: %q", i, seg)
+		}
+		if i == len(segs)-1 {
+			break
+		}
+		n := enc.Count(seg)
+		require.GreaterOrEqual(t, n, size, "segment %d (%q) is short", i, seg)
+		k, isEnd := slices.BinarySearch(ends, off)
+		if isEnd {
+			require.LessOrEqual(t, n, bound, "segment %d ends at a sentence end beyond the bound", i)
+			continue
+		}
+		// A hard cut: the first sentence end at which the segment would
+		// have had size tokens must lie beyond the bound. (Ends more than
+		// 32 bytes per token away are beyond it in any text but runs of
+		// spaces; they are not counted, to keep the test fast.)
+		for _, e := range ends[k:] {
+			if e-start > 32*(bound+16) {
+				break
+			}
+			if m := enc.Count(text[start:e]); m >= size {
+				require.Greater(t, m, bound, "segment %d (%q) was cut hard at %d although the sentence end at %d has %d tokens",
+					i, seg, off, e, m)
+				break
+			}
+		}
+	}
+	return segs
+}
+
+func TestSplitCorpus(t *testing.T) {
+	for name, text := range corpus() {
+		for _, size := range []int{0, 1, 5, 16, 64, 300} {
+			for _, model := range []string{"gpt-4o", "gpt-4"} {
+				t.Run(fmt.Sprintf("%s/%d/%s", name, size, model), func(t *testing.T) {
+					segs := checkSplit(t, text, size, model)
+					if tokens.ForModel(model).Count(text) < max(size, 1) {
+						assert.Len(t, segs, 1)
+					}
+				})
+			}
+		}
+	}
+}
+
+func TestSplitEdges(t *testing.T) {
+	assert.Nil(t, Split("", 16, "gpt-4o"))
+	assert.Equal(t, []string{"x"}, Split("x", 16, "gpt-4o"))
+	assert.Equal(t, []string{"Short. Two sentences."}, Split("Short. Two sentences.", 16, "gpt-4o"))
+	assert.Equal(t, []string{"\n\n\n"}, Split("\n\n\n", 16, "gpt-4o"))
+	// Size 1: every sentence end is taken.
+	assert.Equal(t, []string{"A.", " B?", " C!\n", "D"}, Split("A. B? C!\nD", 1, "gpt-4o"))
+	// Closers stay with their sentence; decimals and hosts are not ends.
+	assert.Equal(t, []string{`He said "stop."`, ` Pi is 3.14 at example.com (roughly.)`, " End"},
+		Split(`He said "stop." Pi is 3.14 at example.com (roughly.) End`, 4, "gpt-4o"))
+	// Newlines after a terminator belong to its sentence end.
+	assert.Equal(t, []string{"Done.\n\n", "Next one."}, Split("Done.\n\nNext one.", 1, "gpt-4o"))
+	// CJK full stops end sentences without a following space.
+	assert.Equal(t, []string{"你好。", "再见！", "好吗？"}, Split("你好。再见！好吗？", 1, "gpt-4o"))
+}
+
+func TestSplitHardCut(t *testing.T) {
+	// One long sentence: hard cuts after about size tokens, at word
+	// boundaries, then the tail ends at the full stop.
+	text := strings.Repeat("word ", 200) + "end."
+	segs := checkSplit(t, text, 16, "gpt-4o")
+	require.Greater(t, len(segs), 5)
+	for _, seg := range segs[:len(segs)-1] {
+		n := tokens.O200K.Count(seg)
+		assert.GreaterOrEqual(t, n, 16)
+		assert.LessOrEqual(t, n, 24, "%q", seg)
+		assert.True(t, strings.HasSuffix(seg, "word"), "%q", seg) // cut before the space
+	}
+	// No boundary at all: the cut is where the prefix count steps past size.
+	text = strings.Repeat("a", 100<<10)
+	segs = checkSplit(t, text, 16, "gpt-4o")
+	for _, seg := range segs[:len(segs)-1] {
+		assert.Equal(t, 16, tokens.O200K.Count(seg))
+	}
+	// A sentence end within the bound wins over a hard cut.
+	text = strings.Repeat("word ", 40) + "end. " + strings.Repeat("more ", 10)
+	segs = checkSplit(t, text, 16, "gpt-4o")
+	assert.True(t, strings.HasSuffix(segs[0], "end."), "%q", segs[0])
+}
+
+// TestSplitOffsets checks that segments tile the text: offsets strictly
+// increase and no segment repeats a position.
+func TestSplitOffsets(t *testing.T) {
+	text := corpus()["prose"]
+	segs := Split(text, 16, "gpt-4o")
+	off := 0
+	for _, seg := range segs {
+		require.Equal(t, text[off:off+len(seg)], seg)
+		next := off + len(seg)
+		require.Greater(t, next, off)
+		off = next
+	}
+	require.Equal(t, len(text), off)
+}
+
+// TestSafeCutsAreAdditive checks the pre-token boundary rule the sharder
+// and the prefix blocks rest on: cutting at every boundary it accepts keeps
+// the token count exact, in both encodings.
+func TestSafeCutsAreAdditive(t *testing.T) {
+	for name, text := range corpus() {
+		if len(text) > 20000 {
+			text = text[:20000]
+		}
+		for _, enc := range []tokens.Encoding{tokens.O200K, tokens.CL100K} {
+			sum, n := safePieceSum(enc, text)
+			assert.Equal(t, enc.Count(text), sum, "%s %s (%d cuts)", name, enc, n)
+		}
+	}
+}
+
+func safePieceSum(enc tokens.Encoding, text string) (sum, cuts int) {
+	last := 0
+	for p := 1; p < len(text); p++ {
+		if utf8.RuneStart(text[p]) && tokens.SafeAt(text, p) {
+			sum += enc.Count(text[last:p])
+			last = p
+			cuts++
+		}
+	}
+	return sum + enc.Count(text[last:]), cuts
+}
+
+func FuzzSplit(f *testing.F) {
+	for _, text := range corpus() {
+		if len(text) > 600 {
+			text = text[:600]
+		}
+		f.Add(text, 4)
+	}
+	f.Add("A. B? C!\nD", 1)
+	f.Add("你好。再见！好吗？", 2)
+	f.Add("x\r\n\r\n  /y's 'll\u0301. \u00a0\u3000z", 3)
+	f.Fuzz(func(t *testing.T, text string, size int) {
+		if len(text) > 4096 {
+			return
+		}
+		size = size%64 - 8 // include size <= 0
+		segs := Split(text, size, "gpt-4o")
+		require.Equal(t, text, strings.Join(segs, ""))
+		if text == "" {
+			require.Empty(t, segs)
+		}
+		valid := utf8.ValidString(text)
+		for _, seg := range segs {
+			require.NotEmpty(t, seg)
+			if valid {
+				require.True(t, utf8.ValidString(seg), "%q", seg)
+			}
+		}
+		if size <= 0 {
+			size = DefaultSize
+		}
+		for _, seg := range segs[:max(len(segs)-1, 0)] {
+			require.GreaterOrEqual(t, tokens.O200K.Count(seg), size, "%q", seg)
+		}
+		// The boundary rule keeps counts exact.
+		for _, enc := range []tokens.Encoding{tokens.O200K, tokens.CL100K} {
+			sum, _ := safePieceSum(enc, text)
+			require.Equal(t, enc.Count(text), sum)
+		}
+	})
+}
+
+// BenchmarkSplit measures splitting a 16 KB prose-and-code prompt into
+// 16-token segments.
+func BenchmarkSplit(b *testing.B) {
+	text := strings.Repeat(corpus()["prose"], 4)[:16<<10]
+	tokens.O200K.Count("load the encoding")
+	b.ReportAllocs()
+	b.SetBytes(int64(len(text)))
+	for b.Loop() {
+		Split(text, 16, "gpt-4o")
+	}
+}

@@ -1,0 +1,646 @@
+package relay
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Config configures a Router. New copies it and checks every field;
+// changing it afterwards has no effect.
+//
+// Every field but Upstreams has a usable zero value: zero means the default
+// its doc names. A negative number or duration turns a setting off where its
+// doc says "negative: off", and New refuses it everywhere else.
+type Config struct {
+	// Upstreams are the OpenAI-compatible endpoints requests are sent to. At
+	// least one is required. Order matters for requests that are not routed
+	// by model (e.g. GET /models goes to the first healthy one) and under
+	// StrategyPriority.
+	Upstreams []Upstream
+
+	// Policy decides each request's Route. If nil, the requested model is
+	// kept and there are no fallbacks.
+	Policy Policy
+
+	// Prices maps model names to list prices. If nil, DefaultPrices() is
+	// used. Names resolve with provider prefixes and date suffixes removed
+	// (see LoadPrices).
+	Prices map[string]Price
+
+	// Base sends the requests. If nil, http.DefaultTransport is used.
+	Base http.RoundTripper
+
+	// OnReport is called exactly once per RoundTrip, when the response body
+	// reaches EOF or is closed, or when no response came. It is called
+	// synchronously on the goroutine that finished the request, with no lock
+	// held, and must not block.
+	OnReport func(Report)
+
+	// MaxBodyBytes bounds the request body the router reads. If 0, 32 MiB.
+	// A larger body fails with ErrBodyTooLarge and no upstream is called.
+	MaxBodyBytes int64
+
+	// Buckets sets the prompt-size thresholds of the bucket labels.
+	Buckets Buckets
+
+	// MemoEntries bounds the token-count memo (counts of message contents,
+	// so a conversation that resends its history pays only for new
+	// messages). If 0, 8192 entries; negative: off.
+	MemoEntries int
+
+	// ImageTokens is the prompt-token estimate for one image content part.
+	// If 0, 85 (OpenAI's fixed cost of a low-detail image); the true cost of
+	// a high-detail image depends on its size, which the router does not
+	// fetch.
+	ImageTokens int
+
+	// Strategy orders the upstreams serving a model. The zero value is
+	// StrategyAffinity.
+	Strategy Strategy
+	// Jitter is the fraction of requests StrategyAffinity sends to an
+	// upstream other than the key's home, at random, to break bursts. If 0,
+	// 0.125; negative: off; at most 1.
+	Jitter float64
+	// PromptCacheKey sets "prompt_cache_key" (the OpenAI field that steers
+	// provider cache routing) from the request's affinity key when the
+	// caller sent none, so requests sharing a prompt prefix share a key.
+	PromptCacheKey bool
+	// LoadFactor is the c of StrategyBoundedLoad: no upstream takes more
+	// than ⌈c·average⌉ in-flight requests. If 0, 1.25; at least 1.
+	LoadFactor float64
+
+	// Retry configures retries and fallbacks.
+	Retry RetryConfig
+
+	// Hedge configures hedging; off by default.
+	Hedge HedgeConfig
+
+	// Breaker configures the circuit breaker of each upstream.
+	Breaker BreakerConfig
+
+	// Limits configures backpressure waits; per-upstream rates are in
+	// Upstream.
+	Limits LimitConfig
+
+	// Stream configures the handling of server-sent-event answers.
+	Stream StreamConfig
+
+	// Clock is the router's source of time. If nil, the real clock. Tests
+	// inject a fake one.
+	Clock Clock
+}
+
+// Format prints the Config with every API key redacted, for every verb.
+func (c Config) Format(f fmt.State, verb rune) {
+	type plain Config // no methods: prints fields; Upstream values redact themselves
+	fmt.Fprintf(f, fmt.FormatString(f, verb), plain(c))
+}
+
+// Buckets are the prompt-token thresholds of the bucket labels: short below
+// Mid, mid below Long, long from Long on.
+type Buckets struct {
+	Mid  int // first token count labelled "mid"; 0: 200
+	Long int // first token count labelled "long"; 0: 900
+}
+
+// Bucket returns "short", "mid" or "long" for a prompt of n tokens.
+func (b Buckets) Bucket(n int) string {
+	switch {
+	case n >= b.Long:
+		return BucketLong
+	case n >= b.Mid:
+		return BucketMid
+	default:
+		return BucketShort
+	}
+}
+
+// Bucket labels.
+const (
+	BucketShort = "short"
+	BucketMid   = "mid"
+	BucketLong  = "long"
+)
+
+// Upstream is one OpenAI-compatible endpoint (a provider, region or relay).
+type Upstream struct {
+	// Name identifies the upstream in reports, headers and stats; unique.
+	Name string
+	// BaseURL is the API root, e.g. "https://api.example.com/v1"; the
+	// endpoint ("/chat/completions") is appended. A query string in it
+	// (e.g. api-version) comes before the caller's.
+	BaseURL string
+	// APIKey, when set, replaces the caller's Authorization header with
+	// "Bearer APIKey". When empty, the caller's Authorization is forwarded
+	// unchanged. It never appears in errors, reports or printed values.
+	APIKey string
+	// Models the upstream serves. If empty, every model.
+	Models []string
+	// RPM and TPM cap requests and tokens per minute; 0 is no limit.
+	RPM, TPM int
+	// MaxInFlight caps concurrent requests to the upstream; 0 is no cap.
+	MaxInFlight int
+	// Weight is the share of traffic under StrategyWeighted; 0 is 1.
+	Weight float64
+	// Header holds extra headers set on every request to this upstream.
+	// Their values are redacted when the Upstream is printed.
+	Header http.Header
+	// BodyTags are top-level JSON fields set on every JSON request body
+	// sent to this upstream, e.g. {"x_route_region": "eu-west"}. The fields
+	// the router sets itself (model, stream_options, prompt_cache_key) are
+	// refused.
+	BodyTags map[string]any
+	// PriceFactor scales list prices for this upstream (0.147 for an 85.3%
+	// discount). If 0, 1.
+	PriceFactor float64
+	// KeyPrefixes, when set, are checked by New: APIKey must be set and
+	// start with one of them (e.g. "hs_live_", "hs_test_").
+	KeyPrefixes []string
+}
+
+// Format prints the Upstream with its API key, header values and any
+// password in BaseURL redacted, for every verb (keys often travel in
+// headers such as Api-Key).
+func (u Upstream) Format(f fmt.State, verb rune) {
+	type plain Upstream
+	if u.APIKey != "" {
+		u.APIKey = "[redacted]"
+	}
+	if len(u.Header) > 0 {
+		h := make(http.Header, len(u.Header))
+		for k := range u.Header {
+			h[k] = []string{"[redacted]"}
+		}
+		u.Header = h
+	}
+	if p, err := url.Parse(u.BaseURL); err == nil && p.User != nil {
+		u.BaseURL = p.Redacted()
+	}
+	fmt.Fprintf(f, fmt.FormatString(f, verb), plain(u))
+}
+
+// RetryConfig configures retries and fallbacks. Each retry goes to the next
+// candidate: another upstream serving the model, then the route's fallback
+// models in order.
+type RetryConfig struct {
+	// MaxAttempts is the number of upstream calls in all, the first one
+	// included. If 0, 3; 1 disables retries.
+	MaxAttempts int
+	// InitialInterval is the first backoff wait. If 0, 100 ms.
+	InitialInterval time.Duration
+	// MaxInterval caps a backoff wait. If 0, 1.2 s.
+	MaxInterval time.Duration
+	// Multiplier grows the wait after each retry. If 0, 2.
+	Multiplier float64
+	// RandomizationFactor spreads each wait over [w·(1−f), w·(1+f)]. If 0,
+	// 0.5; negative: off; below 1.
+	RandomizationFactor float64
+	// MaxRetryAfter caps the wait a server may ask for with retry-after-ms
+	// or Retry-After. A hint sets the wait when the retry goes back to the
+	// upstream that sent it, and a response asking for longer than the cap
+	// is then returned to the caller at once instead of waited for. When the
+	// next candidate is another upstream, the backoff applies (the limiter
+	// holds the hinting upstream). If 0, 8 s.
+	MaxRetryAfter time.Duration
+	// AttemptTimeout bounds each attempt's time to response headers. If 0,
+	// no bound but the request's context.
+	AttemptTimeout time.Duration
+	// ShouldRetry decides whether an outcome may succeed elsewhere. If nil,
+	// DefaultShouldRetry. It is never asked when the request's context
+	// ended.
+	ShouldRetry func(resp *http.Response, err error) bool
+	// Backoff returns the wait before retry n of a request (1 for the
+	// first retry); a negative wait stops retrying. Server hints win over
+	// it. If nil, exponential backoff with the intervals above
+	// (github.com/cenkalti/backoff's ExponentialBackOff, one per request).
+	// It is called concurrently.
+	Backoff func(n int) time.Duration
+}
+
+// HedgeConfig configures hedging: a request with no response headers after
+// the hedge delay gets a second attempt on the next candidate; the first
+// response wins and the other attempt is cancelled and its body closed.
+// Hedging is off unless Delay is set. A stream is never hedged once a byte
+// reached the caller (hedging acts before response headers).
+//
+// Each hedge runs the two attempts on goroutines; a losing attempt that is
+// still in flight is cancelled, and its goroutine ends as soon as the
+// cancelled call returns.
+type HedgeConfig struct {
+	// Delay is the fixed hedge delay, and the floor of the P95 delay.
+	Delay time.Duration
+	// P95 uses the first upstream's observed p95 time to headers as the
+	// delay once 20 samples are in; Delay (required with P95) is the delay
+	// before that, and the floor after.
+	P95 bool
+	// Budget caps hedges to a fraction of requests, so an outage does not
+	// double the load: each request adds Budget to a balance (capped at 10
+	// hedges) and each hedge spends 1. If 0, 0.05; at most 1.
+	Budget float64
+}
+
+// BreakerConfig configures the circuit breaker of every upstream.
+//
+// A breaker is closed (traffic flows), open (the upstream is dropped from
+// the candidate order) or half-open (one real request probes it). It opens
+// after more than Failures consecutive failures, or when the p99 latency of
+// the upstream's last 200 requests passes P99. After Cooldown (stretched by a
+// Retry-After the upstream sent) it is half-open: the next request that
+// would use it is the probe. Success closes it; failure opens it again with
+// the cooldown doubled, up to MaxCooldown.
+//
+// Failures are 5xx, 429 and connection errors (per-attempt timeouts
+// included). Other 4xx, caused by the request, and cancelled requests count
+// neither way. There is no background goroutine: every transition is
+// computed from timestamps of Config.Clock when the breaker is consulted.
+type BreakerConfig struct {
+	// Failures is the number of consecutive failures the breaker tolerates;
+	// one more opens it. If 0, 5; negative: off.
+	Failures int
+	// P99 opens the breaker when the p99 latency (to response headers) of
+	// the last 200 requests exceeds it, once MinSamples are in. If 0,
+	// 1.5 s; negative: off.
+	P99 time.Duration
+	// MinSamples is the number of latencies needed before P99 can trip. If
+	// 0, 20.
+	MinSamples int
+	// Cooldown is the first open period. If 0, 30 s.
+	Cooldown time.Duration
+	// MaxCooldown caps the doubled cooldown. If 0, 5 min.
+	MaxCooldown time.Duration
+	// BusyP99 is the recent p99 latency over which an upstream counts as
+	// busy for Load.Busy. If 0, 1 s.
+	BusyP99 time.Duration
+	// ProbePath, when set, turns on the active health probe: an open
+	// upstream whose cooldown ended is not handed a user request as its
+	// probe; it waits until Router.Probe (called from the user's own ticker)
+	// gets a 2xx for GET BaseURL+ProbePath (e.g. "/models").
+	ProbePath string
+	// OnChange is called on every state change, synchronously, with no lock
+	// held. It must not block.
+	OnChange func(BreakerEvent)
+}
+
+// LimitConfig configures backpressure. Per-upstream rates and caps are in
+// Upstream (RPM, TPM, MaxInFlight).
+//
+// Each upstream's RPM and TPM are token buckets (golang.org/x/time/rate)
+// that refill continuously and hold at most one minute's quota. A request
+// takes one request token and a TPM charge of its prompt tokens plus its max
+// output tokens (DefaultMaxTokens when it sets none), clamped to the bucket
+// size. The router tries candidates in order and takes the first that can
+// serve the request now; when none can, it waits for the one that can serve
+// soonest, at most MaxWait and never past the request's context; when that
+// is too long for all of them, RoundTrip fails with ErrRateLimited and no
+// upstream is called.
+//
+// The upstream's own word counts too: x-ratelimit-remaining-requests or
+// -tokens of 0 hold the upstream until x-ratelimit-reset-requests or
+// -tokens (Go durations such as "6m0s", "120ms"; at most an hour); a 429
+// holds it for its Retry-After (1 s when it gives none, a minute at most). A
+// hold affects that upstream only, never the whole model.
+type LimitConfig struct {
+	// MaxWait bounds the wait for an upstream's rate-limit tokens or
+	// in-flight slot. If 0, 2 s; negative: off (never wait).
+	MaxWait time.Duration
+	// DefaultMaxTokens is the output-token estimate in a request's TPM
+	// charge when it sets no max tokens. If 0, 1024; negative: off (the
+	// charge is the prompt alone).
+	DefaultMaxTokens int
+}
+
+// StreamConfig configures the handling of server-sent-event answers
+// (2xx responses with Content-Type text/event-stream).
+//
+// The bytes of a stream reach the caller as they arrive, unchanged. The
+// reader gets an error wrapping io.ErrUnexpectedEOF when the stream is cut
+// (see the README's Streaming section for how an end is told from a cut),
+// and one wrapping ErrStreamStalled when it went idle. One Report is made
+// per stream, when the reader hits EOF or an error, or closes the body; its
+// TTFT runs from RoundTrip's start to the first chunk carrying content
+// (text, refusal or a tool-call delta), and is 0 when no such chunk came.
+type StreamConfig struct {
+	// IdleTimeout closes a stream that sent no byte for this long while the
+	// caller was waiting in Read; the reader then gets ErrStreamStalled. If
+	// 0, 25 s; negative: off.
+	IdleTimeout time.Duration
+	// FirstTokenTimeout, when set, holds a stream's response until its first
+	// content chunk; if none comes within this time of the response headers
+	// the router cancels that upstream and tries the next candidate (as a
+	// retry, under RetryConfig), while nothing has reached the caller. A
+	// stream that ends or fails before its first content chunk is handed to
+	// the caller as it is. Once a byte reached the caller, a stream is never
+	// retried. If 0, off.
+	FirstTokenTimeout time.Duration
+	// KeepUsageOption turns off the injection of
+	// stream_options.include_usage. By default, when a chat or completions
+	// stream does not ask for usage, the router asks for it and removes that
+	// extra usage chunk (and its event line, if any) from what the caller
+	// reads. With injection off, such a stream's usage is estimated locally
+	// (Usage.Estimated).
+	KeepUsageOption bool
+}
+
+// settings is a Config with every default filled in and every field
+// checked: the only form of the configuration the Router reads.
+type settings struct {
+	base             http.RoundTripper
+	clock            Clock
+	policy           Policy
+	prices           map[string]Price
+	onReport         func(Report)
+	maxBody          int64
+	buckets          Buckets
+	memoEntries      int // 0: no memo
+	imageTokens      int
+	strategy         Strategy
+	jitter           float64
+	cacheKey         bool
+	loadFactor       float64
+	retry            retrySettings
+	hedge            hedgeSettings
+	breaker          breakerSettings
+	busyP99          time.Duration
+	maxWait          time.Duration
+	defaultMaxTokens int
+	stream           streamSettings
+	upstreams        []upstreamSettings
+}
+
+type retrySettings struct {
+	maxAttempts    int
+	initial, max   time.Duration
+	multiplier     float64
+	randomization  float64
+	maxRetryAfter  time.Duration
+	attemptTimeout time.Duration
+	shouldRetry    func(*http.Response, error) bool
+	backoff        func(int) time.Duration // nil: exponential
+}
+
+type hedgeSettings struct {
+	on      bool
+	delay   time.Duration
+	p95     bool
+	deposit int64 // thousandths of a hedge each request adds to the balance
+}
+
+type breakerSettings struct {
+	failures    int           // 0: failure counting off
+	p99         time.Duration // 0: latency trip off
+	minSamples  int
+	cooldown    time.Duration
+	maxCooldown time.Duration
+	probePath   string // "": user requests probe
+	onChange    func(BreakerEvent)
+}
+
+type streamSettings struct {
+	idle        time.Duration // 0: off
+	firstToken  time.Duration // 0: off
+	injectUsage bool
+}
+
+// upstreamSettings is an Upstream checked, with its key sealed in a
+// closure so that no printing of router state can reach it.
+type upstreamSettings struct {
+	cfg    Upstream // APIKey cleared; slices and maps are the router's own
+	base   *url.URL
+	auth   func() string   // "Bearer <key>"; nil keeps the caller's Authorization
+	models map[string]bool // nil: every model
+	tags   []bodyTag
+	factor float64 // price factor, 1 for list price
+	weight float64
+}
+
+// bodyTag is a top-level JSON field set on every request body to an upstream.
+type bodyTag struct {
+	key string // the field's name
+	raw []byte // its JSON value
+}
+
+// resolve fills in every default of c and checks every field, reporting
+// all problems at once. No message contains an API key.
+func resolve(c Config) (settings, error) {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("relay: "+format, args...)) }
+	s := settings{
+		base: c.Base, clock: c.Clock, policy: c.Policy, onReport: c.OnReport,
+		maxBody: orDefault(c.MaxBodyBytes, 32<<20), buckets: c.Buckets,
+		memoEntries: offOr(c.MemoEntries, 8192), imageTokens: orDefault(c.ImageTokens, 85),
+		strategy: c.Strategy, jitter: offOr(c.Jitter, 0.125), cacheKey: c.PromptCacheKey,
+		loadFactor: orDefault(c.LoadFactor, 1.25), busyP99: orDefault(c.Breaker.BusyP99, time.Second),
+		maxWait: offOr(c.Limits.MaxWait, 2*time.Second), defaultMaxTokens: offOr(c.Limits.DefaultMaxTokens, 1024),
+	}
+	if s.base == nil {
+		s.base = http.DefaultTransport
+	}
+	if s.clock == nil {
+		s.clock = realClock{}
+	}
+	s.prices = maps.Clone(c.Prices) // the caller may keep changing theirs
+	if s.prices == nil {
+		s.prices = DefaultPrices()
+	}
+	s.buckets.Mid, s.buckets.Long = orDefault(c.Buckets.Mid, 200), orDefault(c.Buckets.Long, 900)
+	switch {
+	case s.buckets.Mid < 0 || s.buckets.Long < 0:
+		bad("Buckets must not be negative")
+	case s.buckets.Long < s.buckets.Mid:
+		bad("Buckets.Long (%d) is below Buckets.Mid (%d)", s.buckets.Long, s.buckets.Mid)
+	}
+	if s.maxBody < 0 {
+		bad("MaxBodyBytes %d is negative", c.MaxBodyBytes)
+	}
+	if s.imageTokens < 0 {
+		bad("ImageTokens %d is negative", c.ImageTokens)
+	}
+	if s.strategy > StrategyPriority {
+		bad("unknown Strategy %d", c.Strategy)
+	}
+	if s.jitter > 1 {
+		bad("Jitter %g is over 1", c.Jitter)
+	}
+	if s.loadFactor < 1 {
+		bad("LoadFactor %g must be at least 1", c.LoadFactor)
+	}
+	if s.busyP99 < 0 {
+		bad("Breaker.BusyP99 %s is negative", c.Breaker.BusyP99)
+	}
+	s.retry = resolveRetry(c.Retry, bad)
+	s.hedge = resolveHedge(c.Hedge, bad)
+	s.breaker = resolveBreaker(c.Breaker, bad)
+	s.stream = streamSettings{idle: offOr(c.Stream.IdleTimeout, 25*time.Second), firstToken: c.Stream.FirstTokenTimeout,
+		injectUsage: !c.Stream.KeepUsageOption}
+	if s.stream.firstToken < 0 {
+		bad("Stream.FirstTokenTimeout %s is negative", c.Stream.FirstTokenTimeout)
+	}
+	s.upstreams = resolveUpstreams(c.Upstreams, bad)
+	return s, errors.Join(errs...)
+}
+
+func resolveRetry(c RetryConfig, bad func(string, ...any)) retrySettings {
+	r := retrySettings{
+		maxAttempts: orDefault(c.MaxAttempts, 3), initial: orDefault(c.InitialInterval, 100*time.Millisecond),
+		max: orDefault(c.MaxInterval, 1200*time.Millisecond), multiplier: orDefault(c.Multiplier, 2),
+		randomization: offOr(c.RandomizationFactor, 0.5), maxRetryAfter: orDefault(c.MaxRetryAfter, 8*time.Second),
+		attemptTimeout: c.AttemptTimeout, shouldRetry: c.ShouldRetry, backoff: c.Backoff,
+	}
+	if r.shouldRetry == nil {
+		r.shouldRetry = DefaultShouldRetry
+	}
+	if r.maxAttempts < 0 || r.initial < 0 || r.max < 0 || r.multiplier < 0 || r.maxRetryAfter < 0 || r.attemptTimeout < 0 {
+		bad("RetryConfig: MaxAttempts, intervals, Multiplier, MaxRetryAfter and AttemptTimeout must not be negative")
+	}
+	if r.randomization >= 1 {
+		bad("RetryConfig.RandomizationFactor %g must be below 1", c.RandomizationFactor)
+	}
+	return r
+}
+
+func resolveHedge(c HedgeConfig, bad func(string, ...any)) hedgeSettings {
+	if c.Delay < 0 || c.Budget < 0 || c.Budget > 1 || (c.P95 && c.Delay == 0) {
+		bad("HedgeConfig: Delay must be positive (also with P95), Budget within [0, 1]")
+	}
+	return hedgeSettings{on: c.Delay > 0, delay: c.Delay, p95: c.P95, deposit: int64(orDefault(c.Budget, 0.05) * 1000)}
+}
+
+func resolveBreaker(c BreakerConfig, bad func(string, ...any)) breakerSettings {
+	b := breakerSettings{
+		failures: offOr(c.Failures, 5), p99: offOr(c.P99, 1500*time.Millisecond),
+		minSamples: orDefault(c.MinSamples, 20), cooldown: orDefault(c.Cooldown, 30*time.Second),
+		maxCooldown: orDefault(c.MaxCooldown, 5*time.Minute), probePath: c.ProbePath, onChange: c.OnChange,
+	}
+	if b.minSamples < 0 || b.cooldown < 0 || b.maxCooldown < 0 {
+		bad("BreakerConfig: MinSamples, Cooldown and MaxCooldown must not be negative")
+	}
+	b.maxCooldown = max(b.maxCooldown, b.cooldown)
+	return b
+}
+
+func resolveUpstreams(list []Upstream, bad func(string, ...any)) []upstreamSettings {
+	if len(list) == 0 {
+		bad("config has no upstreams")
+	}
+	out := make([]upstreamSettings, 0, len(list))
+	seen := make(map[string]bool, len(list))
+	for i := range list {
+		u, err := resolveUpstream(list[i])
+		if err != nil {
+			bad("%v", err)
+			continue
+		}
+		if seen[u.cfg.Name] {
+			bad("upstream %q is configured twice", u.cfg.Name)
+			continue
+		}
+		seen[u.cfg.Name] = true
+		out = append(out, u)
+	}
+	return out
+}
+
+// resolveUpstream checks one upstream and reports all its problems at once.
+func resolveUpstream(c Upstream) (upstreamSettings, error) {
+	var errs []string
+	name := c.Name
+	if name == "" {
+		name = "(unnamed)"
+		errs = append(errs, "has no Name")
+	}
+	base, err := url.Parse(c.BaseURL)
+	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
+		shown := c.BaseURL
+		if err == nil && base.User != nil {
+			shown = base.Redacted()
+		} else if err != nil {
+			shown = "(unparsable)"
+		}
+		errs = append(errs, fmt.Sprintf("BaseURL %q must be an absolute http(s) URL", shown))
+	}
+	if len(c.KeyPrefixes) > 0 {
+		switch {
+		case c.APIKey == "":
+			errs = append(errs, "APIKey is empty")
+		case !slices.ContainsFunc(c.KeyPrefixes, func(p string) bool { return strings.HasPrefix(c.APIKey, p) }):
+			errs = append(errs, fmt.Sprintf("APIKey does not start with any of the prefixes %q", c.KeyPrefixes))
+		}
+	}
+	if c.PriceFactor < 0 {
+		errs = append(errs, fmt.Sprintf("PriceFactor %g is negative", c.PriceFactor))
+	}
+	if c.RPM < 0 || c.TPM < 0 || c.MaxInFlight < 0 || c.Weight < 0 {
+		errs = append(errs, "RPM, TPM, MaxInFlight and Weight must not be negative")
+	}
+	tags, tagErrs := resolveTags(c.BodyTags)
+	errs = append(errs, tagErrs...)
+	if len(errs) > 0 {
+		return upstreamSettings{}, fmt.Errorf("upstream %q: %s", name, strings.Join(errs, "; "))
+	}
+	base.Path = strings.TrimSuffix(base.Path, "/")
+	base.RawPath = ""
+	u := upstreamSettings{base: base, tags: tags, factor: orDefault(c.PriceFactor, 1), weight: orDefault(c.Weight, 1)}
+	if c.APIKey != "" {
+		auth := "Bearer " + c.APIKey
+		u.auth = func() string { return auth }
+	}
+	c.APIKey = ""
+	if len(c.Header) > 0 {
+		h := make(http.Header, len(c.Header))
+		for k, vs := range c.Header {
+			h[http.CanonicalHeaderKey(k)] = slices.Clone(vs)
+		}
+		c.Header = h
+	}
+	c.Models, c.KeyPrefixes, c.BodyTags = slices.Clone(c.Models), slices.Clone(c.KeyPrefixes), maps.Clone(c.BodyTags)
+	if len(c.Models) > 0 {
+		u.models = make(map[string]bool, len(c.Models))
+		for _, m := range c.Models {
+			u.models[m] = true
+		}
+	}
+	u.cfg = c
+	return u, nil
+}
+
+func resolveTags(tags map[string]any) ([]bodyTag, []string) {
+	var out []bodyTag
+	var errs []string
+	for _, k := range slices.Sorted(maps.Keys(tags)) {
+		switch k {
+		case "model", "stream_options", "prompt_cache_key":
+			errs = append(errs, fmt.Sprintf("body tag %q would clash with a field the router sets", k))
+			continue
+		}
+		raw, err := json.Marshal(tags[k])
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("body tag %q: %v", k, err))
+			continue
+		}
+		out = append(out, bodyTag{key: k, raw: raw})
+	}
+	return out, errs
+}
+
+// orDefault returns v, or def when v is zero.
+func orDefault[T int | int64 | float64 | time.Duration](v, def T) T {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// offOr returns def when v is zero, 0 (off) when v is negative, else v.
+func offOr[T int | float64 | time.Duration](v, def T) T {
+	if v < 0 {
+		return 0
+	}
+	return orDefault(v, def)
+}

@@ -1,0 +1,158 @@
+package relay
+
+import (
+	"context"
+	"io"
+	"sync/atomic"
+	"time"
+)
+
+// hedgeBudget is a balance of hedges in thousandths: each request deposits
+// HedgeConfig.Budget of a hedge, up to a balance of 10, and each hedge
+// spends one. It is lock-free.
+type hedgeBudget struct {
+	bal     atomic.Int64
+	deposit int64
+}
+
+const hedgeBudgetCap = 10 * 1000
+
+func (b *hedgeBudget) add() {
+	for {
+		old := b.bal.Load()
+		nv := min(old+b.deposit, hedgeBudgetCap)
+		if old == nv || b.bal.CompareAndSwap(old, nv) {
+			return
+		}
+	}
+}
+
+func (b *hedgeBudget) take() bool {
+	for {
+		old := b.bal.Load()
+		if old < 1000 {
+			return false
+		}
+		if b.bal.CompareAndSwap(old, old-1000) {
+			return true
+		}
+	}
+}
+
+// hedgeDelay is the delay after which an attempt on u is hedged.
+func (r *Router) hedgeDelay(u *upstream) time.Duration {
+	d := r.s.hedge.delay
+	if r.s.hedge.p95 && u.lat.count() >= 20 {
+		d = max(d, u.lat.p95())
+	}
+	return d
+}
+
+// loserUsage is what a hedge's losing attempt was billed.
+type loserUsage struct {
+	u      Usage
+	model  string
+	factor float64
+}
+
+// sendHedged sends the attempt on cands[idx]; with hedging on and no
+// response headers after the hedge delay, it also sends to the next
+// candidate that can take the request at once (never the upstream already
+// in flight), and returns the first good answer. The second return is the
+// index after the hedge's candidate, or -1 when there was no hedge.
+func (t *trip) sendHedged(ctx context.Context, cands []candidate, idx int, tk ticket, adm admission, out outBody) (attempt, int) {
+	r := t.r
+	cand := cands[idx]
+	if !r.s.hedge.on {
+		a := t.send(ctx, cand, out)
+		a.tk = tk
+		return a, -1
+	}
+	results := make(chan attempt, 2)
+	var cancels [2]context.CancelFunc
+	launch := func(n int, c candidate, tk ticket, out outBody) {
+		actx, cancel := context.WithCancel(ctx)
+		cancels[n] = cancel
+		go func() {
+			a := t.send(actx, c, out)
+			a.tk, a.hedge = tk, n
+			if inner := a.cancel; inner != nil {
+				a.cancel = func() { inner(); cancel() }
+			} else {
+				a.cancel = cancel
+			}
+			results <- a
+		}()
+	}
+	launch(0, cand, tk, out)
+	fire := make(chan struct{})
+	stop := r.s.clock.AfterFunc(r.hedgeDelay(cand.up), func() { close(fire) })
+	select {
+	case a := <-results:
+		stop()
+		return a, -1
+	case <-ctx.Done():
+		stop()
+		return <-results, -1
+	case <-fire:
+	}
+	if !r.hedges.take() {
+		return <-results, -1
+	}
+	adm.exclude, adm.mayWait = cand.up, false // a hedge goes elsewhere, at once
+	idx2, tk2, err := r.acquire(ctx, cands, idx+1, adm)
+	if err != nil {
+		r.hedges.bal.Add(1000) // unspent
+		return <-results, -1
+	}
+	t.hedged = true
+	t.attempts++
+	launch(1, cands[idx2], tk2, t.bodyFor(cands[idx2]))
+	return t.raceHedge(results, cancels), idx2 + 1
+}
+
+// raceHedge returns the first good answer of two racing attempts (else the
+// better of the two: a response beats none) and settles the other.
+func (t *trip) raceHedge(results chan attempt, cancels [2]context.CancelFunc) attempt {
+	first := <-results
+	if first.err == nil && !t.r.s.retry.shouldRetry(first.resp, nil) {
+		select {
+		case loser := <-results:
+			// Both completed upstream: both are billed.
+			t.observe(&loser)
+			t.addLoserUsage(&loser)
+			loser.close()
+		default:
+			cancels[1-first.hedge]()
+			go func() { // ends as soon as the cancelled attempt returns
+				loser := <-results
+				t.observe(&loser)
+				loser.close()
+			}()
+		}
+		return first
+	}
+	second := <-results
+	if second.resp == nil && first.resp != nil {
+		// A response, even a retryable one, beats none.
+		second, first = first, second
+	}
+	t.observe(&first) // the one not returned; the loop observes the other
+	first.close()
+	return second
+}
+
+// addLoserUsage reads the usage of a hedge's losing attempt that completed
+// upstream too, so the report's cost includes both.
+func (t *trip) addLoserUsage(a *attempt) {
+	if a.resp == nil || a.resp.StatusCode >= 300 || isEventStream(a.resp.Header) {
+		return
+	}
+	b, err := io.ReadAll(io.LimitReader(a.resp.Body, maxKeptBody))
+	if err != nil {
+		return
+	}
+	if u, ok := parseUsage(b); ok {
+		t.loser = &loserUsage{u: u, model: a.cand.model, factor: a.cand.up.factor}
+	}
+}

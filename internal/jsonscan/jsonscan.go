@@ -1,0 +1,356 @@
+// Package jsonscan is the router's one JSON scanner: a few small functions
+// that step over JSON text without decoding it, for string and []byte alike.
+//
+// The functions assume the text is valid JSON (check it with Valid first)
+// and never panic on text that is not: they stop at the end of the input.
+// Member names are compared as written, so a name spelled with JSON escapes
+// does not match its plain spelling.
+package jsonscan
+
+import (
+	"strconv"
+	"strings"
+	"unicode/utf8"
+	"unsafe"
+
+	"github.com/tidwall/gjson"
+)
+
+// Text is JSON text: a string or a byte slice.
+type Text interface{ ~string | ~[]byte }
+
+// str views s as a string without copying. A slice header begins with the
+// same two words as a string header.
+func str[T Text](s T) string { return *(*string)(unsafe.Pointer(&s)) }
+
+// MaxDepth bounds the nesting of JSON that Valid accepts. gjson's validator
+// recurses once per level, so a body of millions of '[' would overflow the
+// goroutine stack, a fatal error no recover catches.
+const MaxDepth = 512
+
+// Valid reports whether s is valid JSON nested at most MaxDepth deep. The
+// depth is scanned only when s has that many brackets at all.
+func Valid[T Text](s T) bool {
+	v := str(s)
+	if strings.Count(v, "[")+strings.Count(v, "{") > MaxDepth && Depth(v) > MaxDepth {
+		return false
+	}
+	return gjson.Valid(v)
+}
+
+// Depth returns the deepest nesting of arrays and objects in s, strings
+// skipped.
+func Depth[T Text](s T) int {
+	v := str(s)
+	depth, deepest, inString := 0, 0, false
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if inString {
+			switch c {
+			case '\\':
+				i++
+			case '"':
+				inString = false
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = true
+		case '[', '{':
+			depth++
+			deepest = max(deepest, depth)
+		case ']', '}':
+			depth--
+		}
+	}
+	return deepest
+}
+
+// SkipSpace returns the index of the first byte of s at or after i that is
+// not JSON white space.
+func SkipSpace[T Text](s T, i int) int {
+	for i < len(s) && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// StringEnd returns the index of the quote that closes the JSON string
+// opening at s[i], or len(s) when it is not closed.
+func StringEnd[T Text](s T, i int) int {
+	return stringEnd(str(s), i)
+}
+
+func stringEnd(s string, i int) int {
+	j := i + 1
+	for j < len(s) {
+		var q int
+		if len(s)-j <= 32 {
+			// Short strings, such as the keys of a stream chunk: a plain
+			// loop beats a search call.
+			q = j
+			for q < len(s) && s[q] != '"' {
+				q++
+			}
+			if q == len(s) {
+				return len(s)
+			}
+		} else {
+			q = strings.IndexByte(s[j:], '"')
+			if q < 0 {
+				return len(s)
+			}
+			q += j
+		}
+		k := q
+		for k > i+1 && s[k-1] == '\\' {
+			k--
+		}
+		if (q-k)%2 == 0 {
+			return q
+		}
+		j = q + 1
+	}
+	return len(s)
+}
+
+// SkipValue returns the offset just past the value that starts at s[i].
+func SkipValue[T Text](s T, i int) int { return skipValue(str(s), i) }
+
+func skipValue(s string, i int) int {
+	if i >= len(s) {
+		return i
+	}
+	switch s[i] {
+	case '"':
+		return min(stringEnd(s, i)+1, len(s))
+	case '{', '[':
+		depth := 0
+		for i < len(s) {
+			switch s[i] {
+			case '"':
+				i = min(stringEnd(s, i)+1, len(s))
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+			i++
+		}
+		return len(s)
+	}
+	for i < len(s) {
+		switch s[i] {
+		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			return i
+		}
+		i++
+	}
+	return i
+}
+
+// Each calls f with the key (raw, without its quotes; empty in an array)
+// and the raw value of each member of the object or array at s[i:], in
+// order, until f returns false. It does nothing if s[i:] is neither.
+func Each[T Text](s T, i int, f func(key, val T) bool) {
+	v := str(s)
+	i = SkipSpace(v, i)
+	if i >= len(v) || (v[i] != '{' && v[i] != '[') {
+		return
+	}
+	obj := v[i] == '{'
+	i++
+	for {
+		i = SkipSpace(v, i)
+		if i >= len(v) || v[i] == '}' || v[i] == ']' {
+			return
+		}
+		if v[i] == ',' {
+			i++
+			continue
+		}
+		ks, ke := 0, 0
+		if obj {
+			if v[i] != '"' {
+				return
+			}
+			ks, ke = i+1, max(i+1, stringEnd(v, i))
+			i = SkipSpace(v, min(ke+1, len(v)))
+			if i >= len(v) || v[i] != ':' {
+				return
+			}
+			i = SkipSpace(v, i+1)
+			if i >= len(v) {
+				return
+			}
+		}
+		e := skipValue(v, i)
+		if e <= i || !f(s[ks:ke], s[i:e]) {
+			return
+		}
+		i = e
+	}
+}
+
+// Field returns the raw value of the member key of the object s, or an
+// empty value when there is none.
+func Field[T Text](s T, key string) T {
+	var out T
+	Each(s, 0, func(k, v T) bool {
+		if str(k) == key {
+			out = v
+			return false
+		}
+		return true
+	})
+	return out
+}
+
+// FindString returns the raw (escaped) text of the first string value of a
+// member named key, anywhere in s: it scans the strings of s in order, so it
+// also finds nested members, and is meant for small documents whose shape
+// is known (a stream event).
+func FindString[T Text](s T, key string) (T, bool) {
+	v := str(s)
+	for i := 0; ; {
+		q := strings.IndexByte(v[i:], '"')
+		if q < 0 {
+			return s[:0], false
+		}
+		ks := i + q
+		ke := stringEnd(v, ks)
+		if ke >= len(v) {
+			return s[:0], false
+		}
+		i = ke + 1
+		j := SkipSpace(v, i)
+		if j >= len(v) || v[j] != ':' {
+			continue
+		}
+		j = SkipSpace(v, j+1)
+		if j >= len(v) || v[j] != '"' {
+			i = j
+			continue
+		}
+		ve := stringEnd(v, j)
+		if ve >= len(v) {
+			return s[:0], false
+		}
+		if v[ks+1:ke] == key {
+			return s[j+1 : ve], true
+		}
+		i = ve + 1
+	}
+}
+
+// IsString reports whether raw is a non-empty JSON string.
+func IsString[T Text](raw T) bool { return len(raw) > 2 && raw[0] == '"' }
+
+// AppendString appends the decoded JSON string raw (a raw JSON value, with
+// its quotes; nothing if it is not a string) to dst, stopping once dst holds
+// limit bytes.
+func AppendString[T Text](dst []byte, raw T, limit int) []byte {
+	if len(raw) >= 2 && raw[0] == '"' {
+		return AppendUnescaped(dst, str(raw)[1:len(raw)-1], limit)
+	}
+	return dst
+}
+
+// AppendUnescaped appends the decoded JSON string body raw (without its
+// quotes) to dst, stopping once dst holds limit bytes. Invalid escapes are
+// copied as they are; lone surrogates become U+FFFD.
+func AppendUnescaped[T Text](dst []byte, raw T, limit int) []byte {
+	s := str(raw)
+	for i := 0; i < len(s) && len(dst) < limit; {
+		j := strings.IndexByte(s[i:], '\\')
+		if j < 0 {
+			j = len(s)
+		} else {
+			j += i
+		}
+		if j > i {
+			dst = append(dst, s[i:min(j, i+limit-len(dst))]...)
+			i = j
+			continue
+		}
+		if i+1 >= len(s) {
+			dst = append(dst, '\\')
+			break
+		}
+		var n int
+		dst, n = appendEscape(dst, s, i)
+		i += n
+	}
+	if len(dst) > limit {
+		dst = dst[:limit]
+	}
+	return dst
+}
+
+// appendEscape decodes the escape at s[i] == '\\' and returns how many bytes
+// of s it took.
+func appendEscape(dst []byte, s string, i int) ([]byte, int) {
+	switch c := s[i+1]; c {
+	case '"', '\\', '/':
+		return append(dst, c), 2
+	case 'b':
+		return append(dst, '\b'), 2
+	case 'f':
+		return append(dst, '\f'), 2
+	case 'n':
+		return append(dst, '\n'), 2
+	case 'r':
+		return append(dst, '\r'), 2
+	case 't':
+		return append(dst, '\t'), 2
+	case 'u':
+		r, ok := hex4(s, i+2)
+		if !ok {
+			return append(dst, s[i:i+2]...), 2
+		}
+		n := 6
+		if r >= 0xD800 && r < 0xE000 {
+			r2, ok2 := rune(0), false
+			if i+n+1 < len(s) && s[i+n] == '\\' && s[i+n+1] == 'u' {
+				r2, ok2 = hex4(s, i+n+2)
+			}
+			if ok2 && r < 0xDC00 && r2 >= 0xDC00 && r2 < 0xE000 {
+				r = (r-0xD800)<<10 | (r2 - 0xDC00) + 0x10000
+				n += 6
+			} else {
+				r = utf8.RuneError
+			}
+		}
+		return utf8.AppendRune(dst, r), n
+	}
+	return append(dst, s[i:i+2]...), 2
+}
+
+func hex4(s string, i int) (rune, bool) {
+	if i+4 > len(s) {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(s[i:i+4], 16, 32)
+	if err != nil {
+		return 0, false
+	}
+	return rune(v), true
+}
+
+// Pick stores in vals[i] the raw value of the member keys[i] of the object
+// s (the last one, should a key repeat, as JSON decoders do), and leaves
+// vals[i] as it is for a key s does not have.
+func Pick[T Text](s T, keys []string, vals []T) {
+	Each(s, 0, func(k, v T) bool {
+		for i, key := range keys {
+			if str(k) == key {
+				vals[i] = v
+			}
+		}
+		return true
+	})
+}

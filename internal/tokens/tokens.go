@@ -1,0 +1,187 @@
+// Package tokens counts tokens the way OpenAI-compatible APIs bill them:
+// which tiktoken encoding a model uses, the exact count of a text in it, and
+// where a text may be cut without changing its count.
+package tokens
+
+import (
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/tokenrelay/relay/internal/bpe"
+)
+
+// Encoding is a tiktoken encoding.
+type Encoding uint8
+
+// The encodings.
+const (
+	O200K Encoding = iota
+	CL100K
+)
+
+func (e Encoding) String() string {
+	if e == CL100K {
+		return "cl100k_base"
+	}
+	return "o200k_base"
+}
+
+// Count returns the number of tokens of s in e, special tokens counted as
+// plain text. It is exact (the same count as tiktoken) and linear in len(s),
+// also on pathological input such as a megabyte of one letter.
+func (e Encoding) Count(s string) int {
+	if s == "" {
+		return 0
+	}
+	if e == CL100K {
+		return bpe.CL100K().Count(s)
+	}
+	return bpe.O200K().Count(s)
+}
+
+// ForModel returns the encoding that bills model: cl100k_base for gpt-4,
+// gpt-3.5 and the text-embedding-3/ada-002 models, o200k_base for gpt-4o,
+// gpt-4.1, gpt-5, the o-series and, as an estimate, every other vendor's
+// model.
+func ForModel(model string) Encoding {
+	m := model
+	if i := strings.LastIndexByte(m, '/'); i >= 0 {
+		m = m[i+1:] // "openai/gpt-4" → "gpt-4"
+	}
+	switch {
+	case strings.HasPrefix(m, "gpt-4o"), strings.HasPrefix(m, "gpt-4.1"), strings.HasPrefix(m, "gpt-4.5"):
+		return O200K
+	case strings.HasPrefix(m, "gpt-4"), strings.HasPrefix(m, "gpt-3.5"), strings.HasPrefix(m, "gpt-35"),
+		strings.HasPrefix(m, "text-embedding-3"), strings.HasPrefix(m, "text-embedding-ada-002"):
+		return CL100K
+	}
+	return O200K
+}
+
+// Where a text may be cut.
+//
+// tiktoken first splits a text into pre-tokens by a regex, and byte-pair
+// encodes every pre-token on its own. A cut at a pre-token boundary
+// therefore never changes the count: Count(a+b) == Count(a) + Count(b). The
+// counter returns counts, not token ids, so this package finds such
+// boundaries itself, with a conservative rule that holds for both
+// cl100k_base and o200k_base (see SafeCut): a position p is a pre-token
+// boundary when
+//
+//   - the rune before p is not whitespace and the rune at p is whitespace
+//     other than \r and \n ("word| next");
+//   - the rune before p is a letter or a digit and the rune at p is \r or \n
+//     ("word|\n");
+//   - the rune before p is \r or \n and the rune at p is neither whitespace
+//     nor '/' ("\n|next");
+//   - the rune before p is a letter and the rune at p is punctuation or a
+//     symbol other than the apostrophe ("word|, next", "你好|，世界").
+//
+// Positions the rule does not cover (inside words, between punctuation and
+// a letter, in runs without whitespace) may or may not be boundaries; they
+// are treated as not known to be.
+
+// Class is the class of a rune for the boundary rule.
+type Class uint8
+
+// Rune classes.
+const (
+	ClassNone    Class = iota // start of text
+	ClassOther                // punctuation, symbols, invalid bytes (tiktoken reads them as U+FFFD)
+	ClassLetter               // \p{L}
+	ClassNumber               // \p{N}
+	ClassMark                 // \p{M}: part of a word for o200k_base, punctuation for cl100k_base
+	ClassSpace                // \s other than \r and \n
+	ClassNewline              // \r, \n
+	ClassApos                 // ', which may start a contraction suffix ('s, 'll, ...)
+	ClassSlash                // /, which o200k_base glues after punctuation and newlines
+)
+
+var asciiClass = func() (t [utf8.RuneSelf]Class) {
+	for c := range t {
+		t[c] = classOf(rune(c), 1)
+	}
+	return t
+}()
+
+func classOf(r rune, size int) Class {
+	switch {
+	case r == '\n' || r == '\r':
+		return ClassNewline
+	case r == '\'':
+		return ClassApos
+	case r == '/':
+		return ClassSlash
+	case r == utf8.RuneError && size <= 1:
+		return ClassOther
+	case unicode.IsSpace(r):
+		return ClassSpace
+	case unicode.IsLetter(r):
+		return ClassLetter
+	case unicode.IsNumber(r):
+		return ClassNumber
+	case unicode.IsMark(r):
+		return ClassMark
+	}
+	return ClassOther
+}
+
+// ClassAt returns the class of the rune at s[p:] and its length.
+func ClassAt(s string, p int) (Class, int) {
+	if c := s[p]; c < utf8.RuneSelf {
+		return asciiClass[c], 1
+	}
+	r, n := utf8.DecodeRuneInString(s[p:])
+	return classOf(r, n), n
+}
+
+// ClassBefore returns the class of the rune that ends at s[:p].
+func ClassBefore(s string, p int) Class {
+	if p == 0 {
+		return ClassNone
+	}
+	if c := s[p-1]; c < utf8.RuneSelf {
+		return asciiClass[c]
+	}
+	r, n := utf8.DecodeLastRuneInString(s[:p])
+	return classOf(r, n)
+}
+
+// SafeAt reports whether 0 < p < len(s) is a known pre-token boundary.
+func SafeAt(s string, p int) bool {
+	if p <= 0 || p >= len(s) {
+		return false
+	}
+	cur, _ := ClassAt(s, p)
+	return SafeCut(ClassBefore(s, p), cur)
+}
+
+// SafeCut is the pre-token boundary rule between a rune of class prev and
+// the next rune of class cur. It was checked against both tiktoken split
+// regexes (cl100k_base:
+// (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+// ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+, and o200k_base's
+// variant with case-split words, contraction suffixes and [\r\n/]* after
+// punctuation): no alternative matches across such a position, and since
+// the regexes have no lookbehind, the text after it splits the same on its
+// own.
+func SafeCut(prev, cur Class) bool {
+	switch prev {
+	case ClassNone:
+		return false
+	case ClassSpace:
+		return false
+	case ClassNewline:
+		return cur != ClassSpace && cur != ClassNewline && cur != ClassSlash
+	}
+	switch cur {
+	case ClassSpace:
+		return true
+	case ClassNewline:
+		return prev == ClassLetter || prev == ClassNumber
+	case ClassOther, ClassSlash:
+		return prev == ClassLetter
+	}
+	return false
+}

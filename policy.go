@@ -1,0 +1,187 @@
+package relay
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+)
+
+// Policy decides where a request goes. Route is called once per RoundTrip
+// (and per Decide), concurrently from many goroutines; it must be safe for
+// concurrent use and should be fast. It must not modify r.Header.
+type Policy interface {
+	Route(r Request) Route
+}
+
+// PolicyFunc adapts a function to Policy.
+type PolicyFunc func(Request) Route
+
+// Route calls f(r).
+func (f PolicyFunc) Route(r Request) Route { return f(r) }
+
+// Request is what a Policy sees of a request.
+type Request struct {
+	Endpoint     string      // "chat/completions", "responses", "completions", "embeddings"; "" for other paths
+	Model        string      // as the caller asked
+	PromptTokens int         // tiktoken count, as the API bills the prompt
+	MaxTokens    int         // max_tokens / max_completion_tokens / max_output_tokens; 0 when absent
+	Stream       bool        // "stream": true
+	Bucket       string      // "short", "mid" or "long", from Config.Buckets
+	Header       http.Header // caller's headers, read-only
+	// Load reports live load per model, so a rule can say "when busy". It
+	// is never nil in a Request made by the router.
+	Load Load
+}
+
+// Endpoints the router recognises by path suffix (Request.Endpoint).
+const (
+	EndpointChat        = "chat/completions"
+	EndpointResponses   = "responses"
+	EndpointCompletions = "completions"
+	EndpointEmbeddings  = "embeddings"
+)
+
+// Load is the policy's view of live load. The router's own (Router.Busy)
+// is safe for concurrent use; a test may pass a fake.
+type Load interface {
+	// Busy reports whether the model's upstreams are busy: their recent p99
+	// latency is over the bound, or every one of them is saturated.
+	Busy(model string) bool
+}
+
+// Route is a Policy's answer. The zero Route keeps the requested model.
+type Route struct {
+	Model     string   // model to send; empty keeps the requested one
+	Fallbacks []string // further models to try, in order, when Model's upstreams fail
+	Bucket    string   // label for reports; empty: the request's bucket
+}
+
+// route asks the policy for q's route and fills in what it left empty.
+func (s *settings) route(q Request) Route {
+	var rt Route
+	if s.policy != nil {
+		rt = s.policy.Route(q)
+	}
+	if rt.Model == "" {
+		rt.Model = q.Model
+	}
+	if rt.Bucket == "" {
+		rt.Bucket = q.Bucket
+	}
+	return rt
+}
+
+// ClusterPolicy is the ready-made cluster-aware policy. Prompts whose token
+// count falls inside the window (the band that batch jobs and IDE
+// completions fill, and that providers pin to one hot shard) go to the Fast
+// model; other mid-size prompts go to the Cheap model; long prompts, and
+// short ones below the window, keep the requested model. Every rewritten
+// route falls back to the requested model, and the requested model's route
+// falls back to Fallbacks.
+//
+// With WhenBusy set, the window moves to Fast only while the requested
+// model's upstreams are busy (Request.Load.Busy; a nil Load is never busy),
+// so an idle primary keeps its traffic.
+//
+// The zero ClusterPolicy keeps every request's model. A ClusterPolicy is a
+// value; it is safe for concurrent use as long as Fallbacks is not
+// modified.
+type ClusterPolicy struct {
+	Fast  string // model for prompts in the window; "" keeps the requested one
+	Cheap string // model for mid-size prompts outside the window; "" keeps the requested one
+	// WindowMin and WindowMax bound the window, inclusive, in prompt tokens.
+	// If both are 0, 80 and 260.
+	WindowMin, WindowMax int
+	// WhenBusy moves the window to Fast only while the requested model is
+	// busy.
+	WhenBusy bool
+	// Fallbacks follow the requested model when it is kept.
+	Fallbacks []string
+}
+
+// Route implements Policy.
+func (p ClusterPolicy) Route(r Request) Route {
+	lo, hi := p.WindowMin, p.WindowMax
+	if lo == 0 && hi == 0 {
+		lo, hi = 80, 260
+	}
+	rt := Route{Model: r.Model, Bucket: r.Bucket, Fallbacks: p.Fallbacks}
+	switch {
+	case p.Fast != "" && r.PromptTokens >= lo && r.PromptTokens <= hi &&
+		(!p.WhenBusy || (r.Load != nil && r.Load.Busy(r.Model))):
+		rt.Model = p.Fast
+	case p.Cheap != "" && r.Bucket == BucketMid:
+		rt.Model = p.Cheap
+	default:
+		return rt
+	}
+	if rt.Model != r.Model && r.Model != "" {
+		rt.Fallbacks = append([]string{r.Model}, p.Fallbacks...)
+	}
+	return rt
+}
+
+// Decision is the router's answer for a request, without sending it.
+type Decision struct {
+	Request   Request
+	Route     Route
+	Upstreams []string // upstream names in the order they would be tried
+}
+
+// Decide returns the routing decision for req without sending it: no
+// network, no limiter tokens taken, and req.Body left readable (read through
+// req.GetBody when set, else read and replaced by an equal reader). The
+// upstream order is the strategy's deterministic ranking; at run time
+// Jitter (and the random parts of the other strategies) may move a request.
+// It is safe for concurrent use, as RoundTrip is.
+func (r *Router) Decide(req *http.Request) (Decision, error) {
+	if req.URL == nil {
+		return Decision{}, &Error{Op: "read request", Err: errors.New("nil request URL")}
+	}
+	body, err := r.peekBody(req)
+	if err != nil {
+		return Decision{}, &Error{Op: "read body", Err: err}
+	}
+	c := r.classify(req.Method, req.URL.Path, req.Header, body)
+	d := Decision{Request: c.req, Route: r.s.route(c.req)}
+	cands := r.candidates(nil, &c, d.Route, r.keyOf(&c), false)
+	if len(cands) == 0 {
+		return d, &Error{Op: "route", Model: d.Route.Model, Err: ErrNoUpstream}
+	}
+	for _, cand := range cands {
+		d.Upstreams = append(d.Upstreams, cand.up.cfg.Name)
+	}
+	return d, nil
+}
+
+// peekBody reads req's body for Decide and leaves it readable.
+func (r *Router) peekBody(req *http.Request) ([]byte, error) {
+	if req.Body == nil || req.Body == http.NoBody {
+		return nil, nil
+	}
+	rc := req.Body
+	if req.GetBody != nil {
+		var err error
+		if rc, err = req.GetBody(); err != nil {
+			return nil, err
+		}
+	}
+	b, err := io.ReadAll(io.LimitReader(rc, r.s.maxBody+1))
+	if req.GetBody != nil {
+		rc.Close()
+	} else {
+		// What was read, then the rest; closing it closes the original.
+		req.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(b), rc), rc}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > r.s.maxBody {
+		return nil, ErrBodyTooLarge
+	}
+	return b, nil
+}

@@ -1,0 +1,252 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"time"
+)
+
+// Report describes one finished RoundTrip. OnReport gets exactly one per
+// RoundTrip.
+type Report struct {
+	RequestedModel string // as the caller asked
+	Model          string // the model that answered (or was routed to)
+	Upstream       string // the upstream that answered; "" when none was reached
+	Bucket         string // the route's bucket label
+
+	Endpoint     string        // as in Request
+	PromptTokens int           // the router's count, before sending
+	Usage        Usage         // what was billed, as the upstream reported it
+	CostUSD      float64       // effective cost (after the upstream's price factor)
+	ListCostUSD  float64       // at list price
+	Priced       bool          // false when the model has no price: CostUSD is then 0, not a guess
+	Latency      time.Duration // RoundTrip start to body done
+	TTFT         time.Duration // to the first content byte (streams) or the response headers
+	Attempts     int           // upstream calls made, hedges included
+	Hedged       bool          // a hedge was sent
+	StatusCode   int           // final status; 0 when none came
+	Stream       bool
+	Err          error // nil on success
+
+	// Context is the request's context, so a hook can tell which call a
+	// report belongs to (e.g. a request ID kept in a context value). It may
+	// be done by the time the report is made.
+	Context context.Context
+}
+
+// bodyEnd is what a response body wrapper hands to finish when the body is
+// done: the usage it found (or estimated), the error the reader got, and
+// the time to the first content byte (to the headers for a plain body).
+type bodyEnd struct {
+	usage     Usage
+	haveUsage bool
+	err       error
+	ttft      time.Duration
+}
+
+// fail finishes a trip that produced no response and returns err.
+func (t *trip) fail(err error) error {
+	t.finish(bodyEnd{err: err})
+	return err
+}
+
+// finish makes the trip's one Report and hands it to OnReport: the first
+// call wins, later ones do nothing. It also releases the answering
+// attempt's in-flight slot.
+func (t *trip) finish(end bodyEnd) {
+	if !t.done.CompareAndSwap(false, true) {
+		return
+	}
+	t.att.release()
+	if t.r.s.onReport != nil {
+		t.r.s.onReport(t.report(end))
+	}
+}
+
+// report assembles the Report: the one place one is built.
+func (t *trip) report(end bodyEnd) Report {
+	s := &t.r.s
+	rep := Report{
+		RequestedModel: t.c.req.Model,
+		Model:          t.model(),
+		Upstream:       t.upstreamName(),
+		Bucket:         t.route.Bucket,
+		Endpoint:       t.c.req.Endpoint,
+		PromptTokens:   t.c.req.PromptTokens,
+		Latency:        s.clock.Now().Sub(t.start),
+		TTFT:           end.ttft,
+		Attempts:       t.attempts,
+		Hedged:         t.hedged,
+		Stream:         t.c.req.Stream,
+		Err:            end.err,
+		Context:        t.req.Context(),
+	}
+	if rep.Upstream == "" {
+		rep.Upstream = failedUpstream(end.err) // the upstream a failure names, if any
+	}
+	if resp := t.att.resp; resp != nil {
+		rep.StatusCode = resp.StatusCode
+		if resp.StatusCode >= 400 {
+			e := t.errorf("send", ErrUpstreamStatus)
+			e.StatusCode = resp.StatusCode
+			rep.Err = e
+		}
+	}
+	if end.haveUsage {
+		rep.Usage = end.usage
+		if p, ok := lookupPrice(s.prices, rep.Model); ok {
+			rep.Priced = true
+			rep.ListCostUSD = p.Cost(end.usage)
+			rep.CostUSD = rep.ListCostUSD * t.att.factor()
+			if l := t.loser; l != nil {
+				if lp, ok := lookupPrice(s.prices, l.model); ok {
+					c := lp.Cost(l.u)
+					rep.ListCostUSD += c
+					rep.CostUSD += c * l.factor
+				}
+			}
+		}
+	}
+	return rep
+}
+
+// model is the model the answering attempt asked for, else the route's.
+func (t *trip) model() string {
+	if t.att.cand.model != "" {
+		return t.att.cand.model
+	}
+	return t.route.Model
+}
+
+// upstreamName is the answering attempt's upstream, if there is one.
+func (t *trip) upstreamName() string {
+	if t.att.cand.up != nil {
+		return t.att.cand.up.cfg.Name
+	}
+	return ""
+}
+
+// errorf wraps err as an *Error of op naming the answering attempt.
+func (t *trip) errorf(op string, err error) *Error {
+	return &Error{Op: op, Upstream: t.upstreamName(), Model: t.model(), Err: err}
+}
+
+// estimated is the usage of an answer that came without one: the router's
+// prompt count and completion tokens counted locally. ok is false for a
+// request the router cannot count (an unknown endpoint).
+func (t *trip) estimated(completion int) (Usage, bool) {
+	if t.c.req.Endpoint == "" {
+		return Usage{}, false
+	}
+	return Usage{PromptTokens: t.c.req.PromptTokens, CompletionTokens: completion, Estimated: true}, true
+}
+
+// usageTeeMax bounds the response bytes kept to find the usage of a
+// non-streaming answer. Past it, only the tail is kept and usage is looked
+// for there.
+const usageTeeMax = 4 << 20
+
+// reportBody passes a plain (non-stream) response body through unchanged,
+// keeps a bounded copy to read usage from, and finishes the trip at EOF, on
+// a read error or on Close, whichever comes first. Close may run
+// concurrently with Read (net/http allows it to cancel a read); mu orders
+// them.
+type reportBody struct {
+	rc   io.ReadCloser
+	t    *trip
+	ttft time.Duration
+	mu   sync.Mutex
+	buf  []byte
+	cut  bool // buf overflowed: it holds only a tail
+	err  error
+}
+
+func (b *reportBody) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.t.done.Load() {
+		return n, err // closed meanwhile: the report is made
+	}
+	if n > 0 {
+		b.keep(p[:n])
+	}
+	if err != nil {
+		if err != io.EOF {
+			b.err = err
+		}
+		b.done()
+	}
+	return n, err
+}
+
+func (b *reportBody) keep(p []byte) {
+	if len(b.buf)+len(p) <= usageTeeMax {
+		b.buf = append(b.buf, p...)
+		return
+	}
+	// Keep the last tailKeep bytes only.
+	const tailKeep = 64 << 10
+	b.cut = true
+	b.buf = append(b.buf, p...)
+	if len(b.buf) > tailKeep {
+		b.buf = append(b.buf[:0], b.buf[len(b.buf)-tailKeep:]...)
+	}
+}
+
+func (b *reportBody) Close() error {
+	err := b.rc.Close()
+	b.mu.Lock()
+	b.done()
+	b.mu.Unlock()
+	return err
+}
+
+// done finishes the trip from what was read; b.mu is held.
+func (b *reportBody) done() {
+	t := b.t
+	if t.done.Load() {
+		return
+	}
+	end := bodyEnd{ttft: b.ttft}
+	status := t.att.resp.StatusCode
+	if b.err != nil {
+		e := t.errorf("read response", b.err)
+		e.StatusCode = status
+		end.err = e
+	}
+	if status >= 400 {
+		t.finish(end)
+		return
+	}
+	if b.cut {
+		end.usage, end.haveUsage = usageFromTail(b.buf)
+	} else {
+		end.usage, end.haveUsage = parseUsage(b.buf)
+	}
+	if !end.haveUsage && status < 300 && len(b.buf) > 0 {
+		end.usage, end.haveUsage = t.estimated(t.r.counter.completion(t.c.enc, b.buf))
+	}
+	t.finish(end)
+}
+
+// usageFromTail finds the last "usage" object in the tail of a large body.
+func usageFromTail(tail []byte) (Usage, bool) {
+	i := bytes.LastIndex(tail, []byte(`"usage"`))
+	if i < 0 {
+		return Usage{}, false
+	}
+	return parseUsage(append([]byte("{"), tail[i:]...))
+}
+
+// failedUpstream returns the upstream an error names, if it is an *Error.
+func failedUpstream(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Upstream
+	}
+	return ""
+}

@@ -1,0 +1,215 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+
+	"github.com/tokenrelay/relay/internal/jsonscan"
+)
+
+// Every edit of the outgoing request is here: the URL (the upstream's
+// BaseURL, the endpoint or path, both query strings), Authorization and the
+// upstream's headers, and the body's model, body tags, prompt_cache_key and
+// stream_options. The caller's request is never modified: each attempt
+// works on its own copy.
+
+// outgoing builds the request for one attempt on a copy of the caller's.
+func (t *trip) outgoing(ctx context.Context, cand candidate, ob outBody) *http.Request {
+	body := ob.b
+	req := t.req
+	out := req.Clone(ctx)
+	u := *cand.up.base
+	u.Path = u.Path + "/" + t.pathFor()
+	u.RawPath = ""
+	switch {
+	case u.RawQuery == "":
+		u.RawQuery = req.URL.RawQuery
+	case req.URL.RawQuery != "":
+		u.RawQuery += "&" + req.URL.RawQuery // the BaseURL's own query (e.g. api-version) first
+	}
+	out.URL = &u
+	out.Host = ""
+	if cand.up.auth != nil {
+		out.Header.Set("Authorization", cand.up.auth())
+	}
+	for k, vs := range cand.up.cfg.Header {
+		out.Header[k] = slices.Clone(vs) // a Base may add to them
+	}
+	if body == nil {
+		out.Body, out.GetBody, out.ContentLength = nil, nil, 0
+		return out
+	}
+	out.ContentLength = int64(len(body))
+	out.Body = io.NopCloser(bytes.NewReader(body))
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	return out
+}
+
+// pathFor is the path appended to an upstream's BaseURL: the endpoint for
+// the known ones; for other paths, what follows the caller's "/v1/" (or the
+// whole path when it has none).
+func (t *trip) pathFor() string {
+	if t.c.req.Endpoint != "" {
+		return t.c.req.Endpoint
+	}
+	p := t.req.URL.Path
+	if i := strings.Index(p, "/v1/"); i >= 0 {
+		return p[i+len("/v1/"):]
+	}
+	return strings.TrimPrefix(p, "/")
+}
+
+// outBody is the body of one attempt, and whether the router added
+// stream_options.include_usage to it, so that the stream must hide the
+// usage chunk the caller did not ask for.
+type outBody struct {
+	b        []byte
+	injected bool
+}
+
+// bodyFor returns the body to send to cand: the caller's bytes, with, when
+// the body is a JSON object, the model, the upstream's body tags, the prompt
+// cache key and the stream usage option set in place, in one copy (none when
+// nothing changes).
+func (t *trip) bodyFor(cand candidate) outBody {
+	if !t.c.json {
+		return outBody{b: t.body}
+	}
+	s := &t.r.s
+	var buf [8]topSet
+	sets := buf[:0]
+	if cand.model != "" && cand.model != t.c.req.Model {
+		sets = append(sets, topSet{key: "model", raw: gjson.AppendJSONString(nil, cand.model)})
+	}
+	for _, tag := range cand.up.tags {
+		sets = append(sets, topSet{key: tag.key, raw: tag.raw})
+	}
+	if s.cacheKey && t.key != 0 {
+		sets = append(sets, topSet{key: "prompt_cache_key", raw: gjson.AppendJSONString(nil, cacheKeyString(t.key)), ifAbsent: true})
+	}
+	usage := -1
+	if t.c.req.Stream && s.stream.injectUsage && wantsStreamUsage(t.c.req.Endpoint) {
+		usage = len(sets)
+		sets = append(sets, topSet{key: "stream_options", raw: []byte(`{"include_usage":true}`), ifAbsent: true})
+	}
+	if len(sets) == 0 || len(sets) > 64 {
+		return outBody{b: t.body}
+	}
+	b, found := editTop(t.body, sets)
+	switch {
+	case usage < 0:
+		return outBody{b: b}
+	case found&(1<<usage) == 0:
+		return outBody{b: b, injected: true}
+	}
+	b, injected := t.injectStreamUsage(b) // stream_options exists: set the one field in it
+	return outBody{b: b, injected: injected}
+}
+
+// wantsStreamUsage reports whether an endpoint's streams carry usage only
+// when asked (stream_options.include_usage); the Responses API always sends
+// it in response.completed.
+func wantsStreamUsage(endpoint string) bool {
+	return endpoint == EndpointChat || endpoint == EndpointCompletions
+}
+
+// injectStreamUsage returns body with stream_options.include_usage set when
+// the request is a chat or completions stream that did not ask for usage,
+// and whether it did so.
+func (t *trip) injectStreamUsage(body []byte) ([]byte, bool) {
+	if !wantsStreamUsage(t.c.req.Endpoint) {
+		return body, false
+	}
+	if gjson.GetBytes(body, "stream_options.include_usage").Bool() {
+		return body, false
+	}
+	nb, err := sjson.SetBytes(body, "stream_options.include_usage", true)
+	if err != nil || !jsonscan.Valid(nb) {
+		return body, false
+	}
+	return nb, true
+}
+
+// topSet is one top-level field bodyFor sets.
+type topSet struct {
+	key      string
+	raw      []byte
+	ifAbsent bool // leave an existing field alone
+}
+
+// firstSet reports whether sets[i] is the first set of its key; a later
+// set of the same key is ignored.
+func firstSet(sets []topSet, i int) bool {
+	for j := range i {
+		if sets[j].key == sets[i].key {
+			return false
+		}
+	}
+	return true
+}
+
+// editTop sets top-level fields of a JSON object in one pass and one copy:
+// an existing field's value is replaced where it stands (unless ifAbsent),
+// a missing one is added before the closing brace; every other byte is kept.
+// body must be a valid JSON object. found reports, per set, whether the field
+// was there.
+func editTop(body []byte, sets []topSet) (out []byte, found uint64) {
+	type span struct{ start, end, set int }
+	var spansBuf [8]span
+	spans := spansBuf[:0]
+	empty := true
+	var keyBuf [32]byte
+	jsonscan.Each(body, 0, func(k, v []byte) bool {
+		empty = false
+		if bytes.IndexByte(k, '\\') >= 0 { // a key spelled with escapes
+			k = jsonscan.AppendUnescaped(keyBuf[:0], k, len(k))
+		}
+		for i := range sets {
+			if string(k) == sets[i].key && firstSet(sets, i) { // every occurrence, should a key repeat
+				found |= 1 << i
+				if !sets[i].ifAbsent {
+					start := cap(body) - cap(v) // v is a slice of body: its offset
+					spans = append(spans, span{start, start + len(v), i})
+				}
+			}
+		}
+		return true
+	})
+	closing := bytes.LastIndexByte(body, '}') // the object's: only whitespace may follow
+	size := len(body)
+	for i, st := range sets {
+		if found&(1<<i) == 0 {
+			size += len(st.key) + len(st.raw) + 8
+		} else {
+			size += len(st.raw)
+		}
+	}
+	out = make([]byte, 0, size)
+	at := 0
+	for _, sp := range spans { // in document order
+		out = append(out, body[at:sp.start]...)
+		out = append(out, sets[sp.set].raw...)
+		at = sp.end
+	}
+	out = append(out, body[at:closing]...)
+	for i, st := range sets {
+		if found&(1<<i) != 0 || !firstSet(sets, i) {
+			continue
+		}
+		if !empty {
+			out = append(out, ',')
+		}
+		empty = false
+		out = gjson.AppendJSONString(out, st.key)
+		out = append(out, ':')
+		out = append(out, st.raw...)
+	}
+	return append(out, body[closing:]...), found
+}

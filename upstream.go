@@ -1,0 +1,220 @@
+package relay
+
+import (
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// upstream is an Upstream with its live state: in-flight count, counters,
+// latency window, circuit breaker and limiter. Each part has its own lock
+// (or none), so no lock is shared by all upstreams.
+type upstream struct {
+	upstreamSettings
+
+	seed     uint64 // rendezvous seed, from the name
+	inflight atomic.Int64
+	requests atomic.Uint64
+	failures atomic.Uint64
+	lat      latencyWindow
+	br       breaker
+	lim      limiter
+}
+
+func newUpstream(us upstreamSettings, s *settings) *upstream {
+	u := &upstream{upstreamSettings: us, seed: fnv1a(fnvOffset64, us.cfg.Name)}
+	u.lat.init(latencyWindowSize)
+	u.br.init(us.cfg.Name, &s.breaker)
+	u.lim.init(us.cfg.RPM, us.cfg.TPM, us.cfg.MaxInFlight)
+	return u
+}
+
+func (u *upstream) serves(model string) bool {
+	return u.models == nil || model == "" || u.models[model]
+}
+
+// busy reports whether the upstream is saturated (MaxInFlight reached) or
+// its recent p99 latency is over bound.
+func (u *upstream) busy(bound time.Duration) bool {
+	if m := u.cfg.MaxInFlight; m > 0 && u.inflight.Load() >= int64(m) {
+		return true
+	}
+	return u.lat.p99() > bound
+}
+
+// unclaim gives back an in-flight count and slot.
+func (u *upstream) unclaim() {
+	u.inflight.Add(-1)
+	u.lim.release()
+}
+
+// Busy implements Load for the router's own upstreams: every upstream
+// serving the model is saturated at MaxInFlight or has a recent p99 over
+// Breaker.BusyP99. It is false when no upstream serves the model.
+func (r *Router) Busy(model string) bool {
+	any := false
+	for _, u := range r.ups {
+		if !u.serves(model) {
+			continue
+		}
+		if !u.busy(r.s.busyP99) {
+			return false
+		}
+		any = true
+	}
+	return any
+}
+
+// UpstreamStats is a snapshot of one upstream's live state, for dashboards.
+type UpstreamStats struct {
+	Name      string
+	InFlight  int
+	Samples   int           // latencies in the window (at most 200)
+	P50, P99  time.Duration // of the last 200 times to response headers
+	EWMA      time.Duration // peak-sensitive EWMA of the same
+	Requests  uint64        // attempts sent
+	Failures  uint64        // of which failed (5xx, 429, connection errors)
+	ErrorRate float64       // Failures / Requests
+	Breaker   BreakerState
+}
+
+// Stats returns a snapshot of every upstream's live state, in
+// configuration order. It is safe for concurrent use.
+func (r *Router) Stats() []UpstreamStats {
+	now := r.s.clock.Now()
+	out := make([]UpstreamStats, len(r.ups))
+	for i, u := range r.ups {
+		s := &out[i]
+		s.Name = u.cfg.Name
+		s.InFlight = int(u.inflight.Load())
+		s.Samples, s.P50, s.P99 = u.lat.snapshot()
+		e, _ := u.lat.ewmaAt()
+		s.EWMA = time.Duration(e)
+		s.Requests, s.Failures = u.requests.Load(), u.failures.Load()
+		if s.Requests > 0 {
+			s.ErrorRate = float64(s.Failures) / float64(s.Requests)
+		}
+		s.Breaker = u.br.stateAt(now)
+	}
+	return out
+}
+
+// latencyWindowSize is the number of recent latencies kept per upstream.
+const latencyWindowSize = 200
+
+// ewmaDecay is the time constant of the latency EWMA (Finagle's default).
+const ewmaDecay = 10 * time.Second
+
+// latencyWindow keeps the last n latencies of an upstream, their p95 and
+// p99 (recomputed lazily), and a peak-sensitive EWMA.
+type latencyWindow struct {
+	mu sync.Mutex
+	// The peak-sensitive EWMA (float64 bits, nanoseconds) and the time of
+	// its last sample: written under mu, read without it.
+	ewmaBits  atomic.Uint64
+	ewmaNanos atomic.Int64
+	ring      []time.Duration
+	next      int
+	full      bool
+	dirty     int // samples added since the quantiles were computed
+	cached99  time.Duration
+	cached95  time.Duration
+	scratch   []time.Duration
+}
+
+func (w *latencyWindow) init(n int) {
+	w.ring = make([]time.Duration, n)
+	w.scratch = make([]time.Duration, 0, n)
+}
+
+func (w *latencyWindow) add(d time.Duration, now time.Time) {
+	w.mu.Lock()
+	e, at := w.ewmaAt()
+	if x := float64(d); x > e || at.UnixNano() == 0 {
+		e = x // peak-sensitive: a slow sample counts at once
+	} else {
+		decay := math.Exp(-float64(now.Sub(at)) / float64(ewmaDecay))
+		e = e*decay + x*(1-decay)
+	}
+	w.ewmaBits.Store(math.Float64bits(e))
+	w.ewmaNanos.Store(now.UnixNano())
+	w.ring[w.next] = d
+	w.next++
+	if w.next == len(w.ring) {
+		w.next, w.full = 0, true
+	}
+	w.dirty++
+	w.mu.Unlock()
+}
+
+// ewmaAt returns the EWMA and the time of its last sample, without taking
+// the lock.
+func (w *latencyWindow) ewmaAt() (float64, time.Time) {
+	return math.Float64frombits(w.ewmaBits.Load()), time.Unix(0, w.ewmaNanos.Load())
+}
+
+// snapshot returns the sample count, p50 and p99.
+func (w *latencyWindow) snapshot() (int, time.Duration, time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.countLocked(), w.quantileLocked(0.5), w.quantileLocked(0.99)
+}
+
+// reset empties the window.
+func (w *latencyWindow) reset() {
+	w.mu.Lock()
+	w.next, w.full, w.dirty, w.cached99, w.cached95 = 0, false, 0, 0, 0
+	w.mu.Unlock()
+}
+
+// count returns how many samples the window holds.
+func (w *latencyWindow) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.countLocked()
+}
+
+func (w *latencyWindow) countLocked() int {
+	if w.full {
+		return len(w.ring)
+	}
+	return w.next
+}
+
+// p99 returns the 99th percentile of the window; 0 when empty. It is
+// recomputed at most once per 8 new samples.
+func (w *latencyWindow) p99() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.refreshLocked()
+	return w.cached99
+}
+
+// p95 is p99's companion, for the hedge delay.
+func (w *latencyWindow) p95() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.refreshLocked()
+	return w.cached95
+}
+
+func (w *latencyWindow) refreshLocked() {
+	if w.dirty >= 8 || (w.dirty > 0 && !w.full && w.next < 100) {
+		w.cached99 = w.quantileLocked(0.99)
+		w.cached95 = w.quantileLocked(0.95)
+		w.dirty = 0
+	}
+}
+
+func (w *latencyWindow) quantileLocked(q float64) time.Duration {
+	n := w.countLocked()
+	if n == 0 {
+		return 0
+	}
+	s := append(w.scratch[:0], w.ring[:n]...)
+	slices.Sort(s)
+	i := int(q*float64(n)+0.5) - 1
+	return s[min(max(i, 0), n-1)]
+}
