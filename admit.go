@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"time"
 )
@@ -64,19 +65,28 @@ func (r *Router) acquire(ctx context.Context, cands []candidate, start int, a ad
 	if !a.mayWait {
 		maxWait = 0
 	}
-	if dl, ok := ctx.Deadline(); ok {
-		maxWait = min(maxWait, dl.Sub(now))
+	tooLong := ErrRateLimited
+	if dl, ok := ctx.Deadline(); ok && dl.Sub(now) < maxWait {
+		// A wait MaxWait allows is cut short by the caller's deadline: that
+		// is the caller's timeout.
+		maxWait, tooLong = dl.Sub(now), errWaitPastDeadline
 	}
 	switch {
 	case sc.best >= 0 && sc.bestD <= maxWait:
-		return r.await(ctx, cands, sc.best, sc.bestD, a, maxWait)
+		return r.await(ctx, cands, sc.best, sc.bestD, a, maxWait, tooLong)
 	case sc.slotWait >= 0 && maxWait > 0:
-		return r.await(ctx, cands, sc.slotWait, -1, a, maxWait)
+		return r.await(ctx, cands, sc.slotWait, -1, a, maxWait, tooLong)
 	case sc.best < 0 && sc.slotWait < 0 && sc.open > 0:
 		return -1, ticket{}, ErrCircuitOpen
+	case tooLong != ErrRateLimited && (sc.slotWait >= 0 || (sc.best >= 0 && sc.bestD <= r.s.maxWait)):
+		return -1, ticket{}, tooLong
 	}
 	return -1, ticket{}, ErrRateLimited
 }
+
+// errWaitPastDeadline: the wait for an upstream's limits would end after
+// the request's deadline.
+var errWaitPastDeadline = fmt.Errorf("%w: %w", ErrRateLimited, context.DeadlineExceeded)
 
 // scan walks the candidates once and admits the first that can go now.
 func (r *Router) scan(cands []candidate, start int, a admission, now time.Time) scanResult {
@@ -129,9 +139,9 @@ func (r *Router) scan(cands []candidate, start int, a admission, now time.Time) 
 
 // await waits for cands[pick]: for its buckets to clear (delay >= 0, the
 // tokens reserved now, so that requests arriving during the wait queue
-// behind this one) and then for an in-flight slot, within maxWait in all.
-// Every failure gives the tokens back.
-func (r *Router) await(ctx context.Context, cands []candidate, pick int, delay time.Duration, a admission, maxWait time.Duration) (int, ticket, error) {
+// behind this one) and then for an in-flight slot, within maxWait in all
+// (then tooLong). Every failure gives the tokens back.
+func (r *Router) await(ctx context.Context, cands []candidate, pick int, delay time.Duration, a admission, maxWait time.Duration, tooLong error) (int, ticket, error) {
 	clock := r.s.clock
 	c := &cands[pick]
 	lim := &c.up.lim
@@ -147,7 +157,7 @@ func (r *Router) await(ctx context.Context, cands []candidate, pick int, delay t
 	// A request that waited for this upstream takes it now, even past a
 	// bounded-load cap: the wait already queued it there.
 	if r.claim(cands, c, false) != claimed {
-		if err := lim.waitSlot(ctx, clock, maxWait-rv.wait); err != nil {
+		if err := lim.waitSlot(ctx, clock, maxWait-rv.wait, tooLong); err != nil {
 			rv.cancel(clock.Now())
 			return -1, ticket{}, err
 		}

@@ -23,13 +23,15 @@ var (
 	// being routed, and no response was obtained.
 	ErrCircuitOpen = errors.New("relay: every candidate's circuit is open")
 	// ErrAttemptTimeout: an attempt got no response headers within
-	// RetryConfig.AttemptTimeout. It is retried like a connection error.
-	ErrAttemptTimeout = errors.New("relay: no response headers within the attempt timeout")
+	// RetryConfig.AttemptTimeout. It is retried like a connection error. It
+	// is a timeout (net.Error).
+	ErrAttemptTimeout error = &timeoutError{"relay: no response headers within the attempt timeout"}
 	// ErrFirstTokenTimeout: a stream sent no content within
 	// StreamConfig.FirstTokenTimeout; the router tried the next candidate.
 	ErrFirstTokenTimeout = errors.New("relay: no first token within the first-token timeout")
-	// ErrStreamStalled: a stream sent no byte for the idle timeout.
-	ErrStreamStalled = errors.New("relay: stream stalled")
+	// ErrStreamStalled: a stream sent no byte for the idle timeout. It is a
+	// timeout (net.Error).
+	ErrStreamStalled error = &timeoutError{"relay: stream stalled"}
 	// ErrStreamError: a 200 stream carried an error event (`data:
 	// {"error":...}` in chat and completions streams; an `error` or
 	// `response.failed` event in Responses streams). It appears only in
@@ -76,3 +78,27 @@ func (e *Error) Error() string {
 
 // Unwrap returns the cause.
 func (e *Error) Unwrap() error { return e.Err }
+
+// Timeout reports whether the cause is a timeout: the request's deadline
+// (context.DeadlineExceeded), a transport timeout, ErrAttemptTimeout or
+// ErrStreamStalled. net/http's *url.Error, os.IsTimeout and net.Error
+// callers ask the error itself, not its chain: this keeps a timeout a
+// timeout through the router and the SDKs' wrapping.
+func (e *Error) Timeout() bool {
+	var t interface{ Timeout() bool }
+	return errors.As(e.Err, &t) && t.Timeout()
+}
+
+// Temporary reports whether the cause says it is temporary (a deprecated
+// net.Error method some callers still read).
+func (e *Error) Temporary() bool {
+	var t interface{ Temporary() bool }
+	return errors.As(e.Err, &t) && t.Temporary()
+}
+
+// timeoutError is a sentinel that is a timeout.
+type timeoutError struct{ msg string }
+
+func (e *timeoutError) Error() string   { return e.msg }
+func (e *timeoutError) Timeout() bool   { return true }
+func (e *timeoutError) Temporary() bool { return true }

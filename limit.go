@@ -122,8 +122,8 @@ func (l *limiter) trySlot() bool {
 	}
 }
 
-// waitSlot waits for an in-flight slot, at most d.
-func (l *limiter) waitSlot(ctx context.Context, c Clock, d time.Duration) error {
+// waitSlot waits for an in-flight slot, at most d; then it returns tooLong.
+func (l *limiter) waitSlot(ctx context.Context, c Clock, d time.Duration, tooLong error) error {
 	timeout := make(chan struct{})
 	stop := c.AfterFunc(d, func() { close(timeout) })
 	defer stop()
@@ -131,7 +131,7 @@ func (l *limiter) waitSlot(ctx context.Context, c Clock, d time.Duration) error 
 	case l.slots <- struct{}{}:
 		return nil
 	case <-timeout:
-		return ErrRateLimited
+		return tooLong
 	case <-ctx.Done():
 		return ctx.Err()
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/bits"
 	"mime"
 	"net/http"
 	"sync"
@@ -85,7 +86,9 @@ type streamBody struct {
 
 // streamState is what the stream told so far.
 type streamState struct {
-	terminal  bool // [DONE] or a terminal Responses event
+	terminal  bool   // [DONE] or a terminal Responses event
+	usageEnd  bool   // the usage chunk of a chat or completions stream came
+	finished  uint64 // chat/completions choices (by index < 64) that sent a finish_reason
 	sawData   bool
 	ev        [40]byte // the current event's name (truncated)
 	evLen     int
@@ -419,7 +422,7 @@ func (s *streamBody) responsesEvent(typ, v []byte) {
 // keys: content and tool-call deltas, usage, an error.
 func (s *streamBody) chatChunk(v []byte) (usageChunk bool) {
 	st := &s.st
-	hasUsage, emptyChoices, noChoices := false, false, true
+	hasUsage, emptyChoices, noChoices, finish := false, false, true, false
 	n := len(v)
 	// One pass over the bytes: a plain loop beats a search call per string
 	// on chunks this small.
@@ -457,6 +460,8 @@ func (s *streamBody) chatChunk(v []byte) (usageChunk bool) {
 				}
 			case "name", "reasoning_content", "reasoning":
 				s.estimate(raw)
+			case "finish_reason":
+				finish = finish || len(raw) > 0
 			}
 			continue
 		}
@@ -484,13 +489,52 @@ func (s *streamBody) chatChunk(v []byte) (usageChunk bool) {
 			}
 		}
 	}
+	if finish {
+		s.finishChoices(v)
+	}
 	if hasUsage {
 		if u, ok := parseUsage(v); ok {
 			st.usage, st.haveUsage = u, true
-			return emptyChoices || noChoices
+			if emptyChoices || noChoices {
+				st.usageEnd = true
+				return true
+			}
 		}
 	}
 	return false
+}
+
+// finishChoices records which choices of a chunk carry a finish_reason.
+func (s *streamBody) finishChoices(v []byte) {
+	gjson.GetBytes(v, "choices").ForEach(func(_, c gjson.Result) bool {
+		if fr := c.Get("finish_reason"); fr.Type == gjson.String && fr.Str != "" {
+			if i := c.Get("index").Int(); i >= 0 && i < 64 {
+				s.st.finished |= 1 << i
+			}
+		}
+		return true
+	})
+}
+
+// complete reports whether the stream ended cleanly, judged from its
+// content: [DONE] or a terminal Responses event came, or the usage chunk
+// came, or every choice of a chat or completions stream (the request's n, 1
+// by default) sent its finish_reason. SDKs read such a stream as finished
+// (go-openai returns io.EOF), so the router does too; a stream cut before is
+// cut.
+func (s *streamBody) complete() bool {
+	st := &s.st
+	if st.terminal || st.usageEnd {
+		return true
+	}
+	if st.finished == 0 || st.haveErr || !wantsStreamUsage(s.t.c.req.Endpoint) {
+		return false
+	}
+	n := int64(1)
+	if v := gjson.Get(s.t.c.body, "n"); v.Type == gjson.Number && v.Int() > 1 {
+		n = v.Int()
+	}
+	return int64(bits.OnesCount64(st.finished)) >= n
 }
 
 // estimate keeps escaped delta text to count if no usage comes, counting it
@@ -573,11 +617,11 @@ func (s *streamBody) end(cause error, closed bool) error {
 	switch {
 	case closed:
 	case s.stalled.Load():
-		if !st.terminal {
+		if !s.complete() {
 			readErr = ErrStreamStalled
 		}
 	case cause == io.EOF:
-		if !st.terminal {
+		if !s.complete() {
 			readErr = io.ErrUnexpectedEOF
 		}
 	case cause != nil:
