@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -275,4 +276,18 @@ func TestProbeReadmits(t *testing.T) {
 	last := srvs[0].Requests()[srvs[0].Calls()-1]
 	assert.Equal(t, "GET", last.Method)
 	assert.Equal(t, "/v1/models", last.Path)
+}
+
+func TestCallerDeadlineDoesNotTripBreaker(t *testing.T) {
+	srvs := newServers(t, 1)
+	srvs[0].SetDefault(relaytest.Fault{Hang: true})
+	r, _ := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: srvs[0].URL}}, Breaker: BreakerConfig{Failures: 1}})
+	for range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		req, _ := http.NewRequestWithContext(ctx, "POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "x")))
+		_, err := r.RoundTrip(req)
+		cancel()
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	}
+	assert.Equal(t, StateClosed, r.ups[0].br.stateAt(r.s.clock.Now()), "the caller's own deadline is not the upstream's failure")
 }

@@ -224,3 +224,53 @@ func TestHedgeWithOneUpstreamTakesNoTokens(t *testing.T) {
 	require.NotNil(t, <-done)
 	assert.Equal(t, 2, a.Calls())
 }
+
+func TestHedgeKeepsResponseOverLaterError(t *testing.T) {
+	a, b := newGatedUpstream(t), newGatedUpstream(t)
+	// a answers 503 once its gate opens; b fails at the connection level.
+	dead := newHandlerServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		b.mu.Lock()
+		b.calls++
+		gate := b.gate("1")
+		b.mu.Unlock()
+		<-gate
+		conn, _, _ := w.(http.Hijacker).Hijack()
+		conn.Close()
+	}))
+	failing := newHandlerServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		a.mu.Lock()
+		a.calls++
+		gate := a.gate("1")
+		a.mu.Unlock()
+		<-gate
+		w.WriteHeader(503)
+		w.Write([]byte(`{"error":{"message":"busy"}}`))
+	}))
+	clock := newFakeClock()
+	r, reps := newTestRouter(t, Config{
+		Clock: clock, Hedge: HedgeConfig{Delay: 100 * time.Millisecond}, Retry: RetryConfig{MaxAttempts: 1},
+		Upstreams: []Upstream{{Name: "a", BaseURL: failing}, {Name: "b", BaseURL: dead}},
+	})
+	r.hedges.bal.Store(hedgeBudgetCap)
+	done := sendWithID(t, r, "1")
+	<-clock.armed
+	require.Eventually(t, func() bool { return a.Calls() == 1 }, 5*time.Second, time.Millisecond)
+	clock.Advance(100 * time.Millisecond)
+	require.Eventually(t, func() bool { return b.Calls() == 1 }, 5*time.Second, time.Millisecond)
+	// Whichever of a's 503 and b's dropped connection the router sees
+	// first, the 503 is what the caller gets.
+	a.open("1")
+	b.open("1")
+	resp := <-done
+	require.NotNil(t, resp, "a response was obtained: err must be nil")
+	assert.Equal(t, 503, resp.StatusCode)
+	assert.True(t, reps.all()[0].Hedged)
+	// Each attempt was observed exactly once by its own upstream.
+	st := r.Stats()
+	assert.Equal(t, uint64(1), st[0].Requests)
+	assert.Equal(t, uint64(1), st[0].Failures)
+	assert.Equal(t, uint64(1), st[1].Requests)
+	assert.Equal(t, uint64(1), st[1].Failures)
+}

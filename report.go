@@ -95,10 +95,11 @@ func (t *trip) report(end bodyEnd) Report {
 			rep.Err = e
 		}
 	}
+	p, priced := lookupPrice(s.prices, rep.Model)
+	rep.Priced = priced // the model has a price, whatever the status
 	if end.haveUsage {
 		rep.Usage = end.usage
-		if p, ok := lookupPrice(s.prices, rep.Model); ok {
-			rep.Priced = true
+		if priced {
 			rep.ListCostUSD = p.Cost(end.usage)
 			rep.CostUSD = rep.ListCostUSD * t.att.factor()
 			if l := t.loser; l != nil {

@@ -200,31 +200,6 @@ func affJSON(s string) string {
 	return string(b)
 }
 
-func TestInjectCacheKey(t *testing.T) {
-	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1"}}, PromptCacheKey: true})
-	require.NoError(t, err)
-	inject := func(in string, key uint64) string {
-		tr := &trip{r: r, body: []byte(in), key: key}
-		tr.c = r.classify("POST", "/v1/chat/completions", nil, tr.body)
-		return string(tr.bodyFor(candidate{up: r.ups[0], model: tr.c.req.Model}).b)
-	}
-	body := `{"model":"gpt-4o","messages":[]}`
-	assert.Equal(t, `{"model":"gpt-4o","messages":[],"prompt_cache_key":"relay-0123456789abcdef"}`, inject(body, 0x0123456789abcdef))
-	assert.Contains(t, inject(`{"model":"x"}`, 1), `"relay-0000000000000001"`)
-	for _, in := range []string{
-		`{"model":"gpt-4o","prompt_cache_key":"mine"}`,
-		`{"prompt_cache_key":null}`,
-		`not json`,
-		`{"model":`,
-		`[1,2,3]`,
-		`"string"`,
-		``,
-	} {
-		assert.Equal(t, in, inject(in, 42), in)
-	}
-	assert.Equal(t, `{"model":"x"}`, inject(`{"model":"x"}`, 0), "no key, no field")
-}
-
 func BenchmarkAffinityKey(b *testing.B) {
 	r := shardRouter(b)
 	body := []byte(chatBody("gpt-4.1", benchPrompt(4<<10)))

@@ -254,33 +254,6 @@ func TestStreamInjectedUsage(t *testing.T) {
 	})
 }
 
-func TestInjectStreamUsage(t *testing.T) {
-	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.invalid/v1"}}})
-	require.NoError(t, err)
-	for _, c := range []struct {
-		path, body string
-		inject     bool
-	}{
-		{"/v1/chat/completions", chatStreamReq, true},
-		{"/v1/chat/completions", `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":false},"messages":[]}`, true},
-		{"/v1/chat/completions", `{"model":"gpt-4o","stream":true,"stream_options":null,"messages":[]}`, true},
-		{"/v1/chat/completions", chatStreamUsageReq, false},
-		{"/v1/completions", `{"model":"gpt-3.5-turbo-instruct","stream":true,"prompt":"x"}`, true},
-		{"/v1/responses", responsesStreamReq, false},
-	} {
-		tr := &trip{r: r}
-		tr.c = r.classify("POST", c.path, http.Header{}, []byte(c.body))
-		got, ok := tr.injectStreamUsage([]byte(c.body))
-		assert.Equal(t, c.inject, ok, c.body)
-		if c.inject {
-			assert.True(t, gjson.GetBytes(got, "stream_options.include_usage").Bool())
-			assert.Equal(t, gjson.Get(c.body, "messages").Raw, gjson.GetBytes(got, "messages").Raw)
-		} else {
-			assert.Equal(t, c.body, string(got))
-		}
-	}
-}
-
 // TestStreamChunksPassAsTheyArrive: the first chunk is readable while the
 // upstream still holds the rest.
 func TestStreamChunksPassAsTheyArrive(t *testing.T) {

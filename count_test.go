@@ -1,0 +1,84 @@
+package relay
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/tokenrelay/relay/internal/tokens"
+)
+
+func TestCountCookbookFormula(t *testing.T) {
+	r := testRouter(t)
+	for _, c := range []struct {
+		model string
+		want  int
+	}{
+		{"gpt-3.5-turbo-0613", 129},
+		{"gpt-4-0613", 129},
+		{"gpt-4o", 124},
+		{"gpt-4o-mini", 124},
+	} {
+		t.Run(c.model, func(t *testing.T) {
+			q := classifyBody(t, r, "/v1/chat/completions", `{"model":"`+c.model+`","messages":`+cookbookMessages+`}`)
+			assert.Equal(t, c.want, q.PromptTokens)
+			// Warm memo gives the same count.
+			q = classifyBody(t, r, "/v1/chat/completions", `{"model":"`+c.model+`","messages":`+cookbookMessages+`}`)
+			assert.Equal(t, c.want, q.PromptTokens)
+		})
+	}
+}
+
+func TestEncodingFor(t *testing.T) {
+	for model, want := range map[string]tokens.Encoding{
+		"gpt-4o": tokens.O200K, "gpt-4o-mini-2024-07-18": tokens.O200K, "gpt-4.1": tokens.O200K, "gpt-5": tokens.O200K, "gpt-5.5-codex": tokens.O200K,
+		"o1": tokens.O200K, "o3-mini": tokens.O200K, "o4-mini": tokens.O200K,
+		"gpt-4": tokens.CL100K, "gpt-4-turbo": tokens.CL100K, "gpt-3.5-turbo": tokens.CL100K, "text-embedding-3-small": tokens.CL100K,
+		"openai/gpt-4": tokens.CL100K, "claude-sonnet-4.5": tokens.O200K, "gemini-2.5-flash": tokens.O200K, "deepseek-v3.2": tokens.O200K, "": tokens.O200K,
+	} {
+		assert.Equal(t, want, tokens.ForModel(model), model)
+	}
+}
+
+func TestToolsCountedAndMemoized(t *testing.T) {
+	r := testRouter(t)
+	base := `{"model":"gpt-4o","messages":[{"role":"user","content":"What's the weather like in Boston today?"}]}`
+	with := string(fixture(t, "chat_request_with_tools.json"))
+	without := classifyBody(t, r, "/v1/chat/completions", base).PromptTokens
+	withTools := classifyBody(t, r, "/v1/chat/completions", with).PromptTokens
+	assert.Greater(t, withTools, without+20, "tool definitions count")
+	assert.Equal(t, withTools, classifyBody(t, r, "/v1/chat/completions", with).PromptTokens)
+}
+
+func TestMemoBoundedAndResendPaysOnlyNew(t *testing.T) {
+	m := newMemo(64)
+	for i := range 10000 {
+		m.put(tokens.O200K, kindText, fmt.Sprintf("message number %d", i), i)
+	}
+	total := 0
+	for i := range m.shards {
+		total += len(m.shards[i].cur) + len(m.shards[i].old)
+	}
+	assert.LessOrEqual(t, total, 64+memoShards*2)
+
+	// A conversation that resends its history counts only new messages.
+	c := newCounter(1024, 85)
+	calls := 0
+	counted := func(s string) int {
+		if _, ok := c.memo.get(tokens.O200K, kindText, s); !ok {
+			calls++
+		}
+		return c.count(tokens.O200K, s)
+	}
+	history := []string{}
+	for turn := range 5 {
+		history = append(history, strings.Repeat(fmt.Sprintf("turn %d says something long enough to memoize. ", turn), 3))
+		calls = 0
+		for _, h := range history {
+			counted(h)
+		}
+		assert.Equal(t, 1, calls, "turn %d", turn)
+	}
+}
