@@ -43,6 +43,9 @@ type scanResult struct {
 // the breaker's ticket; the candidate's tokens, its in-flight count and
 // slot are taken, to be given back by attempt.release.
 func (r *Router) acquire(ctx context.Context, cands []candidate, start int, a admission) (int, ticket, error) {
+	if err := ctx.Err(); err != nil {
+		return -1, ticket{}, err // a request that cannot go out takes no tokens
+	}
 	now := r.s.clock.Now()
 	sc := r.scan(cands, start, a, now)
 	if sc.pick >= 0 {
@@ -77,7 +80,10 @@ func (r *Router) acquire(ctx context.Context, cands []candidate, start int, a ad
 	case sc.slotWait >= 0 && maxWait > 0:
 		return r.await(ctx, cands, sc.slotWait, -1, a, maxWait, tooLong)
 	case sc.best < 0 && sc.slotWait < 0 && sc.open > 0:
-		return -1, ticket{}, ErrCircuitOpen
+		if !a.mayWait {
+			return -1, ticket{}, ErrCircuitOpen // a hedge is never forced
+		}
+		return r.forceSoonest(cands, a, now)
 	case tooLong != ErrRateLimited && (sc.slotWait >= 0 || (sc.best >= 0 && sc.bestD <= r.s.maxWait)):
 		return -1, ticket{}, tooLong
 	}
@@ -168,11 +174,42 @@ func (r *Router) await(ctx context.Context, cands []candidate, pick int, delay t
 	if !ok { // its circuit opened while we waited
 		c.up.unclaim()
 		rv.cancel(now)
-		return -1, ticket{}, ErrCircuitOpen
+		return r.forceSoonest(cands, a, now)
 	}
 	if delay < 0 {
 		lim.take(now, tpm)
 	}
+	return pick, tk, nil
+}
+
+// forceSoonest is the never-empty rule at admission: when every candidate
+// left is held out by an open circuit (circuits that opened while the
+// request was routed or waited), the one whose cooldown ends first is tried
+// anyway, as the plan does for a model whose upstreams are all open. It is
+// marked forced, so the attempt loop tries it once.
+func (r *Router) forceSoonest(cands []candidate, a admission, now time.Time) (int, ticket, error) {
+	pick := -1
+	var soonest time.Time
+	for i := range cands {
+		c := &cands[i]
+		if c.up == a.exclude || (c.forced && a.tried&(1<<(i%64)) != 0) {
+			continue
+		}
+		if until, open := c.up.br.openUntil(now); open && (pick < 0 || until.Before(soonest)) {
+			pick, soonest = i, until
+		}
+	}
+	if pick < 0 {
+		return -1, ticket{}, ErrCircuitOpen
+	}
+	c := &cands[pick]
+	tpm := c.up.lim.charge(a.tokens)
+	if c.up.lim.delay(now, tpm) > 0 || r.claim(cands, c, false) != claimed {
+		return -1, ticket{}, ErrCircuitOpen
+	}
+	c.forced = true
+	tk, _ := c.up.br.allow(now, true)
+	c.up.lim.take(now, tpm)
 	return pick, tk, nil
 }
 

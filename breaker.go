@@ -155,6 +155,7 @@ func (b *breaker) allow(now time.Time, forced bool) (ticket, bool) {
 // passes the bound, and an opening breaker empties it, so that stale
 // latencies do not open it again after recovery.
 func (b *breaker) done(t ticket, o outcome, hint time.Duration, lat *latencyWindow, now time.Time) {
+	hint = min(hint, b.s.maxCooldown) // an absurd hint does not bench an upstream for years
 	b.mu.Lock()
 	var ev *BreakerEvent
 	switch {

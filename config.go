@@ -372,6 +372,7 @@ type settings struct {
 	defaultMaxTokens int
 	stream           streamSettings
 	upstreams        []upstreamSettings
+	secrets          secrets // what to redact from upstream text
 }
 
 type retrySettings struct {
@@ -483,6 +484,7 @@ func resolve(c Config) (settings, error) {
 		bad("Stream.FirstTokenTimeout %s is negative", c.Stream.FirstTokenTimeout)
 	}
 	s.upstreams = resolveUpstreams(c.Upstreams, bad)
+	s.secrets = newSecrets(c.Upstreams)
 	return s, errors.Join(errs...)
 }
 

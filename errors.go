@@ -3,6 +3,8 @@ package relay
 import (
 	"errors"
 	"fmt"
+	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -102,3 +104,48 @@ type timeoutError struct{ msg string }
 func (e *timeoutError) Error() string   { return e.msg }
 func (e *timeoutError) Timeout() bool   { return true }
 func (e *timeoutError) Temporary() bool { return true }
+
+// secrets redacts API keys from text an upstream sent that the router
+// copies into a report or an error: the configured keys and header values,
+// and anything shaped like a key (sk-..., or a configured key prefix
+// followed by key characters).
+type secrets struct {
+	values []string       // configured keys and header values, longest first
+	shaped *regexp.Regexp // key-shaped tokens
+}
+
+func newSecrets(ups []Upstream) secrets {
+	var s secrets
+	prefixes := []string{"sk-", "sk_"}
+	for _, u := range ups {
+		if len(u.APIKey) >= 8 {
+			s.values = append(s.values, u.APIKey)
+		}
+		for _, vs := range u.Header {
+			for _, v := range vs {
+				if len(v) >= 8 {
+					s.values = append(s.values, v)
+				}
+			}
+		}
+		prefixes = append(prefixes, u.KeyPrefixes...)
+	}
+	slices.SortFunc(s.values, func(a, b string) int { return len(b) - len(a) })
+	alts := make([]string, len(prefixes))
+	for i, p := range prefixes {
+		alts[i] = regexp.QuoteMeta(p)
+	}
+	s.shaped = regexp.MustCompile(`(?:` + strings.Join(alts, "|") + `)[A-Za-z0-9_\-*.]{4,}`)
+	return s
+}
+
+// redact returns text with every secret replaced by "[redacted]".
+func (s *secrets) redact(text string) string {
+	for _, v := range s.values {
+		text = strings.ReplaceAll(text, v, "[redacted]")
+	}
+	if s.shaped != nil {
+		text = s.shaped.ReplaceAllString(text, "[redacted]")
+	}
+	return text
+}

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"io"
 	"sync/atomic"
 	"time"
 )
@@ -118,10 +117,19 @@ func (t *trip) raceHedge(results chan attempt, cancels [2]context.CancelFunc) at
 	if first.err == nil && !t.r.s.retry.shouldRetry(first.resp, nil) {
 		select {
 		case loser := <-results:
-			// Both completed upstream: both are billed.
+			// Both completed upstream: both are billed. The loser's body is
+			// read for its usage on a goroutine of its own, and the report
+			// waits for it instead of the caller.
 			t.observe(&loser)
-			t.addLoserUsage(&loser)
-			loser.close()
+			if loser.resp != nil && loser.resp.StatusCode < 300 && !isEventStream(loser.resp.Header) {
+				t.votes.Add(1)
+				go func() {
+					t.readLoser(&loser)
+					t.vote()
+				}()
+			} else {
+				loser.close()
+			}
 		default:
 			cancels[1-first.hedge]()
 			go func() { // ends as soon as the cancelled attempt returns
@@ -142,17 +150,13 @@ func (t *trip) raceHedge(results chan attempt, cancels [2]context.CancelFunc) at
 	return second
 }
 
-// addLoserUsage reads the usage of a hedge's losing attempt that completed
-// upstream too, so the report's cost includes both.
-func (t *trip) addLoserUsage(a *attempt) {
-	if a.resp == nil || a.resp.StatusCode >= 300 || isEventStream(a.resp.Header) {
-		return
-	}
-	b, err := io.ReadAll(io.LimitReader(a.resp.Body, maxKeptBody))
-	if err != nil {
-		return
-	}
-	if u, ok := parseUsage(b); ok {
+// readLoser reads the usage of a hedge's losing attempt that completed
+// upstream too, bounded in bytes and time, so the report's cost includes
+// both; then it closes the attempt.
+func (t *trip) readLoser(a *attempt) {
+	b, cut := readBounded(a.resp.Body, maxKeptBody)
+	if u, ok := parseUsage(b); ok && !cut {
 		t.loser = &loserUsage{u: u, model: a.cand.model, factor: a.cand.up.factor}
 	}
+	a.close()
 }

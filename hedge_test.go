@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -190,12 +191,12 @@ func TestHedgeLoserUsageAddsToCost(t *testing.T) {
 		Prices:   map[string]Price{"m": {InputPerMTok: 1e6, OutputPerMTok: 1e6}},
 		OnReport: func(rep Report) { got = rep }})
 	require.NoError(t, err)
-	tr := &trip{r: r, req: httptest.NewRequest("POST", "/v1/chat/completions", nil), start: r.s.clock.Now()}
+	tr := newTrip(r, httptest.NewRequest("POST", "/v1/chat/completions", nil))
 	tr.route.Model = "m"
 	tr.att.cand = candidate{up: r.ups[0], model: "m"}
 	loser := attempt{cand: candidate{up: r.ups[0], model: "m"}, resp: &http.Response{StatusCode: 200, Header: http.Header{},
 		Body: io.NopCloser(strings.NewReader(`{"usage":{"prompt_tokens":3,"completion_tokens":1}}`))}}
-	tr.addLoserUsage(&loser)
+	tr.readLoser(&loser)
 	tr.finish(bodyEnd{usage: Usage{PromptTokens: 10, CompletionTokens: 2}, haveUsage: true})
 	assert.Equal(t, 12.0+4.0, got.ListCostUSD)
 	assert.Equal(t, (12.0+4.0)*0.5, got.CostUSD)
@@ -273,4 +274,48 @@ func TestHedgeKeepsResponseOverLaterError(t *testing.T) {
 	assert.Equal(t, uint64(1), st[0].Failures)
 	assert.Equal(t, uint64(1), st[1].Requests)
 	assert.Equal(t, uint64(1), st[1].Failures)
+}
+
+// TestHedgeLoserNeverDelaysTheCaller: when both attempts of a hedge
+// answered, the loser's body (here stalled) is read for its usage in the
+// background: the winner is returned at once, and the report, which waits
+// for the loser, comes when the loser's body is done, with both costs.
+func TestHedgeLoserNeverDelaysTheCaller(t *testing.T) {
+	var got []Report
+	var mu sync.Mutex
+	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1"}, {Name: "b", BaseURL: "http://127.0.0.1:1"}},
+		Hedge:  HedgeConfig{Delay: time.Second},
+		Prices: map[string]Price{"m": {InputPerMTok: 1e6, OutputPerMTok: 1e6}},
+		OnReport: func(rep Report) {
+			mu.Lock()
+			got = append(got, rep)
+			mu.Unlock()
+		}})
+	require.NoError(t, err)
+	tr := newTrip(r, httptest.NewRequest("POST", "/v1/chat/completions", nil))
+	lr, lw := io.Pipe()
+	ok := func(up *upstream, body io.ReadCloser, n int) attempt {
+		return attempt{cand: candidate{up: up, model: "m"}, hedge: n,
+			resp: &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"application/json"}}, Body: body}}
+	}
+	results := make(chan attempt, 2)
+	results <- ok(r.ups[0], io.NopCloser(strings.NewReader(`{"usage":{"prompt_tokens":10,"completion_tokens":2}}`)), 0)
+	results <- ok(r.ups[1], lr, 1) // answered, then its body stalls
+	returned := make(chan attempt, 1)
+	go func() { returned <- tr.raceHedge(results, [2]context.CancelFunc{func() {}, func() {}}) }()
+	var win attempt
+	select {
+	case win = <-returned:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the caller waited for the hedge's loser")
+	}
+	tr.finalize(win)
+	tr.finish(bodyEnd{usage: Usage{PromptTokens: 10, CompletionTokens: 2}, haveUsage: true})
+	mu.Lock()
+	assert.Empty(t, got, "the report waits for the loser's usage")
+	mu.Unlock()
+	lw.Write([]byte(`{"usage":{"prompt_tokens":3,"completion_tokens":1}}`))
+	lw.Close()
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 1 }, 10*time.Second, time.Millisecond)
+	assert.Equal(t, 12.0+4.0, got[0].ListCostUSD)
 }

@@ -78,6 +78,18 @@ func (l *limiter) take(now time.Time, tpm int) {
 	}
 }
 
+// refund gives back what take took, for a call that never went out.
+// (x/time/rate takes a negative count as a return of tokens, capped at the
+// bucket size on its next use; TestLimiterRefund holds it to that.)
+func (l *limiter) refund(now time.Time, tpm int) {
+	if l.rpm != nil {
+		l.rpm.AllowN(now, -1)
+	}
+	if l.tpm != nil {
+		l.tpm.AllowN(now, -tpm)
+	}
+}
+
 // reservation is what a request that waits for an upstream's buckets
 // holds, so that requests arriving during the wait queue behind it.
 type reservation struct {

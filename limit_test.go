@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -204,4 +205,65 @@ func newHandlerServer(t *testing.T, h http.Handler) string {
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+// TestCancelledContextSpendsNoQuota: requests whose context is already
+// cancelled make no call and take no rate-limit tokens.
+func TestCancelledContextSpendsNoQuota(t *testing.T) {
+	up := newRecorder(t, 200, fixture(t, "chat_response_default.json"))
+	r, reps := newTestRouter(t, Config{Clock: newFakeClock(), Upstreams: []Upstream{{Name: "a", BaseURL: up.URL, RPM: 3, TPM: 100000}}})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 3 {
+		req, _ := http.NewRequestWithContext(ctx, "POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "x")))
+		_, err := r.RoundTrip(req)
+		require.ErrorIs(t, err, context.Canceled)
+	}
+	assert.Empty(t, up.got())
+	resp, _, err := send(t, r, chatBody("gpt-4.1", "x"))
+	require.NoError(t, err, "the quota is still there")
+	assert.Equal(t, 200, resp.StatusCode)
+	assert.Len(t, reps.all(), 4)
+}
+
+// TestLimiterRefund: tokens handed back by refund are there again, up to
+// the bucket size.
+func TestLimiterRefund(t *testing.T) {
+	var l limiter
+	l.init(2, 100, 0)
+	now := time.Unix(1000, 0)
+	l.take(now, 100)
+	l.take(now, 0)
+	assert.Positive(t, l.delay(now, 1))
+	l.refund(now, 100)
+	assert.Zero(t, l.delay(now, 100))
+	l.refund(now, 100) // beyond the bucket: capped
+	l.take(now, 100)
+	assert.Positive(t, l.delay(now, 100), "a refund never grows the bucket")
+}
+
+// TestCircuitOpenedDuringSlotWaitStillTries: a request that waited for an
+// in-flight slot while the only upstream's circuit opened is still tried
+// once, as the next request would be.
+func TestCircuitOpenedDuringSlotWaitStillTries(t *testing.T) {
+	a := newGatedUpstream(t)
+	clock := newFakeClock()
+	r, reps := newTestRouter(t, Config{Clock: clock, Upstreams: []Upstream{{Name: "a", BaseURL: a.URL, MaxInFlight: 1}}})
+	first := sendWithID(t, r, "1")
+	require.Eventually(t, func() bool { return a.Calls() == 1 }, 5*time.Second, time.Millisecond)
+	second := sendWithID(t, r, "2")
+	<-clock.armed // the second waits for the slot
+	u := r.byName["a"]
+	for range 6 {
+		tk, _ := u.br.allow(clock.Now(), true)
+		u.br.done(tk, outcomeFailure, 0, &u.lat, clock.Now())
+	}
+	require.Equal(t, StateOpen, u.br.stateAt(clock.Now()))
+	a.open("2")
+	a.open("1")
+	require.NotNil(t, <-first)
+	resp := <-second
+	require.NotNil(t, resp, "ErrCircuitOpen without a try")
+	assert.Equal(t, 200, resp.StatusCode)
+	assert.Len(t, reps.all(), 2)
 }

@@ -61,10 +61,12 @@ func (s Strategy) String() string {
 }
 
 // candidates lists where a request may go: for the known endpoints the
-// route's plan; other paths (/models, /files...) go to the first upstream.
+// route's plan; other paths (/models, /files...) go to the upstreams in
+// configuration order, open circuits skipped (and, when every one is open,
+// the soonest to recover), since they are not routed by model.
 func (r *Router) candidates(buf []candidate, c *classified, route Route, key uint64, random bool) []candidate {
 	if c.req.Endpoint == "" {
-		return append(buf, candidate{up: r.ups[0]})
+		return r.healthy(buf[:0], "", r.s.clock.Now())
 	}
 	return r.plan(buf, route.Model, route.Fallbacks, key, random)
 }
@@ -91,6 +93,16 @@ func (r *Router) plan(buf []candidate, model string, fallbacks []string, key uin
 
 func (r *Router) appendCandidates(out []candidate, model string, now time.Time, key uint64, random bool) []candidate {
 	start := len(out)
+	out = r.healthy(out, model, now)
+	r.order(out[start:], key, now, random)
+	return out
+}
+
+// healthy appends the upstreams serving model whose circuits are not open,
+// in configuration order, or, when every one is open, the one whose
+// cooldown ends first: a pool never runs empty.
+func (r *Router) healthy(out []candidate, model string, now time.Time) []candidate {
+	start := len(out)
 	var soonest *upstream
 	var soonestAt time.Time
 	for _, u := range r.ups {
@@ -108,7 +120,6 @@ func (r *Router) appendCandidates(out []candidate, model string, now time.Time, 
 	if len(out) == start && soonest != nil {
 		return append(out, candidate{up: soonest, model: model, forced: true})
 	}
-	r.order(out[start:], key, now, random)
 	return out
 }
 

@@ -45,6 +45,7 @@ type bodyEnd struct {
 	haveUsage bool
 	err       error
 	ttft      time.Duration
+	at        time.Time // when the body was done (set by finish)
 }
 
 // fail finishes a trip that produced no response and returns err.
@@ -53,16 +54,29 @@ func (t *trip) fail(err error) error {
 	return err
 }
 
-// finish makes the trip's one Report and hands it to OnReport: the first
-// call wins, later ones do nothing. It also releases the answering
-// attempt's in-flight slot.
+// finish ends the trip: the first call wins, later ones do nothing. It
+// releases the answering attempt's in-flight slot and casts the body's vote
+// for the report (see vote).
 func (t *trip) finish(end bodyEnd) {
 	if !t.done.CompareAndSwap(false, true) {
 		return
 	}
+	end.at = t.r.s.clock.Now()
 	t.att.release()
+	t.end = end
+	t.vote()
+}
+
+// vote counts down the parties the Report waits for: the body's end, and a
+// hedge's losing answer whose usage is being read in the background. The
+// last one makes the trip's one Report and hands it to OnReport, so the
+// caller never waits for a loser.
+func (t *trip) vote() {
+	if t.votes.Add(-1) != 0 {
+		return
+	}
 	if t.r.s.onReport != nil {
-		t.r.s.onReport(t.report(end))
+		t.r.s.onReport(t.report(t.end))
 	}
 }
 
@@ -76,7 +90,7 @@ func (t *trip) report(end bodyEnd) Report {
 		Bucket:         t.route.Bucket,
 		Endpoint:       t.c.req.Endpoint,
 		PromptTokens:   t.c.req.PromptTokens,
-		Latency:        s.clock.Now().Sub(t.start),
+		Latency:        end.at.Sub(t.start),
 		TTFT:           end.ttft,
 		Attempts:       t.attempts,
 		Hedged:         t.hedged,

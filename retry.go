@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -44,8 +45,8 @@ func DefaultShouldRetry(resp *http.Response, err error) bool {
 // values are ignored.
 func RetryAfter(h http.Header, now time.Time) (d time.Duration, ok bool) {
 	if v := headerValue(h, "Retry-After-Ms"); v != "" {
-		if ms, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil && ms >= 0 && ms < 1e12 {
-			return time.Duration(ms * float64(time.Millisecond)), true
+		if ms, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil && ms >= 0 {
+			return hintDuration(ms, time.Millisecond), true
 		}
 	}
 	v := strings.TrimSpace(headerValue(h, "Retry-After"))
@@ -53,15 +54,25 @@ func RetryAfter(h http.Header, now time.Time) (d time.Duration, ok bool) {
 		return 0, false
 	}
 	if s, err := strconv.ParseFloat(v, 64); err == nil {
-		if s < 0 || s > 1e9 {
+		if s < 0 || s != s {
 			return 0, false
 		}
-		return time.Duration(s * float64(time.Second)), true
+		return hintDuration(s, time.Second), true
 	}
 	if t, err := http.ParseTime(v); err == nil {
 		return max(t.Sub(now), 0), true
 	}
 	return 0, false
+}
+
+// hintDuration converts a hint of n units to a Duration; a hint too long
+// for one (hundreds of years, or infinite) is the longest Duration, which is
+// over any cap.
+func hintDuration(n float64, unit time.Duration) time.Duration {
+	if n >= float64(math.MaxInt64)/float64(unit) {
+		return math.MaxInt64
+	}
+	return time.Duration(n * float64(unit))
 }
 
 // retrier is one request's retry schedule.

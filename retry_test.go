@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"syscall"
@@ -79,7 +80,10 @@ func TestRetryAfter(t *testing.T) {
 		{"seconds fractional", map[string]string{"Retry-After": "0.5"}, 500 * time.Millisecond, true},
 		{"http date", map[string]string{"Retry-After": now.Add(7 * time.Second).Format(http.TimeFormat)}, 7 * time.Second, true},
 		{"http date past", map[string]string{"Retry-After": now.Add(-time.Hour).Format(http.TimeFormat)}, 0, true},
-		{"absurd", map[string]string{"Retry-After": "99999999999"}, 0, false},
+		{"absurd: longer than any cap", map[string]string{"Retry-After": "99999999999"}, math.MaxInt64, true},
+		{"absurd ms", map[string]string{"retry-after-ms": "1e13"}, math.MaxInt64, true},
+		{"infinite", map[string]string{"Retry-After": "+Inf"}, math.MaxInt64, true},
+		{"not a number", map[string]string{"Retry-After": "NaN"}, 0, false},
 		{"negative", map[string]string{"Retry-After": "-3"}, 0, false},
 		{"negative ms falls to seconds", map[string]string{"retry-after-ms": "-1", "Retry-After": "1"}, time.Second, true},
 		{"garbage", map[string]string{"Retry-After": "soon"}, 0, false},
@@ -309,4 +313,29 @@ func TestRetryErrorWhenNoResponseEver(t *testing.T) {
 	require.True(t, errors.As(err, &rerr))
 	assert.Equal(t, 3, reps.all()[0].Attempts)
 	assert.Zero(t, reps.all()[0].StatusCode)
+}
+
+// TestHugeRetryAfterReturnsAtOnce: a hint too long for any wait (beyond a
+// Duration, or infinite) returns the response at once, as every hint over
+// MaxRetryAfter does.
+func TestHugeRetryAfterReturnsAtOnce(t *testing.T) {
+	for _, h := range []map[string]string{
+		{"Retry-After": "99999999999"},
+		{"Retry-After-Ms": "1000000000000"},
+		{"Retry-After": "+Inf"},
+	} {
+		srv := relaytest.NewServer()
+		t.Cleanup(srv.Close)
+		hdr := http.Header{}
+		for k, v := range h {
+			hdr.Set(k, v)
+		}
+		srv.Script(relaytest.Fault{Status: 429, Header: hdr}, relaytest.Fault{Status: 429, Header: hdr}, relaytest.Fault{Status: 429, Header: hdr})
+		r, reps, _ := retryRouter(t, Config{}, srv)
+		resp, _, err := send(t, r, chatBody("gpt-4.1", "x"))
+		require.NoError(t, err)
+		assert.Equal(t, 429, resp.StatusCode, "%v", h)
+		assert.Len(t, srv.Requests(), 1, "%v: no retry", h)
+		assert.Equal(t, 1, reps.all()[0].Attempts)
+	}
 }

@@ -15,10 +15,10 @@ import (
 )
 
 // Every edit of the outgoing request is here: the URL (the upstream's
-// BaseURL, the endpoint or path, both query strings), Authorization and the
-// upstream's headers, and the body's model, body tags, prompt_cache_key and
-// stream_options. The caller's request is never modified: each attempt
-// works on its own copy.
+// BaseURL, the endpoint or path, both query strings), Authorization, the
+// upstream's headers, Accept-Encoding (removed), and the body's model, body
+// tags, prompt_cache_key and stream_options. The caller's request is never
+// modified: each attempt works on its own copy.
 
 // outgoing builds the request for one attempt on a copy of the caller's.
 func (t *trip) outgoing(ctx context.Context, cand candidate, ob outBody) *http.Request {
@@ -36,6 +36,12 @@ func (t *trip) outgoing(ctx context.Context, cand candidate, ob outBody) *http.R
 	}
 	out.URL = &u
 	out.Host = ""
+	if out.Header == nil {
+		out.Header = make(http.Header) // a caller's nil Header is an empty one
+	}
+	// The router reads every answer: its Base negotiates the content coding
+	// (http.Transport asks for gzip and decompresses), not the caller.
+	out.Header.Del("Accept-Encoding")
 	if cand.up.auth != nil {
 		out.Header.Set("Authorization", cand.up.auth())
 	}

@@ -578,6 +578,7 @@ func (s *streamBody) streamError(code, msg string) {
 		return
 	}
 	st.haveErr = true
+	msg = s.t.r.s.secrets.redact(msg) // upstreams echo keys ("Incorrect API key provided: sk-...")
 	if len(msg) > streamMsgMax {
 		msg = msg[:streamMsgMax] + "..."
 	}

@@ -89,7 +89,7 @@ func BenchmarkStream(b *testing.B) {
 		req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
 		for b.Loop() {
 			body.Reset(withUsage)
-			t := &trip{r: r, req: req, start: r.s.clock.Now()}
+			t := newTrip(r, req)
 			t.c.req.Endpoint = EndpointChat
 			t.c.req.Stream = true
 			a := &attempt{resp: &http.Response{Body: io.NopCloser(body)}}

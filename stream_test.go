@@ -3,6 +3,7 @@ package relay
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"errors"
 	"io"
 	"net/http"
@@ -778,4 +779,75 @@ func (c *cutReader) Read(p []byte) (int, error) {
 	n := copy(p, c.b[c.off:end])
 	c.off += n
 	return n, nil
+}
+
+// TestStreamWithCallersAcceptEncoding: a caller that asks for gzip itself
+// (so net/http would not decompress) still reads a clean stream, without
+// the usage chunk the router asked for; an upstream that gzips anyway (a
+// Base that does not decompress) is decoded too.
+func TestStreamWithCallersAcceptEncoding(t *testing.T) {
+	plain := fixture(t, "chat_stream_recorded_gpt4o_text_usage.sse")
+	gz := func(b []byte) []byte {
+		var buf bytes.Buffer
+		zw := gzip.NewWriter(&buf)
+		zw.Write(b)
+		zw.Close()
+		return buf.Bytes()
+	}
+	up := newHandlerServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			w.Header().Set("Content-Encoding", "gzip")
+			w.Write(gz(plain))
+			return
+		}
+		w.Write(plain)
+	}))
+	for _, c := range []struct {
+		name string
+		base http.RoundTripper
+	}{
+		{"default transport", nil},
+		{"a Base that keeps the coding", roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			r.Header.Set("Accept-Encoding", "gzip")
+			return (&http.Transport{DisableCompression: true}).RoundTrip(r)
+		})},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, reps := newTestRouter(t, Config{Base: c.base, Upstreams: []Upstream{{Name: "a", BaseURL: up}}})
+			req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(chatStreamReq))
+			req.Header.Set("Accept-Encoding", "gzip")
+			resp, err := r.RoundTrip(req)
+			require.NoError(t, err)
+			got, err := io.ReadAll(resp.Body)
+			require.NoError(t, err, "a complete stream ends cleanly")
+			resp.Body.Close()
+			assert.Equal(t, string(withoutUsageChunk(t, plain)), string(got))
+			rep := reps.all()[0]
+			assert.NoError(t, rep.Err)
+			assert.False(t, rep.Usage.Estimated)
+		})
+	}
+}
+
+// TestStreamErrorEventKeyRedacted: an error event that echoes a key is in
+// Report.Err without it.
+func TestStreamErrorEventKeyRedacted(t *testing.T) {
+	const key = "sk-proj-configured-key-0123"
+	body := "data: {\"error\":{\"message\":\"Incorrect API key provided: " + key + ". Also sk-other-0123456789 and hs_live_abcdef12\",\"code\":\"invalid_api_key\"}}\n\n"
+	up := newSSEUpstream(t, []byte(body))
+	r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL, APIKey: key}, {Name: "b", BaseURL: up.URL, APIKey: "hs_live_xyz9876543", KeyPrefixes: []string{"hs_live_"}}}})
+	req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(chatStreamReq))
+	resp, err := r.RoundTrip(req)
+	require.NoError(t, err)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	rep := reps.all()[0]
+	require.ErrorIs(t, rep.Err, ErrStreamError)
+	msg := rep.Err.Error()
+	assert.Contains(t, msg, "Incorrect API key provided: [redacted]")
+	for _, secret := range []string{key, "sk-other-0123456789", "hs_live_abcdef12"} {
+		assert.NotContains(t, msg, secret)
+	}
 }

@@ -2,11 +2,13 @@ package relay
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -27,7 +29,7 @@ const (
 // ErrNoUpstream, ErrRateLimited, ErrCircuitOpen, the context's error or the
 // transport's). It is safe for concurrent use.
 func (r *Router) RoundTrip(req *http.Request) (*http.Response, error) {
-	t := &trip{r: r, req: req, start: r.s.clock.Now()}
+	t := newTrip(r, req)
 	if req.URL == nil {
 		if req.Body != nil {
 			req.Body.Close()
@@ -47,6 +49,12 @@ func (r *Router) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, t.fail(&Error{Op: "route", Model: t.route.Model, Err: ErrNoUpstream})
 	}
 	return t.run(cands)
+}
+
+func newTrip(r *Router, req *http.Request) *trip {
+	t := &trip{r: r, req: req, start: r.s.clock.Now()}
+	t.votes.Store(1) // the body's end
+	return t
 }
 
 // readBody reads and closes the request body, bounded by MaxBodyBytes.
@@ -77,20 +85,23 @@ func (r *Router) readBody(req *http.Request) ([]byte, error) {
 // loop alone, before the response reaches the caller; the Report is made
 // from both, once, by finish.
 type trip struct {
-	r     *Router
-	req   *http.Request
-	start time.Time
-	body  []byte
-	c     classified
-	route Route
-	key   uint64       // affinity key
-	cbuf  [8]candidate // backing array of the candidate list
+	r      *Router
+	req    *http.Request
+	start  time.Time
+	body   []byte
+	c      classified
+	route  Route
+	key    uint64       // affinity key
+	tokens int          // prompt plus output tokens: the TPM charge before clamping
+	cbuf   [8]candidate // backing array of the candidate list
 
-	att      attempt     // the answering attempt, once there is one
-	attempts int         // upstream calls made, hedges included
-	hedged   bool        // a hedge was sent
-	loser    *loserUsage // usage of a hedge's losing attempt, when it completed too
-	done     atomic.Bool // the report is made
+	att      attempt      // the answering attempt, once there is one
+	attempts int          // upstream calls made, hedges included
+	hedged   bool         // a hedge was sent
+	loser    *loserUsage  // usage of a hedge's losing attempt, when it completed too
+	done     atomic.Bool  // the body is done (finish ran)
+	end      bodyEnd      // how it ended, for the report
+	votes    atomic.Int32 // parties the report still waits for (see vote)
 }
 
 // attempt is one upstream call and what it learned.
@@ -107,10 +118,6 @@ type attempt struct {
 	hedge    int         // 0 for the first attempt of a hedge, 1 for the hedge
 }
 
-// maxKeptBody bounds the body of a response kept in memory while the
-// router retries elsewhere, in case it ends up being the one returned.
-const maxKeptBody = 1 << 20
-
 // run is the attempt loop: admit a candidate, send (hedged, with
 // first-token failover), observe, and either answer or back off and go on
 // to the next candidate.
@@ -120,13 +127,19 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 	if r.s.hedge.on {
 		r.hedges.add()
 	}
+	adm := r.admissionOf(&t.c)
+	t.tokens = adm.tokens
 	var (
 		rt         = retrier{s: &r.s.retry}
-		adm        = r.admissionOf(&t.c)
 		bodies     bodyCache
 		next       int
 		kept, lost *attempt // the last attempt with a response, and the last without
 	)
+	defer func() {
+		if kept != nil && t.att.resp != kept.resp {
+			kept.closeKept() // not returned: stop reading it
+		}
+	}()
 	for i := 0; i < r.s.retry.maxAttempts; i++ {
 		idx, tk, err := r.acquire(ctx, cands, next, adm)
 		if err != nil {
@@ -134,7 +147,7 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 		}
 		cand := cands[idx]
 		next = idx + 1
-		if cand.forced {
+		if cands[idx].forced {
 			adm.tried |= 1 << (idx % 64)
 		}
 		a, hedgeNext := t.sendHedged(ctx, cands, idx, tk, adm, bodies.get(t, cand))
@@ -156,6 +169,9 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 		}
 		a.discard()
 		if a.resp != nil {
+			if kept != nil {
+				kept.closeKept()
+			}
 			kept = &a
 		} else {
 			lost = &a
@@ -254,8 +270,17 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody) attempt {
 			}
 		})
 	}
-	out := t.outgoing(ctx, cand, body)
 	a.sent = r.s.clock.Now()
+	if err := ctx.Err(); err != nil {
+		// The call never goes out: its tokens go back.
+		cand.up.lim.refund(a.sent, cand.up.lim.charge(t.tokens))
+		if stop != nil {
+			stop()
+		}
+		a.err = err
+		return a
+	}
+	out := t.outgoing(ctx, cand, body)
 	a.resp, a.err = r.s.base.RoundTrip(out)
 	if a.err == nil && a.resp == nil {
 		a.err = errors.New("relay: Base returned no response and no error")
@@ -306,20 +331,100 @@ func (a *attempt) close() {
 }
 
 // discard releases an attempt that is not returned to the caller now. Its
-// response body is kept in memory (up to maxKeptBody) so the response can
-// still be returned, intact, if no later attempt gets one.
+// response body is read on a goroutine of its own (see keptBody), so that
+// the response can still be returned, intact, if no later attempt gets one,
+// and nothing waits for it meanwhile; its context ends when that read does.
 func (a *attempt) discard() {
-	if a.stream != nil {
+	if a.held {
+		a.held = false
+		a.cand.up.unclaim()
+	}
+	switch {
+	case a.stream != nil:
 		a.stream.abandon()
 		a.resp, a.stream = nil, nil
-	} else if a.resp != nil {
-		b, _ := io.ReadAll(io.LimitReader(a.resp.Body, maxKeptBody))
-		a.resp.Body.Close()
-		a.resp.Body = io.NopCloser(bytes.NewReader(b))
-		a.resp.ContentLength = int64(len(b))
+	case a.resp != nil:
+		a.resp.Body = keep(a.resp.Body, a.cancel)
+		a.resp.ContentLength = -1
+		return // the read ends the context
 	}
-	a.release()
+	if a.cancel != nil {
+		a.cancel()
+	}
 }
+
+// closeKept stops the read of a discarded response that will not be
+// returned.
+func (a *attempt) closeKept() {
+	if a.resp != nil {
+		a.resp.Body.Close()
+	}
+}
+
+// Bounds of the read of a body nobody waits for: a discarded response kept
+// in case it is returned, a hedge's losing answer read for its usage.
+const (
+	maxKeptBody  = 1 << 20         // bytes kept
+	keptBodyWait = 5 * time.Second // after this the body is cut, as by a read deadline
+)
+
+// readBounded reads src to its end, at most max bytes and at most
+// keptBodyWait (a real-time bound, like a read deadline), and closes it.
+// cut reports that the body did not end cleanly within the bounds.
+func readBounded(src io.ReadCloser, max int64) (buf []byte, cut bool) {
+	timer := time.AfterFunc(keptBodyWait, func() { src.Close() })
+	buf, err := io.ReadAll(io.LimitReader(src, max))
+	if err == nil && int64(len(buf)) == max {
+		var one [1]byte
+		if n, _ := src.Read(one[:]); n > 0 {
+			err = io.ErrUnexpectedEOF // more than max
+		}
+	}
+	timer.Stop()
+	src.Close()
+	return buf, err != nil
+}
+
+// keptBody is the body of a discarded response, read in the background by
+// readBounded. If the response ends up returned, Read hands out what was
+// read once the read is done, then io.EOF, or io.ErrUnexpectedEOF when the
+// body was cut. Close stops the read.
+type keptBody struct {
+	src  io.ReadCloser
+	done chan struct{}
+	buf  []byte
+	cut  bool
+	off  int
+}
+
+// keep starts the background read of src; onDone, if not nil, runs when it
+// ends.
+func keep(src io.ReadCloser, onDone func()) *keptBody {
+	k := &keptBody{src: src, done: make(chan struct{})}
+	go func() {
+		k.buf, k.cut = readBounded(src, maxKeptBody)
+		close(k.done)
+		if onDone != nil {
+			onDone()
+		}
+	}()
+	return k
+}
+
+func (k *keptBody) Read(p []byte) (int, error) {
+	<-k.done
+	if k.off < len(k.buf) {
+		n := copy(p, k.buf[k.off:])
+		k.off += n
+		return n, nil
+	}
+	if k.cut {
+		return 0, io.ErrUnexpectedEOF
+	}
+	return 0, io.EOF
+}
+
+func (k *keptBody) Close() error { return k.src.Close() }
 
 // factor is the price factor of the attempt's upstream (1 with none).
 func (a *attempt) factor() float64 {
@@ -328,6 +433,40 @@ func (a *attempt) factor() float64 {
 	}
 	return a.cand.up.factor
 }
+
+// decompress undoes a gzip content coding the Base left in place (a Base
+// other than http.Transport), so that usage can be read and a stream
+// parsed; the caller gets the decoded body, as http.Transport gives it.
+// Other codings pass through untouched, unparsed.
+func decompress(resp *http.Response) {
+	if resp.Body == http.NoBody || !strings.EqualFold(strings.TrimSpace(resp.Header.Get("Content-Encoding")), "gzip") {
+		return
+	}
+	resp.Body = &gzipBody{src: resp.Body}
+	resp.Header.Del("Content-Encoding")
+	resp.Header.Del("Content-Length")
+	resp.ContentLength = -1
+	resp.Uncompressed = true
+}
+
+// gzipBody decodes a gzip body, reading its header on the first Read.
+type gzipBody struct {
+	src io.ReadCloser
+	zr  *gzip.Reader
+	err error
+}
+
+func (b *gzipBody) Read(p []byte) (int, error) {
+	if b.zr == nil && b.err == nil {
+		b.zr, b.err = gzip.NewReader(b.src)
+	}
+	if b.err != nil {
+		return 0, b.err
+	}
+	return b.zr.Read(p)
+}
+
+func (b *gzipBody) Close() error { return b.src.Close() }
 
 // finalize hands the answering attempt's outcome to the caller: the
 // response, its body wrapped to find usage and make the report, or the
@@ -339,9 +478,14 @@ func (t *trip) finalize(a attempt) (*http.Response, error) {
 	}
 	resp := a.resp
 	ttft := t.r.s.clock.Now().Sub(t.start)
+	// The request that was sent carries the upstream's key, headers and
+	// URL: the caller gets its own request back, as a rewriting
+	// RoundTripper must.
+	resp.Request = t.req
 	if resp.Header == nil {
 		resp.Header = make(http.Header)
 	}
+	decompress(resp)
 	resp.Header.Set(HeaderModel, t.model())
 	resp.Header.Set(HeaderUpstream, t.upstreamName())
 	resp.Header.Set(HeaderPromptTokens, strconv.Itoa(t.c.req.PromptTokens))

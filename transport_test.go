@@ -5,9 +5,12 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
@@ -355,4 +358,110 @@ func TestNilURL(t *testing.T) {
 	require.Error(t, err)
 	assert.EqualValues(t, 1, body.closes.Load())
 	assert.Len(t, reps.all(), 1)
+}
+
+// TestDiscardedBodyNeverDelaysFailover: a retryable answer whose body stalls
+// (a 503 and half an error body, then nothing) does not hold the request:
+// the next upstream is tried after the backoff alone.
+func TestDiscardedBodyNeverDelaysFailover(t *testing.T) {
+	stalled := newHandlerServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		w.Write([]byte(`{"error":{"message":"over`))
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // until the router lets go of it
+	}))
+	good := newRecorder(t, 200, fixture(t, "chat_response_default.json"))
+	r, reps := newTestRouter(t, Config{Clock: newAutoClock(), Upstreams: []Upstream{{Name: "stalled", BaseURL: stalled}, {Name: "good", BaseURL: good.URL}}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "x")))
+	resp, err := r.RoundTrip(req)
+	require.NoError(t, err, "the stalled body held the request until its deadline")
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, 200, resp.StatusCode)
+	assert.Equal(t, "good", reps.all()[0].Upstream)
+	assert.NoError(t, ctx.Err())
+}
+
+// TestKeptBodyReturnedWhenNothingBetterCame: when every attempt fails, the
+// first answer, read in the background, is returned with its body intact.
+func TestKeptBodyReturnedWhenNothingBetterCame(t *testing.T) {
+	body := `{"error":{"message":"overloaded","type":"server_error"}}`
+	busy := newRecorder(t, 503, []byte(body))
+	r, reps := newTestRouter(t, Config{Clock: newAutoClock(), Upstreams: []Upstream{{Name: "busy", BaseURL: busy.URL}, {Name: "dead", BaseURL: "http://127.0.0.1:1"}}})
+	resp, b, err := send(t, r, chatBody("gpt-4.1", "x"))
+	require.NoError(t, err)
+	assert.Equal(t, 503, resp.StatusCode)
+	assert.Equal(t, body, string(b))
+	assert.Equal(t, "busy", reps.all()[0].Upstream)
+}
+
+// TestResponseRequestIsTheCallers: the response handed back carries the
+// caller's request, never the outgoing copy with the upstream's key,
+// headers and URL password.
+func TestResponseRequestIsTheCallers(t *testing.T) {
+	up := newRecorder(t, 200, fixture(t, "chat_response_default.json"))
+	u, _ := url.Parse(up.URL)
+	u.User = url.UserPassword("user", "url-password-secret")
+	r, _ := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: u.String() + "/v1", APIKey: "sk-upstream-secret-key",
+		Header: http.Header{"Api-Key": {"header-secret-value"}}}}})
+	client := &http.Client{Transport: r}
+	req, _ := http.NewRequest("POST", "http://caller.example/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "x")))
+	req.Header.Set("Authorization", "Bearer callers-own")
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	require.Same(t, req, resp.Request)
+	dump, err := httputil.DumpRequestOut(resp.Request, false)
+	require.NoError(t, err)
+	for _, secret := range []string{"sk-upstream-secret-key", "header-secret-value", "url-password-secret"} {
+		assert.NotContains(t, string(dump), secret)
+	}
+	assert.Equal(t, "Bearer sk-upstream-secret-key", up.got()[0].Header.Get("Authorization"), "the upstream still gets its key")
+}
+
+// TestNonModelPathSkipsOpenCircuit: a path that is not a model endpoint
+// (GET /models) goes to the first upstream whose circuit is not open.
+func TestNonModelPathSkipsOpenCircuit(t *testing.T) {
+	first, second := newRecorder(t, 200, []byte(`{"data":[]}`)), newRecorder(t, 200, []byte(`{"data":[]}`))
+	clock := newFakeClock()
+	r, _ := newTestRouter(t, Config{Clock: clock, Upstreams: []Upstream{{Name: "first", BaseURL: first.URL}, {Name: "second", BaseURL: second.URL}}})
+	u := r.byName["first"]
+	for range 6 {
+		tk, _ := u.br.allow(clock.Now(), false)
+		u.br.done(tk, outcomeFailure, 0, &u.lat, clock.Now())
+	}
+	require.Equal(t, StateOpen, u.br.stateAt(clock.Now()))
+	resp, _ := do(t, r, "GET", "http://relay/v1/models", "")
+	assert.Equal(t, 200, resp.StatusCode)
+	assert.Equal(t, "second", resp.Header.Get(HeaderUpstream))
+	assert.Empty(t, first.got())
+
+	// Every circuit open: the soonest to recover is still tried.
+	v := r.byName["second"]
+	for range 6 {
+		tk, _ := v.br.allow(clock.Now(), false)
+		v.br.done(tk, outcomeFailure, 0, &v.lat, clock.Now())
+	}
+	resp, _ = do(t, r, "GET", "http://relay/v1/models", "")
+	assert.Equal(t, 200, resp.StatusCode)
+}
+
+// TestNilHeaderDoesNotPanic: a request with a nil Header is an empty one,
+// also when the router sets a key and headers.
+func TestNilHeaderDoesNotPanic(t *testing.T) {
+	up := newRecorder(t, 200, fixture(t, "chat_response_default.json"))
+	r, _ := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL, APIKey: "sk-key-123456", Header: http.Header{"X-Tag": {"t"}}}}})
+	req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "x")))
+	req.Header = nil
+	resp, err := r.RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	got := up.got()[0]
+	assert.Equal(t, "Bearer sk-key-123456", got.Header.Get("Authorization"))
+	assert.Equal(t, "t", got.Header.Get("X-Tag"))
 }

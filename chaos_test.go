@@ -1,0 +1,285 @@
+package relay
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+// The chaos test drives the router through its public API only, the way
+// an adversarial caller would: thousands of mixed requests from many
+// goroutines against loopback upstreams that answer with a random fault
+// each time, and callers that read everything, read part and close, close
+// without reading, or cancel. It asserts what must hold whatever happens:
+// one report per request, nothing left in flight, no goroutine or
+// connection leaked, no secret in any report, error or resp.Request.
+
+const (
+	chaosKey    = "sk-chaos-SECRET-key-0001"
+	chaosHeader = "hdr-SECRET-value-0002"
+	chaosPass   = "pw-SECRET-0003"
+)
+
+// chaosFaults are what a chaos upstream may do with a call.
+var chaosFaults = []string{
+	"ok", "ok", "ok", "ok", "slow", "429", "429-ms", "503", "503-stall", "500",
+	"400", "drop", "hang", "cut", "stall", "error-event", "remaining-0",
+}
+
+// chaosUpstream answers each call with a fault drawn from its own seeded
+// generator, and counts its open connections.
+type chaosUpstream struct {
+	*httptest.Server
+	mu    sync.Mutex
+	rng   *rand.Rand
+	conns atomic.Int64
+	json  []byte
+	sse   []byte
+}
+
+func newChaosUpstream(t *testing.T, seed uint64) *chaosUpstream {
+	u := &chaosUpstream{rng: rand.New(rand.NewPCG(seed, 7)), json: fixture(t, "chat_response_default.json"),
+		sse: fixture(t, "chat_stream_recorded_gpt4o_text_usage.sse")}
+	u.Server = httptest.NewUnstartedServer(http.HandlerFunc(u.serve))
+	u.Server.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		switch s {
+		case http.StateNew:
+			u.conns.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			u.conns.Add(-1)
+		}
+	}
+	u.Start()
+	return u
+}
+
+func (u *chaosUpstream) fault() string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return chaosFaults[u.rng.IntN(len(chaosFaults))]
+}
+
+func (u *chaosUpstream) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	stream := bytes.Contains(body, []byte(`"stream":true`))
+	ctx := r.Context()
+	wait := func(d time.Duration) { // a fault's own timing, cut short when the client goes
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
+		}
+	}
+	f := u.fault()
+	switch f {
+	case "slow":
+		wait(30 * time.Millisecond)
+	case "429":
+		w.Header().Set("Retry-After", "0")
+		http.Error(w, `{"error":{"message":"slow down","code":"rate_limit_exceeded"}}`, 429)
+		return
+	case "429-ms":
+		w.Header().Set("Retry-After-Ms", "5")
+		http.Error(w, `{"error":{"message":"slow down"}}`, 429)
+		return
+	case "503":
+		http.Error(w, `{"error":{"message":"overloaded"}}`, 503)
+		return
+	case "503-stall", "500":
+		w.WriteHeader(map[string]int{"503-stall": 503, "500": 500}[f])
+		w.Write([]byte(`{"error":{"message":"ha`))
+		w.(http.Flusher).Flush()
+		wait(time.Second)
+		return
+	case "400":
+		http.Error(w, `{"error":{"message":"bad request"}}`, 400)
+		return
+	case "drop":
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+		return
+	case "hang":
+		wait(time.Second)
+		return
+	case "remaining-0":
+		w.Header().Set("X-Ratelimit-Remaining-Requests", "0")
+		w.Header().Set("X-Ratelimit-Reset-Requests", "20ms")
+	}
+	if !stream {
+		u.answerJSON(w, r)
+		return
+	}
+	u.answerStream(w, f, wait)
+}
+
+func (u *chaosUpstream) answerJSON(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+		w.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(w)
+		zw.Write(u.json)
+		zw.Close()
+		return
+	}
+	w.Write(u.json)
+}
+
+func (u *chaosUpstream) answerStream(w http.ResponseWriter, f string, wait func(time.Duration)) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	events := bytes.SplitAfter(u.sse, []byte("\n\n"))
+	for i, ev := range events {
+		switch {
+		case f == "cut" && i == 3:
+			panic(http.ErrAbortHandler)
+		case f == "stall" && i == 3:
+			w.(http.Flusher).Flush()
+			wait(time.Second)
+			return
+		case f == "error-event" && i == 2:
+			fmt.Fprintf(w, "data: {\"error\":{\"message\":\"Incorrect API key provided: %s\",\"code\":\"invalid_api_key\"}}\n\n", chaosKey)
+			return
+		}
+		w.Write(ev)
+		if i%4 == 0 {
+			w.(http.Flusher).Flush()
+		}
+	}
+}
+
+func TestChaos(t *testing.T) {
+	requests, workers := 2000, 32
+	if testing.Short() {
+		requests = 300
+	}
+	ignore := goleak.IgnoreCurrent()
+	runChaos(t, requests, workers)
+	goleak.VerifyNone(t, ignore)
+}
+
+func runChaos(t *testing.T, requests, workers int) {
+	ups := make([]*chaosUpstream, 4)
+	cfg := make([]Upstream, len(ups))
+	for i := range ups {
+		ups[i] = newChaosUpstream(t, uint64(i+1))
+		base, _ := url.Parse(ups[i].URL + "/v1")
+		base.User = url.UserPassword("relay", chaosPass)
+		cfg[i] = Upstream{Name: fmt.Sprintf("u%d", i), BaseURL: base.String(), APIKey: chaosKey,
+			Header: http.Header{"X-Api-Key": {chaosHeader}}, RPM: 100000, TPM: 1 << 30, MaxInFlight: 8}
+	}
+	base := &http.Transport{MaxIdleConnsPerHost: 16}
+	var reports atomic.Int64
+	secretIn := func(s string) bool {
+		return strings.Contains(s, chaosKey) || strings.Contains(s, chaosHeader) || strings.Contains(s, chaosPass)
+	}
+	r, err := New(Config{
+		Upstreams: cfg, Base: base,
+		Retry:   RetryConfig{MaxAttempts: 3, InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond, AttemptTimeout: 150 * time.Millisecond},
+		Hedge:   HedgeConfig{Delay: 20 * time.Millisecond, Budget: 0.2},
+		Breaker: BreakerConfig{Cooldown: 20 * time.Millisecond, MaxCooldown: 50 * time.Millisecond},
+		Limits:  LimitConfig{MaxWait: 20 * time.Millisecond},
+		Stream:  StreamConfig{IdleTimeout: 100 * time.Millisecond},
+		OnReport: func(rep Report) {
+			reports.Add(1)
+			if secretIn(fmt.Sprintf("%+v %#v", rep, rep)) || (rep.Err != nil && secretIn(rep.Err.Error())) {
+				t.Errorf("a secret in a report: %+v", rep)
+			}
+		},
+	})
+	require.NoError(t, err)
+
+	var sent atomic.Int64
+	var wg sync.WaitGroup
+	jobs := make(chan int)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 99))
+			for range jobs {
+				sent.Add(1)
+				chaosCall(t, r, rng, secretIn)
+			}
+		}()
+	}
+	for i := range requests {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+
+	require.Eventually(t, func() bool { return reports.Load() == sent.Load() }, 20*time.Second, 5*time.Millisecond,
+		"one report per request: %d reports for %d requests", reports.Load(), sent.Load())
+	time.Sleep(10 * time.Millisecond) // a report made twice would come now
+	assert.Equal(t, sent.Load(), reports.Load(), "exactly one report per request")
+	for _, u := range r.ups {
+		assert.Zero(t, u.inflight.Load(), "%s: requests left in flight", u.cfg.Name)
+		assert.Zero(t, len(u.lim.slots), "%s: in-flight slots left taken", u.cfg.Name)
+	}
+	r.CloseIdleConnections()
+	for _, u := range ups {
+		require.Eventually(t, func() bool { return u.conns.Load() == 0 }, 20*time.Second, 5*time.Millisecond,
+			"connections left open: %d", u.conns.Load())
+		u.Close()
+	}
+}
+
+// chaosCall makes one request the way a random caller would and checks
+// what it got back.
+func chaosCall(t *testing.T, r *Router, rng *rand.Rand, secretIn func(string) bool) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	body := chatBody("gpt-4.1", "chaos")
+	if rng.IntN(2) == 0 {
+		body = `{"model":"gpt-4.1","stream":true,"messages":[{"role":"user","content":"chaos"}]}`
+	}
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://relay/v1/chat/completions", strings.NewReader(body))
+	switch rng.IntN(6) {
+	case 0:
+		req.Header = nil
+	case 1:
+		req.Header.Set("Accept-Encoding", "gzip")
+	case 2:
+		time.AfterFunc(time.Duration(rng.IntN(30))*time.Millisecond, cancel) // cancelled at some point
+	}
+	resp, err := r.RoundTrip(req)
+	if err != nil {
+		if secretIn(fmt.Sprintf("%v %+v", err, err)) {
+			t.Errorf("a secret in an error: %v", err)
+		}
+		return
+	}
+	if resp.Request != req {
+		t.Errorf("resp.Request is not the caller's")
+	}
+	if req.Header != nil { // dumping needs a Header
+		if dump, derr := httputil.DumpRequestOut(resp.Request.WithContext(context.Background()), false); derr != nil || secretIn(string(dump)) {
+			t.Errorf("resp.Request shows a secret (%v): %s", derr, dump)
+		}
+	}
+	switch rng.IntN(4) {
+	case 0: // close without reading
+	case 1: // read part
+		io.ReadFull(resp.Body, make([]byte, 10))
+	default:
+		io.Copy(io.Discard, resp.Body)
+	}
+	resp.Body.Close()
+}
