@@ -39,30 +39,20 @@ type scanResult struct {
 // attempt, walking cands from start: the first whose breaker admits it and
 // whose limits can take the request now. When none can, it waits for the
 // one that can soonest, at most Limits.MaxWait (none when !a.mayWait) and
-// never past the context's deadline. It returns the candidate's index and
-// the breaker's ticket; the candidate's tokens, its in-flight count and
-// slot are taken, to be given back by attempt.release.
-func (r *Router) acquire(ctx context.Context, cands []candidate, start int, a admission) (int, ticket, error) {
+// never past the context's deadline. It returns the candidate's index, the
+// breaker's ticket and how long it waited; the candidate's tokens, its
+// in-flight count and slot are taken, to be given back by attempt.release.
+func (r *Router) acquire(ctx context.Context, cands []candidate, start int, a admission) (int, ticket, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
-		return -1, ticket{}, err // a request that cannot go out takes no tokens
+		return -1, ticket{}, 0, err // a request that cannot go out takes no tokens
 	}
 	now := r.s.clock.Now()
 	sc := r.scan(cands, start, a, now)
 	if sc.pick >= 0 {
-		return sc.pick, sc.tk, nil
+		return sc.pick, sc.tk, 0, nil
 	}
-	if sc.overCap >= 0 && sc.best < 0 && sc.slotWait < 0 {
-		// Every candidate that could take the request now is at its
-		// bounded-load cap: the first in hash order takes it, as a
-		// consistent-hashing ring would.
-		c := &cands[sc.overCap]
-		if r.claim(cands, c, false) == claimed {
-			if tk, ok := c.up.br.allow(now, c.forced); ok {
-				c.up.lim.take(now, c.up.lim.charge(a.tokens))
-				return sc.overCap, tk, nil
-			}
-			c.up.unclaim()
-		}
+	if i, tk, ok := r.takeOverCap(cands, sc, a, now); ok {
+		return i, tk, 0, nil
 	}
 	maxWait := r.s.maxWait
 	if !a.mayWait {
@@ -81,13 +71,34 @@ func (r *Router) acquire(ctx context.Context, cands []candidate, start int, a ad
 		return r.await(ctx, cands, sc.slotWait, -1, a, maxWait, tooLong)
 	case sc.best < 0 && sc.slotWait < 0 && sc.open > 0:
 		if !a.mayWait {
-			return -1, ticket{}, ErrCircuitOpen // a hedge is never forced
+			return -1, ticket{}, 0, ErrCircuitOpen // a hedge is never forced
 		}
-		return r.forceSoonest(cands, a, now)
+		i, tk, err := r.forceSoonest(cands, a, now)
+		return i, tk, 0, err
 	case tooLong != ErrRateLimited && (sc.slotWait >= 0 || (sc.best >= 0 && sc.bestD <= r.s.maxWait)):
-		return -1, ticket{}, tooLong
+		return -1, ticket{}, 0, tooLong
 	}
-	return -1, ticket{}, ErrRateLimited
+	return -1, ticket{}, 0, ErrRateLimited
+}
+
+// takeOverCap admits the first candidate at its bounded-load cap when every
+// candidate that could take the request now is at its cap: the first in
+// hash order takes it, as a consistent-hashing ring would.
+func (r *Router) takeOverCap(cands []candidate, sc scanResult, a admission, now time.Time) (int, ticket, bool) {
+	if sc.overCap < 0 || sc.best >= 0 || sc.slotWait >= 0 {
+		return -1, ticket{}, false
+	}
+	c := &cands[sc.overCap]
+	if r.claim(cands, c, false) != claimed {
+		return -1, ticket{}, false
+	}
+	tk, ok := c.up.br.allow(now, c.forced)
+	if !ok {
+		c.up.unclaim()
+		return -1, ticket{}, false
+	}
+	c.up.lim.take(now, c.up.lim.charge(a.tokens))
+	return sc.overCap, tk, true
 }
 
 // errWaitPastDeadline: the wait for an upstream's limits would end after
@@ -146,10 +157,31 @@ func (r *Router) scan(cands []candidate, start int, a admission, now time.Time) 
 // await waits for cands[pick]: for its buckets to clear (delay >= 0, the
 // tokens reserved now, so that requests arriving during the wait queue
 // behind this one) and then for an in-flight slot, within maxWait in all
-// (then tooLong). Every failure gives the tokens back.
-func (r *Router) await(ctx context.Context, cands []candidate, pick int, delay time.Duration, a admission, maxWait time.Duration, tooLong error) (int, ticket, error) {
+// (then tooLong). Every failure gives the tokens back. It reports how long
+// it waited, to Hooks.OnWait too.
+func (r *Router) await(ctx context.Context, cands []candidate, pick int, delay time.Duration, a admission, maxWait time.Duration, tooLong error) (int, ticket, time.Duration, error) {
 	clock := r.s.clock
+	start := clock.Now()
 	c := &cands[pick]
+	i, tk, err := r.waitFor(ctx, cands, c, delay, a, maxWait, tooLong)
+	if err == nil && i < 0 {
+		i = pick
+	}
+	waited := clock.Now().Sub(start)
+	if h := r.s.hooks.OnWait; h != nil {
+		reason := "rate"
+		if delay < 0 {
+			reason = "slot"
+		}
+		h(WaitEvent{Context: ctx, Upstream: c.up.cfg.Name, Reason: reason, Wait: waited, Err: err})
+	}
+	return i, tk, waited, err
+}
+
+// waitFor does await's waiting; i is -1 unless the never-empty rule forced
+// another candidate.
+func (r *Router) waitFor(ctx context.Context, cands []candidate, c *candidate, delay time.Duration, a admission, maxWait time.Duration, tooLong error) (int, ticket, error) {
+	clock := r.s.clock
 	lim := &c.up.lim
 	tpm := lim.charge(a.tokens)
 	var rv reservation
@@ -179,7 +211,7 @@ func (r *Router) await(ctx context.Context, cands []candidate, pick int, delay t
 	if delay < 0 {
 		lim.take(now, tpm)
 	}
-	return pick, tk, nil
+	return -1, tk, nil
 }
 
 // forceSoonest is the never-empty rule at admission: when every candidate

@@ -43,6 +43,12 @@ type Config struct {
 	// held, and must not block.
 	OnReport func(Report)
 
+	// Hooks observe requests, attempts, waits and breakers as they happen
+	// (see Hooks); OnReport and Breaker.OnChange are called as well as
+	// Hooks.OnReport and Hooks.OnBreaker. The zero Hooks observe nothing, at
+	// no cost.
+	Hooks Hooks
+
 	// MaxBodyBytes bounds the request body the router reads. If 0, 32 MiB.
 	// A larger body fails with ErrBodyTooLarge and no upstream is called.
 	MaxBodyBytes int64
@@ -355,6 +361,7 @@ type settings struct {
 	clock            Clock
 	policy           Policy
 	prices           map[string]Price
+	hooks            Hooks // Config.Hooks joined with OnReport and Breaker.OnChange
 	onReport         func(Report)
 	maxBody          int64
 	buckets          Buckets
@@ -433,7 +440,8 @@ func resolve(c Config) (settings, error) {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("relay: "+format, args...)) }
 	s := settings{
-		base: c.Base, clock: c.Clock, policy: c.Policy, onReport: c.OnReport,
+		base: c.Base, clock: c.Clock, policy: c.Policy,
+		hooks: JoinHooks(Hooks{OnReport: c.OnReport, OnBreaker: c.Breaker.OnChange}, c.Hooks),
 		maxBody: orDefault(c.MaxBodyBytes, 32<<20), buckets: c.Buckets,
 		memoEntries: offOr(c.MemoEntries, 8192), imageTokens: orDefault(c.ImageTokens, 85),
 		strategy: c.Strategy, jitter: offOr(c.Jitter, 0.125), cacheKey: c.PromptCacheKey,
@@ -477,7 +485,9 @@ func resolve(c Config) (settings, error) {
 	}
 	s.retry = resolveRetry(c.Retry, bad)
 	s.hedge = resolveHedge(c.Hedge, bad)
+	s.onReport = s.hooks.OnReport
 	s.breaker = resolveBreaker(c.Breaker, bad)
+	s.breaker.onChange = s.hooks.OnBreaker
 	s.stream = streamSettings{idle: offOr(c.Stream.IdleTimeout, 25*time.Second), firstToken: c.Stream.FirstTokenTimeout,
 		injectUsage: !c.Stream.KeepUsageOption}
 	if s.stream.firstToken < 0 {

@@ -63,7 +63,7 @@ func (t *trip) sendHedged(ctx context.Context, cands []candidate, idx int, tk ti
 	r := t.r
 	cand := cands[idx]
 	if !r.s.hedge.on {
-		a := t.send(ctx, cand, out)
+		a := t.send(ctx, cand, out, t.attempts, false)
 		a.tk = tk
 		return a, -1
 	}
@@ -72,8 +72,9 @@ func (t *trip) sendHedged(ctx context.Context, cands []candidate, idx int, tk ti
 	launch := func(n int, c candidate, tk ticket, out outBody) {
 		actx, cancel := context.WithCancel(ctx)
 		cancels[n] = cancel
+		seq := t.attempts
 		go func() {
-			a := t.send(actx, c, out)
+			a := t.send(actx, c, out, seq, n == 1)
 			a.tk, a.hedge = tk, n
 			if inner := a.cancel; inner != nil {
 				a.cancel = func() { inner(); cancel() }
@@ -99,7 +100,7 @@ func (t *trip) sendHedged(ctx context.Context, cands []candidate, idx int, tk ti
 		return <-results, -1
 	}
 	adm.exclude, adm.mayWait = cand.up, false // a hedge goes elsewhere, at once
-	idx2, tk2, err := r.acquire(ctx, cands, idx+1, adm)
+	idx2, tk2, _, err := r.acquire(ctx, cands, idx+1, adm)
 	if err != nil {
 		r.hedges.bal.Add(1000) // unspent
 		return <-results, -1

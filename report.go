@@ -27,6 +27,8 @@ type Report struct {
 	TTFT         time.Duration // to the first content byte (streams) or the response headers
 	Attempts     int           // upstream calls made, hedges included
 	Hedged       bool          // a hedge was sent
+	HedgeWon     bool          // the hedge's answer was the one returned
+	Overhead     time.Duration // time RoundTrip spent in the router itself: upstream calls and waits excluded
 	StatusCode   int           // final status; 0 when none came
 	Stream       bool
 	Err          error // nil on success
@@ -50,8 +52,15 @@ type bodyEnd struct {
 
 // fail finishes a trip that produced no response and returns err.
 func (t *trip) fail(err error) error {
+	t.returning()
 	t.finish(bodyEnd{err: err})
 	return err
+}
+
+// returning notes the router's own time when RoundTrip returns: all of it
+// but the upstream calls and the waits.
+func (t *trip) returning() {
+	t.overhead = max(t.r.s.clock.Now().Sub(t.start)-t.outside, 0)
 }
 
 // finish ends the trip: the first call wins, later ones do nothing. It
@@ -94,9 +103,11 @@ func (t *trip) report(end bodyEnd) Report {
 		TTFT:           end.ttft,
 		Attempts:       t.attempts,
 		Hedged:         t.hedged,
+		HedgeWon:       t.att.hedge == 1,
+		Overhead:       t.overhead,
 		Stream:         t.c.req.Stream,
 		Err:            end.err,
-		Context:        t.req.Context(),
+		Context:        t.ctx,
 	}
 	if rep.Upstream == "" {
 		rep.Upstream = failedUpstream(end.err) // the upstream a failure names, if any

@@ -418,11 +418,16 @@ func (s *streamBody) responsesEvent(typ, v []byte) {
 	}
 }
 
+// chunkFacts is what one pass over a chat or completions chunk found.
+type chunkFacts struct {
+	hasUsage, emptyChoices, noChoices, finish bool
+}
+
 // chatChunk looks at one chat or completions chunk in a single pass over its
 // keys: content and tool-call deltas, usage, an error.
 func (s *streamBody) chatChunk(v []byte) (usageChunk bool) {
 	st := &s.st
-	hasUsage, emptyChoices, noChoices, finish := false, false, true, false
+	f := chunkFacts{noChoices: true}
 	n := len(v)
 	// One pass over the bytes: a plain loop beats a search call per string
 	// on chunks this small.
@@ -445,63 +450,70 @@ func (s *streamBody) chatChunk(v []byte) (usageChunk bool) {
 			break
 		}
 		key := v[ks+1 : ke]
-		if v[j] == '"' {
-			ve := jsonscan.StringEnd(v, j)
-			if ve >= n {
-				break
-			}
-			raw := v[j+1 : ve]
-			i = ve
-			switch string(key) {
-			case "content", "refusal", "text", "arguments":
-				if len(raw) > 0 {
-					s.content()
-					s.estimate(raw)
-				}
-			case "name", "reasoning_content", "reasoning":
-				s.estimate(raw)
-			case "finish_reason":
-				finish = finish || len(raw) > 0
-			}
+		if v[j] != '"' {
+			i = j - 1
+			s.chunkMember(key, v, j, &f)
 			continue
 		}
-		i = j - 1
+		ve := jsonscan.StringEnd(v, j)
+		if ve >= n {
+			break
+		}
+		i = ve
+		raw := v[j+1 : ve]
 		switch string(key) {
-		case "tool_calls":
-			if v[j] == '[' {
-				if k := jsonscan.SkipSpace(v, j+1); k < n && v[k] == '{' {
-					s.content()
-				}
+		case "content", "refusal", "text", "arguments":
+			if len(raw) > 0 {
+				s.content()
+				s.estimate(raw)
 			}
-		case "usage":
-			hasUsage = hasUsage || v[j] == '{'
-		case "choices":
-			noChoices = false
-			if v[j] == '[' {
-				if k := jsonscan.SkipSpace(v, j+1); k < n && v[k] == ']' {
-					emptyChoices = true
-				}
-			}
-		case "error":
-			if v[j] == '{' {
-				e := gjson.GetBytes(v, "error")
-				s.streamError(e.Get("code").String(), e.Get("message").String())
-			}
+		case "name", "reasoning_content", "reasoning":
+			s.estimate(raw)
+		case "finish_reason":
+			f.finish = f.finish || len(raw) > 0
 		}
 	}
-	if finish {
+	if f.finish {
 		s.finishChoices(v)
 	}
-	if hasUsage {
+	if f.hasUsage {
 		if u, ok := parseUsage(v); ok {
 			st.usage, st.haveUsage = u, true
-			if emptyChoices || noChoices {
+			if f.emptyChoices || f.noChoices {
 				st.usageEnd = true
 				return true
 			}
 		}
 	}
 	return false
+}
+
+// chunkMember looks at a member of a chunk whose value, at v[j], is not a
+// string.
+func (s *streamBody) chunkMember(key, v []byte, j int, f *chunkFacts) {
+	n := len(v)
+	switch string(key) {
+	case "tool_calls":
+		if v[j] == '[' {
+			if k := jsonscan.SkipSpace(v, j+1); k < n && v[k] == '{' {
+				s.content()
+			}
+		}
+	case "usage":
+		f.hasUsage = f.hasUsage || v[j] == '{'
+	case "choices":
+		f.noChoices = false
+		if v[j] == '[' {
+			if k := jsonscan.SkipSpace(v, j+1); k < n && v[k] == ']' {
+				f.emptyChoices = true
+			}
+		}
+	case "error":
+		if v[j] == '{' {
+			e := gjson.GetBytes(v, "error")
+			s.streamError(e.Get("code").String(), e.Get("message").String())
+		}
+	}
 }
 
 // finishChoices records which choices of a chunk carry a finish_reason.

@@ -52,8 +52,13 @@ func (r *Router) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 func newTrip(r *Router, req *http.Request) *trip {
-	t := &trip{r: r, req: req, start: r.s.clock.Now()}
+	t := &trip{r: r, req: req, ctx: req.Context(), start: r.s.clock.Now()}
 	t.votes.Store(1) // the body's end
+	if h := r.s.hooks.OnRequest; h != nil {
+		if ctx := h(t.ctx, req); ctx != nil {
+			t.ctx = ctx
+		}
+	}
 	return t
 }
 
@@ -87,6 +92,7 @@ func (r *Router) readBody(req *http.Request) ([]byte, error) {
 type trip struct {
 	r      *Router
 	req    *http.Request
+	ctx    context.Context // the request's (as Hooks.OnRequest left it)
 	start  time.Time
 	body   []byte
 	c      classified
@@ -95,13 +101,15 @@ type trip struct {
 	tokens int          // prompt plus output tokens: the TPM charge before clamping
 	cbuf   [8]candidate // backing array of the candidate list
 
-	att      attempt      // the answering attempt, once there is one
-	attempts int          // upstream calls made, hedges included
-	hedged   bool         // a hedge was sent
-	loser    *loserUsage  // usage of a hedge's losing attempt, when it completed too
-	done     atomic.Bool  // the body is done (finish ran)
-	end      bodyEnd      // how it ended, for the report
-	votes    atomic.Int32 // parties the report still waits for (see vote)
+	att      attempt       // the answering attempt, once there is one
+	attempts int           // upstream calls made, hedges included
+	hedged   bool          // a hedge was sent
+	outside  time.Duration // time spent in upstream calls and waits
+	overhead time.Duration // the router's own time, set when RoundTrip returns
+	loser    *loserUsage   // usage of a hedge's losing attempt, when it completed too
+	done     atomic.Bool   // the body is done (finish ran)
+	end      bodyEnd       // how it ended, for the report
+	votes    atomic.Int32  // parties the report still waits for (see vote)
 }
 
 // attempt is one upstream call and what it learned.
@@ -123,7 +131,7 @@ type attempt struct {
 // to the next candidate.
 func (t *trip) run(cands []candidate) (*http.Response, error) {
 	r := t.r
-	ctx := t.req.Context()
+	ctx := t.ctx
 	if r.s.hedge.on {
 		r.hedges.add()
 	}
@@ -141,7 +149,8 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 		}
 	}()
 	for i := 0; i < r.s.retry.maxAttempts; i++ {
-		idx, tk, err := r.acquire(ctx, cands, next, adm)
+		idx, tk, waited, err := r.acquire(ctx, cands, next, adm)
+		t.outside += waited
 		if err != nil {
 			return t.giveUp(err, kept, lost)
 		}
@@ -150,14 +159,17 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 		if cands[idx].forced {
 			adm.tried |= 1 << (idx % 64)
 		}
-		a, hedgeNext := t.sendHedged(ctx, cands, idx, tk, adm, bodies.get(t, cand))
+		out := bodies.get(t, cand)
+		at := r.s.clock.Now()
+		t.attempts++
+		a, hedgeNext := t.sendHedged(ctx, cands, idx, tk, adm, out)
 		if hedgeNext >= 0 {
 			next = hedgeNext
 		}
-		t.attempts++
 		if i < r.s.retry.maxAttempts-1 {
 			t.awaitFirstToken(&a)
 		}
+		t.outside += r.s.clock.Now().Sub(at)
 		t.observe(&a)
 		wait, final := t.retryWait(&a, cands[next%len(cands)], i, &rt)
 		if final {
@@ -176,7 +188,10 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 		} else {
 			lost = &a
 		}
-		if err := sleep(ctx, r.s.clock, wait); err != nil {
+		at = r.s.clock.Now()
+		err = sleep(ctx, r.s.clock, wait)
+		t.outside += r.s.clock.Now().Sub(at)
+		if err != nil {
 			return nil, t.fail(&Error{Op: "backoff", Upstream: a.cand.up.cfg.Name, Model: a.cand.model, Err: err})
 		}
 	}
@@ -187,7 +202,7 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 // upstream response if there was one, else the last real failure, else the
 // admission's error.
 func (t *trip) giveUp(err error, kept, lost *attempt) (*http.Response, error) {
-	if t.req.Context().Err() == nil {
+	if t.ctx.Err() == nil {
 		switch {
 		case kept != nil:
 			return t.finalize(*kept) // the last upstream response, intact
@@ -236,7 +251,7 @@ func (t *trip) awaitFirstToken(a *attempt) {
 func (t *trip) observe(a *attempt) {
 	now := t.r.s.clock.Now()
 	o := outcomeOf(a.resp, a.err)
-	if a.resp == nil && t.req.Context().Err() != nil {
+	if a.resp == nil && t.ctx.Err() != nil {
 		o = outcomeNeutral // the caller gave up (cancel or its own deadline), not the upstream
 	}
 	u := a.cand.up
@@ -254,7 +269,7 @@ func (t *trip) observe(a *attempt) {
 
 // send makes one upstream call. The attempt holds the in-flight count and
 // slot acquire took until it is released.
-func (t *trip) send(ctx context.Context, cand candidate, body outBody) attempt {
+func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, hedge bool) attempt {
 	r := t.r
 	a := attempt{cand: cand, held: true, injected: body.injected}
 	// state settles the race between the attempt timer and the response:
@@ -281,6 +296,10 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody) attempt {
 		return a
 	}
 	out := t.outgoing(ctx, cand, body)
+	var done func(AttemptDone)
+	if h := r.s.hooks.OnAttempt; h != nil {
+		done = h(ctx, AttemptInfo{Upstream: cand.up.cfg.Name, Model: cand.model, N: n, Hedge: hedge}, out)
+	}
 	a.resp, a.err = r.s.base.RoundTrip(out)
 	if a.err == nil && a.resp == nil {
 		a.err = errors.New("relay: Base returned no response and no error")
@@ -304,6 +323,13 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody) attempt {
 	}
 	if a.err != nil && a.err != ErrAttemptTimeout && ctx.Err() != nil {
 		a.err = ctx.Err()
+	}
+	if done != nil {
+		d := AttemptDone{Err: a.err, Latency: r.s.clock.Now().Sub(a.sent)}
+		if a.resp != nil {
+			d.StatusCode = a.resp.StatusCode
+		}
+		done(d)
 	}
 	return a
 }
@@ -473,6 +499,7 @@ func (b *gzipBody) Close() error { return b.src.Close() }
 // attempt's error.
 func (t *trip) finalize(a attempt) (*http.Response, error) {
 	t.att = a
+	t.returning()
 	if a.err != nil {
 		return nil, t.fail(t.errorf("send", a.err))
 	}

@@ -1,0 +1,113 @@
+package relay
+
+import (
+	"context"
+	"net/http"
+	"time"
+)
+
+// Hooks observe a Router as it works, for tracing and metrics beyond what
+// a Report carries: the request's start, each upstream call as it happens,
+// limiter waits and breaker transitions. Every hook is optional (nil: not
+// called, at no cost), is called synchronously with no lock held, must not
+// block, and must be safe for concurrent use. JoinHooks composes several
+// observers (OpenTelemetry, Prometheus, your own) into one.
+type Hooks struct {
+	// OnRequest runs when RoundTrip starts, before the body is read. The
+	// context it returns, if not nil, is the request's from then on:
+	// attempts are sent with contexts derived from it, hooks receive it,
+	// and Report.Context is it. A tracer starts its span here and ends it
+	// in OnReport (found again through Report.Context).
+	OnRequest func(ctx context.Context, req *http.Request) context.Context
+	// OnAttempt runs before each upstream call, with the outgoing request
+	// (it may add headers, such as a W3C traceparent). The function it
+	// returns, if not nil, runs once, when the call's outcome is known: its
+	// response headers or its error.
+	OnAttempt func(ctx context.Context, a AttemptInfo, out *http.Request) func(AttemptDone)
+	// OnWait runs after a request waited for an upstream's rate limits or
+	// in-flight slot.
+	OnWait func(WaitEvent)
+	// OnBreaker runs on every breaker state change, as
+	// BreakerConfig.OnChange does.
+	OnBreaker func(BreakerEvent)
+	// OnReport runs with each request's Report, as Config.OnReport does.
+	OnReport func(Report)
+}
+
+// AttemptInfo describes one upstream call as it starts.
+type AttemptInfo struct {
+	Upstream string
+	Model    string // the model asked of the upstream
+	N        int    // 1 for the request's first call
+	Hedge    bool   // a hedge racing the call before it
+}
+
+// AttemptDone is the outcome of one upstream call.
+type AttemptDone struct {
+	StatusCode int           // 0 when no response came
+	Err        error         // the transport's error, ErrAttemptTimeout, or the context's
+	Latency    time.Duration // to the response headers or the error
+}
+
+// WaitEvent describes a wait for an upstream's limits.
+type WaitEvent struct {
+	Context  context.Context
+	Upstream string
+	Reason   string        // "rate" (RPM, TPM or a hold) or "slot" (MaxInFlight)
+	Wait     time.Duration // how long the request waited
+	Err      error         // nil when the wait ended in admission
+}
+
+// JoinHooks returns Hooks that call each of hs's hooks in order. OnRequest
+// hooks chain: each gets the context the one before returned.
+func JoinHooks(hs ...Hooks) Hooks {
+	var j Hooks
+	for _, h := range hs {
+		j.OnRequest = joinRequest(j.OnRequest, h.OnRequest)
+		j.OnAttempt = joinAttempt(j.OnAttempt, h.OnAttempt)
+		j.OnWait = join1(j.OnWait, h.OnWait)
+		j.OnBreaker = join1(j.OnBreaker, h.OnBreaker)
+		j.OnReport = join1(j.OnReport, h.OnReport)
+	}
+	return j
+}
+
+func join1[T any](a, b func(T)) func(T) {
+	switch {
+	case a == nil:
+		return b
+	case b == nil:
+		return a
+	}
+	return func(v T) { a(v); b(v) }
+}
+
+func joinRequest(a, b func(context.Context, *http.Request) context.Context) func(context.Context, *http.Request) context.Context {
+	switch {
+	case a == nil:
+		return b
+	case b == nil:
+		return a
+	}
+	return func(ctx context.Context, r *http.Request) context.Context {
+		if c := a(ctx, r); c != nil {
+			ctx = c
+		}
+		if c := b(ctx, r); c != nil {
+			ctx = c
+		}
+		return ctx
+	}
+}
+
+func joinAttempt(a, b func(context.Context, AttemptInfo, *http.Request) func(AttemptDone)) func(context.Context, AttemptInfo, *http.Request) func(AttemptDone) {
+	switch {
+	case a == nil:
+		return b
+	case b == nil:
+		return a
+	}
+	return func(ctx context.Context, info AttemptInfo, out *http.Request) func(AttemptDone) {
+		return join1(a(ctx, info, out), b(ctx, info, out))
+	}
+}

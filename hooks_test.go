@@ -1,0 +1,141 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenrelay/relay/relaytest"
+)
+
+type ctxKey struct{}
+
+// hookLog records what hooks saw, in order.
+type hookLog struct {
+	mu  sync.Mutex
+	log []string
+}
+
+func (l *hookLog) add(format string, args ...any) {
+	l.mu.Lock()
+	l.log = append(l.log, fmt.Sprintf(format, args...))
+	l.mu.Unlock()
+}
+
+func (l *hookLog) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.log...)
+}
+
+func loggingHooks(l *hookLog, name string) Hooks {
+	return Hooks{
+		OnRequest: func(ctx context.Context, r *http.Request) context.Context {
+			l.add("%s request %s (ctx %v)", name, r.URL.Path, ctx.Value(ctxKey{}))
+			return context.WithValue(ctx, ctxKey{}, name)
+		},
+		OnAttempt: func(ctx context.Context, a AttemptInfo, out *http.Request) func(AttemptDone) {
+			l.add("%s attempt %d %s %s hedge=%v ctx=%v", name, a.N, a.Upstream, a.Model, a.Hedge, ctx.Value(ctxKey{}))
+			out.Header.Set("Traceparent", "00-"+name)
+			return func(d AttemptDone) { l.add("%s done %d %s status=%d err=%v", name, a.N, a.Upstream, d.StatusCode, d.Err != nil) }
+		},
+		OnWait:    func(w WaitEvent) { l.add("%s wait %s %s %s err=%v", name, w.Upstream, w.Reason, w.Wait, w.Err) },
+		OnBreaker: func(e BreakerEvent) { l.add("%s breaker %s %s->%s", name, e.Upstream, e.From, e.To) },
+		OnReport: func(r Report) {
+			l.add("%s report %s attempts=%d status=%d ctx=%v", name, r.Upstream, r.Attempts, r.StatusCode, r.Context.Value(ctxKey{}))
+		},
+	}
+}
+
+// TestHooksSeeEveryStep: the hooks see the request, each attempt with its
+// outcome, and the report, in order; the context OnRequest returns reaches
+// the attempts and the report; OnAttempt's headers reach the upstream;
+// joined hooks run in order and chain their contexts.
+func TestHooksSeeEveryStep(t *testing.T) {
+	bad, good := relaytest.NewServer(), relaytest.NewServer()
+	t.Cleanup(bad.Close)
+	t.Cleanup(good.Close)
+	bad.Script(relaytest.Fault{Status: 503})
+	var l hookLog
+	var got []string
+	r, err := New(Config{
+		Clock:     newAutoClock(),
+		Strategy:  StrategyPriority,
+		Upstreams: []Upstream{{Name: "bad", BaseURL: bad.URL}, {Name: "good", BaseURL: good.URL}},
+		OnReport:  func(r Report) { got = append(got, "config report") },
+		Hooks:     JoinHooks(loggingHooks(&l, "one"), loggingHooks(&l, "two")),
+	})
+	require.NoError(t, err)
+	resp, _, err := send(t, r, chatBody("gpt-4.1", "x"))
+	require.NoError(t, err)
+	assert.Equal(t, 200, resp.StatusCode)
+	assert.Equal(t, []string{
+		"one request /v1/chat/completions (ctx <nil>)",
+		"two request /v1/chat/completions (ctx one)",
+		"one attempt 1 bad gpt-4.1 hedge=false ctx=two",
+		"two attempt 1 bad gpt-4.1 hedge=false ctx=two",
+		"one done 1 bad status=503 err=false",
+		"two done 1 bad status=503 err=false",
+		"one attempt 2 good gpt-4.1 hedge=false ctx=two",
+		"two attempt 2 good gpt-4.1 hedge=false ctx=two",
+		"one done 2 good status=200 err=false",
+		"two done 2 good status=200 err=false",
+		"one report good attempts=2 status=200 ctx=two",
+		"two report good attempts=2 status=200 ctx=two",
+	}, l.all())
+	assert.Equal(t, []string{"config report"}, got, "Config.OnReport runs too")
+	assert.Equal(t, "00-two", good.Requests()[0].Header.Get("Traceparent"))
+}
+
+// TestHooksWaitAndBreaker: OnWait sees a limiter wait, OnBreaker the
+// transitions BreakerConfig.OnChange sees.
+func TestHooksWaitAndBreaker(t *testing.T) {
+	srv := relaytest.NewServer()
+	t.Cleanup(srv.Close)
+	var l hookLog
+	var changes []string
+	clock := newAutoClock()
+	r, err := New(Config{
+		Clock:     clock,
+		Upstreams: []Upstream{{Name: "a", BaseURL: srv.URL, RPM: 1}},
+		Limits:    LimitConfig{MaxWait: 2 * time.Minute},
+		Breaker:   BreakerConfig{Failures: 1, OnChange: func(e BreakerEvent) { changes = append(changes, e.To.String()) }},
+		Retry:     RetryConfig{MaxAttempts: 1},
+		Hooks:     loggingHooks(&l, "h"),
+	})
+	require.NoError(t, err)
+	for range 2 {
+		_, _, err := send(t, r, chatBody("gpt-4.1", "x"))
+		require.NoError(t, err)
+	}
+	assert.Contains(t, l.all(), "h wait a rate 1m0s err=<nil>")
+	srv.Script(relaytest.Fault{Status: 500}, relaytest.Fault{Status: 500})
+	for range 2 {
+		send(t, r, chatBody("gpt-4.1", "x"))
+	}
+	assert.Equal(t, []string{"open"}, changes)
+	assert.Contains(t, l.all(), "h breaker a closed->open")
+}
+
+// TestReportOverhead: Overhead is the router's own time, without the
+// upstream call.
+func TestReportOverhead(t *testing.T) {
+	clock := newFakeClock()
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		clock.Advance(time.Second) // the upstream takes a second
+		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}, nil
+	})
+	r, reps := newTestRouter(t, Config{Clock: clock, Base: base, Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test"}}})
+	_, _, err := send(t, r, chatBody("gpt-4.1", strings.Repeat("x ", 100)))
+	require.NoError(t, err)
+	rep := reps.all()[0]
+	assert.Equal(t, time.Second, rep.Latency)
+	assert.Zero(t, rep.Overhead, "the fake clock moved only in the upstream")
+}
