@@ -441,7 +441,7 @@ func resolve(c Config) (settings, error) {
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("relay: "+format, args...)) }
 	s := settings{
 		base: c.Base, clock: c.Clock, policy: c.Policy,
-		hooks: JoinHooks(Hooks{OnReport: c.OnReport, OnBreaker: c.Breaker.OnChange}, c.Hooks),
+		hooks:   JoinHooks(Hooks{OnReport: c.OnReport, OnBreaker: c.Breaker.OnChange}, c.Hooks),
 		maxBody: orDefault(c.MaxBodyBytes, 32<<20), buckets: c.Buckets,
 		memoEntries: offOr(c.MemoEntries, 8192), imageTokens: orDefault(c.ImageTokens, 85),
 		strategy: c.Strategy, jitter: offOr(c.Jitter, 0.125), cacheKey: c.PromptCacheKey,

@@ -44,7 +44,9 @@ func loggingHooks(l *hookLog, name string) Hooks {
 		OnAttempt: func(ctx context.Context, a AttemptInfo, out *http.Request) func(AttemptDone) {
 			l.add("%s attempt %d %s %s hedge=%v ctx=%v", name, a.N, a.Upstream, a.Model, a.Hedge, ctx.Value(ctxKey{}))
 			out.Header.Set("Traceparent", "00-"+name)
-			return func(d AttemptDone) { l.add("%s done %d %s status=%d err=%v", name, a.N, a.Upstream, d.StatusCode, d.Err != nil) }
+			return func(d AttemptDone) {
+				l.add("%s done %d %s status=%d err=%v", name, a.N, a.Upstream, d.StatusCode, d.Err != nil)
+			}
 		},
 		OnWait:    func(w WaitEvent) { l.add("%s wait %s %s %s err=%v", name, w.Upstream, w.Reason, w.Wait, w.Err) },
 		OnBreaker: func(e BreakerEvent) { l.add("%s breaker %s %s->%s", name, e.Upstream, e.From, e.To) },
