@@ -9,6 +9,7 @@ import (
 
 // admission is what the admission step knows of one request.
 type admission struct {
+	trip    *trip     // holds budget reservations; nil: no budgets
 	tokens  int       // prompt tokens plus max output tokens, for the TPM charge
 	tried   uint64    // forced candidates already tried, by index (bit i%64)
 	exclude *upstream // skipped: a hedge's first upstream, already in flight
@@ -33,6 +34,7 @@ type scanResult struct {
 	slotWait int // the first candidate waiting only for an in-flight slot
 	overCap  int // the first candidate at its bounded-load cap
 	open     int // candidates skipped for an open circuit
+	budget   int // candidates skipped for a budget
 }
 
 // acquire is the admission step: it picks the candidate of the next
@@ -47,7 +49,7 @@ func (r *Router) acquire(ctx context.Context, cands []candidate, start int, a ad
 		return -1, ticket{}, 0, err // a request that cannot go out takes no tokens
 	}
 	now := r.s.clock.Now()
-	sc := r.scan(cands, start, a, now)
+	sc := r.scan(ctx, cands, start, a, now)
 	if sc.pick >= 0 {
 		return sc.pick, sc.tk, 0, nil
 	}
@@ -77,6 +79,8 @@ func (r *Router) acquire(ctx context.Context, cands []candidate, start int, a ad
 		return i, tk, 0, err
 	case tooLong != ErrRateLimited && (sc.slotWait >= 0 || (sc.best >= 0 && sc.bestD <= r.s.maxWait)):
 		return -1, ticket{}, 0, tooLong
+	case sc.best < 0 && sc.slotWait < 0 && sc.budget > 0:
+		return -1, ticket{}, 0, ErrBudgetExceeded
 	}
 	return -1, ticket{}, 0, ErrRateLimited
 }
@@ -106,7 +110,7 @@ func (r *Router) takeOverCap(cands []candidate, sc scanResult, a admission, now 
 var errWaitPastDeadline = fmt.Errorf("%w: %w", ErrRateLimited, context.DeadlineExceeded)
 
 // scan walks the candidates once and admits the first that can go now.
-func (r *Router) scan(cands []candidate, start int, a admission, now time.Time) scanResult {
+func (r *Router) scan(ctx context.Context, cands []candidate, start int, a admission, now time.Time) scanResult {
 	sc := scanResult{pick: -1, best: -1, bestD: time.Duration(math.MaxInt64), slotWait: -1, overCap: -1}
 	n := len(cands)
 	for k := range n {
@@ -120,6 +124,10 @@ func (r *Router) scan(cands []candidate, start int, a admission, now time.Time) 
 				sc.open++
 				continue
 			}
+		}
+		if a.trip != nil && !a.trip.reserve(ctx, c, now) {
+			sc.budget++
+			continue
 		}
 		lim := &c.up.lim
 		tpm := lim.charge(a.tokens)
@@ -236,7 +244,7 @@ func (r *Router) forceSoonest(cands []candidate, a admission, now time.Time) (in
 	}
 	c := &cands[pick]
 	tpm := c.up.lim.charge(a.tokens)
-	if c.up.lim.delay(now, tpm) > 0 || r.claim(cands, c, false) != claimed {
+	if (a.trip != nil && !a.trip.reserve(context.Background(), c, now)) || c.up.lim.delay(now, tpm) > 0 || r.claim(cands, c, false) != claimed {
 		return -1, ticket{}, ErrCircuitOpen
 	}
 	c.forced = true

@@ -31,7 +31,7 @@ type topFields struct {
 // it. A body that is not a JSON object, or that has an unexpected shape,
 // yields zero tokens and is never an error.
 func (r *Router) classify(method string, path string, h http.Header, body []byte) classified {
-	c := classified{req: Request{Header: h, Load: r}}
+	c := classified{req: Request{Header: h, Load: r, Budget: noBudgets{}}}
 	if method == http.MethodPost {
 		c.req.Endpoint = prompt.Endpoint(path)
 	}

@@ -95,6 +95,15 @@ type Config struct {
 	// Upstream.
 	Limits LimitConfig
 
+	// Budgets cap spend (see Budget); none by default.
+	Budgets []Budget
+	// Currency is the billing currency: budgets are set in it and
+	// Report.Cost is given in it. The zero Currency is USD.
+	Currency Currency
+	// Ledger keeps budget spend. If nil, NewLocalLedger(): this process
+	// only. A shared Ledger (package redisstate) keeps one for a fleet.
+	Ledger Ledger
+
 	// Stream configures the handling of server-sent-event answers.
 	Stream StreamConfig
 
@@ -380,6 +389,9 @@ type settings struct {
 	stream           streamSettings
 	upstreams        []upstreamSettings
 	secrets          secrets // what to redact from upstream text
+	budgets          []budgetSettings
+	currency         Currency // Code and PerUSD set
+	ledger           Ledger
 }
 
 type retrySettings struct {
@@ -494,6 +506,17 @@ func resolve(c Config) (settings, error) {
 		bad("Stream.FirstTokenTimeout %s is negative", c.Stream.FirstTokenTimeout)
 	}
 	s.upstreams = resolveUpstreams(c.Upstreams, bad)
+	s.budgets = resolveBudgets(c.Budgets, bad)
+	s.currency = Currency{Code: c.Currency.Code, PerUSD: orDefault(c.Currency.PerUSD, 1)}
+	if s.currency.Code == "" {
+		s.currency.Code = "USD"
+	}
+	if s.currency.PerUSD < 0 {
+		bad("Currency.PerUSD %g is negative", c.Currency.PerUSD)
+	}
+	if s.ledger = c.Ledger; s.ledger == nil {
+		s.ledger = NewLocalLedger()
+	}
 	s.secrets = newSecrets(c.Upstreams)
 	return s, errors.Join(errs...)
 }

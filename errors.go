@@ -49,9 +49,10 @@ var (
 // Error describes a failed request. It wraps the cause (a sentinel above, a
 // context error or a transport error).
 type Error struct {
-	Op         string // what failed, e.g. "read body", "send", "route"
+	Op         string // what failed, e.g. "read body", "send", "route", "budget"
 	Upstream   string // upstream name, when one was involved
 	Model      string // model sent, when known
+	Budget     string // the budget that refused the request (ErrBudgetExceeded)
 	StatusCode int    // upstream status, when one came
 	Err        error
 }
@@ -67,6 +68,10 @@ func (e *Error) Error() string {
 	if e.Model != "" {
 		b.WriteString(" model ")
 		b.WriteString(e.Model)
+	}
+	if e.Budget != "" {
+		b.WriteString(" budget ")
+		b.WriteString(e.Budget)
 	}
 	if e.StatusCode != 0 {
 		fmt.Fprintf(&b, " status %d", e.StatusCode)

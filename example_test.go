@@ -1,7 +1,9 @@
 package relay_test
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"log"
 	"net/http"
 	"os"
@@ -10,6 +12,7 @@ import (
 	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/tokenrelay/relay"
+	"github.com/tokenrelay/relay/relaytest"
 )
 
 // Decide answers for a request without sending it, so a routing policy can be
@@ -59,4 +62,51 @@ func Example_goOpenAI() {
 	client := openai.NewClientWithConfig(cfg) // use as usual
 	// README:end
 	_ = client
+}
+
+// A per-team daily budget: each request reserves its worst case before it
+// goes out and settles its actual cost when it is done; a request that does
+// not fit is refused with ErrBudgetExceeded, without an upstream call.
+func ExampleBudget() {
+	srv := relaytest.NewServer() // a fake OpenAI-compatible upstream on loopback
+	defer srv.Close()
+	// README:budgets
+	router, err := relay.New(relay.Config{
+		Upstreams: []relay.Upstream{{Name: "main", BaseURL: srv.URL}},
+		Prices:    map[string]relay.Price{"gpt-4.1": {InputPerMTok: 2, OutputPerMTok: 8}},
+		Budgets: []relay.Budget{{
+			Name:   "team",
+			Scope:  relay.PerHeader("X-Relay-Budget"), // one ledger per team
+			Limit:  0.01,                              // USD a day
+			Window: relay.Window{Calendar: relay.Day},
+		}},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, maxTokens := range []int{100, 2000} { // a worst case of $0.0008, then $0.016
+		body := fmt.Sprintf(`{"model":"gpt-4.1","max_tokens":%d,"messages":[{"role":"user","content":"hi"}]}`, maxTokens)
+		req, _ := http.NewRequest("POST", srv.URL+"/chat/completions", strings.NewReader(body))
+		req.Header.Set("X-Relay-Budget", "team-a")
+		resp, err := router.RoundTrip(req)
+		if errors.Is(err, relay.ErrBudgetExceeded) {
+			fmt.Println("refused:", err)
+			continue
+		}
+		if err != nil {
+			log.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body) // the report, and the settlement, come at the end of the body
+		resp.Body.Close()
+		fmt.Println("sent:", resp.Status)
+	}
+	for _, s := range router.Spend() {
+		fmt.Printf("%s %s: spent $%.6f of $%.2f\n", s.Budget, s.Key, s.Spent, s.Limit)
+	}
+	// README:end
+
+	// Output:
+	// sent: 200 OK
+	// refused: relay: admit model gpt-4.1 budget team: budget exceeded
+	// team team-a: spent $0.000080 of $0.01
 }

@@ -32,6 +32,10 @@ type Request struct {
 	// Load reports live load per model, so a rule can say "when busy". It
 	// is never nil in a Request made by the router.
 	Load Load
+	// Budget reports how much of each budget covering the request is
+	// spent, so a rule can move it to a cheaper model as a budget runs low.
+	// It is never nil in a Request made by the router.
+	Budget Budgets
 }
 
 // Endpoints the router recognises by path suffix (Request.Endpoint).
@@ -96,6 +100,11 @@ type ClusterPolicy struct {
 	// WhenBusy moves the window to Fast only while the requested model is
 	// busy.
 	WhenBusy bool
+	// CheapWhenSpent, when positive, also sends long prompts to Cheap once
+	// a budget covering the request is spent (or reserved) past this share
+	// of its limit (0.8: 80%), as Request.Budget tells: a cheaper route
+	// before a refusal.
+	CheapWhenSpent float64
 	// Fallbacks follow the requested model when it is kept.
 	Fallbacks []string
 }
@@ -112,6 +121,8 @@ func (p ClusterPolicy) Route(r Request) Route {
 		(!p.WhenBusy || (r.Load != nil && r.Load.Busy(r.Model))):
 		rt.Model = p.Fast
 	case p.Cheap != "" && r.Bucket == BucketMid:
+		rt.Model = p.Cheap
+	case p.Cheap != "" && p.CheapWhenSpent > 0 && r.Bucket == BucketLong && r.Budget != nil && r.Budget.Most() >= p.CheapWhenSpent:
 		rt.Model = p.Cheap
 	default:
 		return rt
@@ -144,6 +155,9 @@ func (r *Router) Decide(req *http.Request) (Decision, error) {
 		return Decision{}, &Error{Op: "read body", Err: err}
 	}
 	c := r.classify(req.Method, req.URL.Path, req.Header, body)
+	if len(r.s.budgets) > 0 {
+		c.req.Budget = budgetView{r: r, q: &c.req}
+	}
 	d := Decision{Request: c.req, Route: r.s.route(c.req)}
 	cands := r.candidates(nil, &c, d.Route, r.keyOf(&c), false)
 	if len(cands) == 0 {

@@ -22,6 +22,9 @@ type Report struct {
 	Usage        Usage         // what was billed, as the upstream reported it
 	CostUSD      float64       // effective cost (after the upstream's price factor)
 	ListCostUSD  float64       // at list price
+	Cost         float64       // CostUSD in the billing currency (Config.Currency)
+	Currency     string        // its ISO code
+	Budget       string        // the budget that refused the request, if one did
 	Priced       bool          // false when the model has no price: CostUSD is then 0, not a guess
 	Latency      time.Duration // RoundTrip start to body done
 	TTFT         time.Duration // to the first content byte (streams) or the response headers
@@ -84,8 +87,10 @@ func (t *trip) vote() {
 	if t.votes.Add(-1) != 0 {
 		return
 	}
+	rep := t.report(t.end)
+	t.settle(rep.Cost)
 	if t.r.s.onReport != nil {
-		t.r.s.onReport(t.report(t.end))
+		t.r.s.onReport(rep)
 	}
 }
 
@@ -135,6 +140,11 @@ func (t *trip) report(end bodyEnd) Report {
 				}
 			}
 		}
+	}
+	rep.Currency = s.currency.Code
+	rep.Cost = rep.CostUSD * s.currency.PerUSD
+	if t.res.refused != nil && errors.Is(rep.Err, ErrBudgetExceeded) {
+		rep.Budget = t.res.refused.Name
 	}
 	return rep
 }

@@ -38,6 +38,7 @@ type Router struct {
 	byName  map[string]*upstream
 	counter *counter
 	hedges  hedgeBudget
+	ledger  Ledger
 }
 
 var _ http.RoundTripper = (*Router)(nil)
@@ -50,7 +51,7 @@ func New(cfg Config) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Router{s: s, byName: make(map[string]*upstream, len(s.upstreams))}
+	r := &Router{s: s, byName: make(map[string]*upstream, len(s.upstreams)), ledger: s.ledger}
 	r.counter = newCounter(s.memoEntries, s.imageTokens)
 	r.hedges.deposit = s.hedge.deposit
 	for _, us := range s.upstreams {

@@ -42,6 +42,10 @@ func (r *Router) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	t.body = body
 	t.c = r.classify(req.Method, req.URL.Path, req.Header, body)
+	if len(r.s.budgets) > 0 {
+		t.view = budgetView{r: r, q: &t.c.req}
+		t.c.req.Budget = &t.view
+	}
 	t.route = r.s.route(t.c.req)
 	t.key = r.keyOf(&t.c)
 	cands := r.candidates(t.cbuf[:0], &t.c, t.route, t.key, true)
@@ -107,6 +111,8 @@ type trip struct {
 	outside  time.Duration // time spent in upstream calls and waits
 	overhead time.Duration // the router's own time, set when RoundTrip returns
 	loser    *loserUsage   // usage of a hedge's losing attempt, when it completed too
+	res      reservations  // what it holds in budgets
+	view     budgetView    // Request.Budget
 	done     atomic.Bool   // the body is done (finish ran)
 	end      bodyEnd       // how it ended, for the report
 	votes    atomic.Int32  // parties the report still waits for (see vote)
@@ -137,6 +143,9 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 	}
 	adm := r.admissionOf(&t.c)
 	t.tokens = adm.tokens
+	if len(r.s.budgets) > 0 {
+		adm.trip = t
+	}
 	var (
 		rt         = retrier{s: &r.s.retry}
 		bodies     bodyCache
@@ -151,6 +160,10 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 	for i := 0; i < r.s.retry.maxAttempts; i++ {
 		idx, tk, waited, err := r.acquire(ctx, cands, next, adm)
 		t.outside += waited
+		if err == ErrBudgetExceeded && t.downgrade(&cands) {
+			i-- // a cheaper route, not an attempt
+			continue
+		}
 		if err != nil {
 			return t.giveUp(err, kept, lost)
 		}
@@ -209,6 +222,9 @@ func (t *trip) giveUp(err error, kept, lost *attempt) (*http.Response, error) {
 		case lost != nil:
 			return t.finalize(*lost) // the real failure, not the limiter's
 		}
+	}
+	if err == ErrBudgetExceeded {
+		return nil, t.fail(t.budgetError(t.route.Model))
 	}
 	return nil, t.fail(&Error{Op: "acquire", Model: t.route.Model, Err: err})
 }

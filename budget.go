@@ -1,0 +1,522 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"math"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrBudgetExceeded: the request's worst-case cost did not fit in what is
+// left of a budget (Error.Budget names it); no upstream was called.
+var ErrBudgetExceeded = errors.New("relay: budget exceeded")
+
+// Budget caps the spend of the requests it covers, in the billing currency
+// (Config.Currency), over a window.
+//
+// Reserve, then settle: before any upstream call, each covering budget
+// reserves the request's worst-case cost (its prompt tokens at the input
+// price plus its max_tokens, or Limits.DefaultMaxTokens, at the output
+// price, for the model and upstream chosen, after the upstream's price
+// factor); a request whose reservation does not fit in what is left does not
+// go out. When the request's report is made, the reservation is replaced by
+// the actual cost (a refund, or a top-up when the upstream billed more than
+// the worst case); a request that got no usage costs nothing. A retried or
+// hedged request reserves once (topped up if a later attempt's route costs
+// more). So, however many requests run at once, settled spend never exceeds
+// Limit while every request costs at most its reservation, and exceeds it
+// by at most the excess of those that cost more.
+//
+// Models without a price reserve and spend nothing.
+type Budget struct {
+	// Name identifies the budget in errors, reports and Spend; unique.
+	Name string
+	// Scope picks the requests the budget covers and the ledger each one
+	// charges (AllTraffic, PerModel, PerUpstream, PerHeader, or your own).
+	// If nil, AllTraffic.
+	Scope Scope
+	// Limit is what the budget allows per window, in the billing currency;
+	// it must be positive.
+	Limit float64
+	// Window is the period over which spend is counted.
+	Window Window
+	// Downgrade, when set, is the model a request is routed to when its
+	// reservation does not fit: a cheaper route before a refusal. If that
+	// does not fit either, the request is refused.
+	Downgrade string
+}
+
+// Scope says which requests a budget covers and which of its ledgers each
+// charges: given the request and where an attempt would go (the model sent
+// and the upstream's name), it returns the ledger's key, or false when the
+// budget does not cover it. One budget thus holds a ledger per key (per
+// team, per model...), each with the budget's Limit. It is called
+// concurrently and must be fast; it must not modify r.Header.
+type Scope func(r Request, model, upstream string) (key string, ok bool)
+
+// AllTraffic covers every request, in one ledger.
+func AllTraffic() Scope {
+	return func(Request, string, string) (string, bool) { return "", true }
+}
+
+// PerModel covers requests by the model sent, one ledger per model; with
+// models given, only those.
+func PerModel(models ...string) Scope {
+	return func(_ Request, model, _ string) (string, bool) {
+		return model, len(models) == 0 || slices.Contains(models, model)
+	}
+}
+
+// PerUpstream covers requests by the upstream they go to, one ledger per
+// upstream; with names given, only those.
+func PerUpstream(names ...string) Scope {
+	return func(_ Request, _, upstream string) (string, bool) {
+		return upstream, len(names) == 0 || slices.Contains(names, upstream)
+	}
+}
+
+// PerHeader covers requests that carry the header (e.g. "X-Relay-Budget:
+// team-a"), one ledger per value.
+func PerHeader(name string) Scope {
+	name = http.CanonicalHeaderKey(name)
+	return func(r Request, _, _ string) (string, bool) {
+		v := headerValue(r.Header, name)
+		return v, v != ""
+	}
+}
+
+// Window is the period a budget's spend is counted over: back-to-back
+// windows of Every (aligned to the Unix epoch, so a 24 h window starts at
+// 00:00 UTC), or the calendar Day or Month in Location (midnight to
+// midnight, daylight-saving changes included). Exactly one of Every and
+// Calendar is set.
+type Window struct {
+	Every    time.Duration
+	Calendar Period
+	Location *time.Location // for Calendar; nil is UTC
+}
+
+// Period is a calendar period.
+type Period uint8
+
+// Calendar periods.
+const (
+	NoPeriod Period = iota
+	Day
+	Month
+)
+
+// start returns the start of the window that ends at end.
+func (w Window) start(end time.Time) time.Time {
+	if w.Every > 0 {
+		return end.Add(-w.Every)
+	}
+	y, m, d := end.Date()
+	if w.Calendar == Month {
+		return time.Date(y, m-1, 1, 0, 0, 0, 0, end.Location())
+	}
+	return time.Date(y, m, d-1, 0, 0, 0, 0, end.Location())
+}
+
+// end returns the end of the window that holds t.
+func (w Window) end(t time.Time) time.Time {
+	if w.Every > 0 {
+		n := t.UnixNano()
+		e := n - n%int64(w.Every) + int64(w.Every)
+		return time.Unix(0, e).UTC()
+	}
+	loc := w.Location
+	if loc == nil {
+		loc = time.UTC
+	}
+	t = t.In(loc)
+	y, m, d := t.Date()
+	if w.Calendar == Month {
+		return time.Date(y, m+1, 1, 0, 0, 0, 0, loc)
+	}
+	return time.Date(y, m, d+1, 0, 0, 0, 0, loc)
+}
+
+// Currency is the billing currency: the one budgets are set in and
+// Report.Cost is given in.
+type Currency struct {
+	// Code is the ISO 4217 code, e.g. "CNY"; "" is "USD".
+	Code string
+	// PerUSD is how many units of the currency one USD of effective cost
+	// (CostUSD, after the upstream's price factor) bills. If 0, 1.
+	PerUSD float64
+}
+
+// BudgetKey names one ledger entry: a budget, a scope key, and the window,
+// by its end.
+type BudgetKey struct {
+	Budget string
+	Key    string
+	Window time.Time
+}
+
+// Ledger keeps budget spend: reservations and settled spend per budget key.
+// Amounts are in nano-units (1e-9) of the billing currency, so sums are
+// exact. LocalLedger, the default, keeps it in the process; a shared ledger
+// (package redisstate) keeps one for a whole fleet of replicas.
+// Implementations are safe for concurrent use, and Reserve is atomic: two
+// requests never both take the last of a budget.
+type Ledger interface {
+	// Reserve adds amount to k's reservations if spent + reserved + amount
+	// stays within limit, and reports whether it did.
+	Reserve(ctx context.Context, k BudgetKey, limit, amount int64) (bool, error)
+	// Settle removes reserved from k's reservations and adds spent to its
+	// spend.
+	Settle(ctx context.Context, k BudgetKey, reserved, spent int64) error
+	// Usage returns k's spend and reservations.
+	Usage(ctx context.Context, k BudgetKey) (spent, reserved int64, err error)
+	// Keys returns the keys budget has ledgers for in the window ending at
+	// end, for Router.Spend.
+	Keys(ctx context.Context, budget string, end time.Time) ([]string, error)
+}
+
+// NewLocalLedger returns an in-process Ledger. It keeps the current window
+// of each key; a settlement for a window that has ended is dropped.
+func NewLocalLedger() Ledger { return &localLedger{m: map[string]map[string]*account{}} }
+
+type localLedger struct {
+	mu sync.Mutex
+	m  map[string]map[string]*account // budget, key
+}
+
+type account struct {
+	window          time.Time
+	spent, reserved int64
+}
+
+// at returns k's account for k's window, starting it if k's window is
+// newer; nil when k's window has ended.
+func (l *localLedger) at(k BudgetKey) *account {
+	keys := l.m[k.Budget]
+	if keys == nil {
+		keys = map[string]*account{}
+		l.m[k.Budget] = keys
+	}
+	a := keys[k.Key]
+	switch {
+	case a == nil:
+		a = &account{window: k.Window}
+		keys[k.Key] = a
+	case a.window.Before(k.Window):
+		*a = account{window: k.Window}
+	case k.Window.Before(a.window):
+		return nil
+	}
+	return a
+}
+
+func (l *localLedger) Reserve(_ context.Context, k BudgetKey, limit, amount int64) (bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	a := l.at(k)
+	if a == nil || a.spent+a.reserved+amount > limit {
+		return false, nil
+	}
+	a.reserved += amount
+	return true, nil
+}
+
+func (l *localLedger) Settle(_ context.Context, k BudgetKey, reserved, spent int64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if a := l.at(k); a != nil {
+		a.reserved = max(a.reserved-reserved, 0)
+		a.spent += spent
+	}
+	return nil
+}
+
+func (l *localLedger) Usage(_ context.Context, k BudgetKey) (int64, int64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if a := l.m[k.Budget][k.Key]; a != nil && a.window.Equal(k.Window) {
+		return a.spent, a.reserved, nil
+	}
+	return 0, 0, nil
+}
+
+func (l *localLedger) Keys(_ context.Context, budget string, end time.Time) ([]string, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var keys []string
+	for k, a := range l.m[budget] {
+		if a.window.Equal(end) {
+			keys = append(keys, k)
+		}
+	}
+	return keys, nil
+}
+
+// nanos converts an amount of the billing currency to nano-units,
+// rounding up (a reservation is never short).
+func nanos(v float64) int64 {
+	if v <= 0 {
+		return 0
+	}
+	if v >= math.MaxInt64/1e9 {
+		return math.MaxInt64
+	}
+	return int64(math.Ceil(v * 1e9))
+}
+
+// budgetSettings is a checked Budget.
+type budgetSettings struct {
+	Budget
+	limit int64                        // nano-units
+	cur   atomic.Pointer[[2]time.Time] // the current window's start and end, cached
+}
+
+// windowEnd returns the end of the window that holds now, computing a
+// calendar window once per window.
+func (b *budgetSettings) windowEnd(now time.Time) time.Time {
+	if w := b.cur.Load(); w != nil && !now.Before(w[0]) && now.Before(w[1]) {
+		return w[1]
+	}
+	end := b.Window.end(now)
+	start := b.Window.start(end)
+	b.cur.Store(&[2]time.Time{start, end})
+	return end
+}
+
+func resolveBudgets(list []Budget, bad func(string, ...any)) []budgetSettings {
+	out := make([]budgetSettings, 0, len(list))
+	seen := map[string]bool{}
+	for _, b := range list {
+		switch {
+		case b.Name == "":
+			bad("a budget has no Name")
+		case seen[b.Name]:
+			bad("budget %q is configured twice", b.Name)
+		case !(b.Limit > 0):
+			bad("budget %q: Limit %g must be positive", b.Name, b.Limit)
+		case (b.Window.Every > 0) == (b.Window.Calendar != NoPeriod) || b.Window.Every < 0 || b.Window.Calendar > Month:
+			bad("budget %q: set exactly one of Window.Every (positive) and Window.Calendar (Day or Month)", b.Name)
+		default:
+			if b.Scope == nil {
+				b.Scope = AllTraffic()
+			}
+			out = append(out, budgetSettings{Budget: b, limit: nanos(b.Limit)})
+		}
+		seen[b.Name] = true
+	}
+	return out
+}
+
+// held is one reservation a request holds.
+type held struct {
+	b      *budgetSettings
+	k      BudgetKey
+	amount int64
+}
+
+// reservations are what one request holds in its budgets, and the budget
+// that last refused it.
+type reservations struct {
+	list      []held
+	buf       [4]held
+	refused   *budgetSettings
+	seenKeys  bool
+	downgrade bool // the request was moved to a budget's Downgrade model
+}
+
+// reserve makes sure the trip holds, in every budget covering c, at least
+// c's worst-case cost, reserving (or topping up) what is missing. It
+// reports false, with the refusing budget noted, when one does not fit. A
+// ledger error admits the request (a ledger that is down never fails one).
+func (t *trip) reserve(ctx context.Context, c *candidate, now time.Time) bool {
+	bs := t.r.s.budgets
+	if len(bs) == 0 {
+		return true
+	}
+	res := &t.res
+	if res.list == nil {
+		res.list = res.buf[:0]
+	}
+	need := int64(-1)
+	for i := range bs {
+		b := &bs[i]
+		key, covers := b.Scope(t.c.req, c.model, c.up.cfg.Name)
+		if !covers {
+			continue
+		}
+		if need < 0 {
+			need = t.worstCase(c)
+		}
+		k := BudgetKey{Budget: b.Name, Key: key, Window: b.windowEnd(now)}
+		h := res.find(k)
+		if h != nil && h.amount >= need {
+			continue
+		}
+		have := int64(0)
+		if h != nil {
+			have = h.amount
+		}
+		ok, err := t.r.ledger.Reserve(ctx, k, b.limit, need-have)
+		if err == nil && !ok {
+			res.refused = b
+			return false
+		}
+		if h == nil {
+			res.list = append(res.list, held{b: b, k: k})
+			h = &res.list[len(res.list)-1]
+		}
+		h.amount = need
+	}
+	return true
+}
+
+func (res *reservations) find(k BudgetKey) *held {
+	for i := range res.list {
+		if h := &res.list[i]; h.k.Budget == k.Budget && h.k.Key == k.Key {
+			return h
+		}
+	}
+	return nil
+}
+
+// worstCase is the reservation of c: the prompt at the input price plus
+// the max output at the output price, after c's upstream's price factor, in
+// nano-units of the billing currency.
+func (t *trip) worstCase(c *candidate) int64 {
+	p, ok := lookupPrice(t.r.s.prices, c.model)
+	if !ok {
+		return 0
+	}
+	out := t.tokens - t.c.req.PromptTokens
+	usd := (float64(t.c.req.PromptTokens)*p.InputPerMTok + float64(out)*p.OutputPerMTok) / 1e6
+	return nanos(usd * c.up.factor * t.r.s.currency.PerUSD)
+}
+
+// settle replaces the trip's reservations by what it cost: cost (in the
+// billing currency) is charged to the ledgers that cover the answering
+// attempt; the others get their reservations back.
+func (t *trip) settle(cost float64) {
+	res := &t.res
+	spent := nanos(cost)
+	for i := range res.list {
+		h := &res.list[i]
+		charge := int64(0)
+		if up := t.att.cand.up; up != nil && spent > 0 {
+			if key, covers := h.b.Scope(t.c.req, t.att.cand.model, up.cfg.Name); covers && key == h.k.Key {
+				charge = spent
+			}
+		}
+		t.r.ledger.Settle(context.Background(), h.k, h.amount, charge)
+	}
+	res.list = res.list[:0]
+}
+
+// downgrade moves a request a budget refused to the budget's Downgrade
+// model, once: its candidates join the list. It reports whether it did.
+func (t *trip) downgrade(cands *[]candidate) bool {
+	b := t.res.refused
+	if b == nil || b.Downgrade == "" || t.res.downgrade {
+		return false
+	}
+	t.res.downgrade = true
+	n := len(*cands)
+	*cands = t.r.appendCandidates(*cands, b.Downgrade, t.r.s.clock.Now(), t.key, true)
+	return len(*cands) > n
+}
+
+// budgetError is the error of a request a budget refused.
+func (t *trip) budgetError(model string) error {
+	return &Error{Op: "admit", Budget: t.res.refused.Name, Model: model, Err: ErrBudgetExceeded}
+}
+
+// Budgets is a policy's view of the budgets covering a request (for the
+// model it asked for), so that a rule can move it to a cheaper model as a
+// budget runs low.
+type Budgets interface {
+	// Spent returns the share of the named budget's limit spent or
+	// reserved in its current window, in the ledger this request would
+	// charge (0.8 is 80%), and false when the budget does not cover the
+	// request.
+	Spent(name string) (share float64, ok bool)
+	// Most returns the largest such share among the budgets covering the
+	// request; 0 when none does.
+	Most() float64
+}
+
+// budgetView is the router's Budgets for one request.
+type budgetView struct {
+	r *Router
+	q *Request
+}
+
+func (v budgetView) Spent(name string) (float64, bool) {
+	for i := range v.r.s.budgets {
+		if b := &v.r.s.budgets[i]; b.Name == name {
+			return v.share(b)
+		}
+	}
+	return 0, false
+}
+
+func (v budgetView) Most() float64 {
+	most := 0.0
+	for i := range v.r.s.budgets {
+		if s, ok := v.share(&v.r.s.budgets[i]); ok {
+			most = max(most, s)
+		}
+	}
+	return most
+}
+
+func (v budgetView) share(b *budgetSettings) (float64, bool) {
+	key, covers := b.Scope(*v.q, v.q.Model, "")
+	if !covers {
+		return 0, false
+	}
+	spent, reserved, err := v.r.ledger.Usage(context.Background(), BudgetKey{Budget: b.Name, Key: key, Window: b.windowEnd(v.r.s.clock.Now())})
+	if err != nil {
+		return 0, true
+	}
+	return float64(spent+reserved) / float64(b.limit), true
+}
+
+// noBudgets is the view when no budget is configured.
+type noBudgets struct{}
+
+func (noBudgets) Spent(string) (float64, bool) { return 0, false }
+func (noBudgets) Most() float64                { return 0 }
+
+// BudgetSpend is one ledger of a budget, for a dashboard or a test.
+type BudgetSpend struct {
+	Budget    string
+	Key       string    // the scope's key ("" for AllTraffic)
+	Spent     float64   // settled, in the billing currency
+	Reserved  float64   // held by requests in flight
+	Limit     float64   // per window
+	WindowEnd time.Time // end of the current window
+}
+
+// Spend returns, for every budget and every ledger it has in the current
+// window, the spend and reservations, in configuration order and then by
+// key. With a shared Ledger the figures are the fleet's. It is safe for
+// concurrent use.
+func (r *Router) Spend() []BudgetSpend {
+	now := r.s.clock.Now()
+	var out []BudgetSpend
+	for i := range r.s.budgets {
+		b := &r.s.budgets[i]
+		end := b.windowEnd(now)
+		keys, _ := r.ledger.Keys(context.Background(), b.Name, end)
+		slices.Sort(keys)
+		for _, key := range keys {
+			spent, reserved, _ := r.ledger.Usage(context.Background(), BudgetKey{Budget: b.Name, Key: key, Window: end})
+			out = append(out, BudgetSpend{Budget: b.Name, Key: key, Spent: float64(spent) / 1e9, Reserved: float64(reserved) / 1e9,
+				Limit: b.Limit, WindowEnd: end})
+		}
+	}
+	return out
+}
