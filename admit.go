@@ -14,6 +14,7 @@ type admission struct {
 	tried   uint64    // forced candidates already tried, by index (bit i%64)
 	exclude *upstream // skipped: a hedge's first upstream, already in flight
 	mayWait bool      // false: take only what is free now (a hedge)
+	prio    Priority  // its place in the queues of waiting requests
 }
 
 // admissionOf returns the admission of a request classified as c.
@@ -93,7 +94,7 @@ func (r *Router) takeOverCap(cands []candidate, sc scanResult, a admission, now 
 		return -1, ticket{}, false
 	}
 	c := &cands[sc.overCap]
-	if r.claim(cands, c, false) != claimed {
+	if r.claim(cands, c, false, a.prio) != claimed {
 		return -1, ticket{}, false
 	}
 	tk, ok := c.up.br.allow(now, c.forced)
@@ -131,13 +132,17 @@ func (r *Router) scan(ctx context.Context, cands []candidate, start int, a admis
 		}
 		lim := &c.up.lim
 		tpm := lim.charge(a.tokens)
-		if d := lim.delay(now, tpm); d > 0 {
+		d := lim.delay(now, tpm)
+		if d == 0 && lim.ahead(a.prio) {
+			d = 1 // tokens are there, but requests of higher or equal priority wait for them
+		}
+		if d > 0 {
 			if d < sc.bestD {
 				sc.best, sc.bestD = i, d
 			}
 			continue
 		}
-		switch r.claim(cands, c, true) {
+		switch r.claim(cands, c, true, a.prio) {
 		case claimNoSlot:
 			if sc.slotWait < 0 {
 				sc.slotWait = i
@@ -186,25 +191,29 @@ func (r *Router) await(ctx context.Context, cands []candidate, pick int, delay t
 	return i, tk, waited, err
 }
 
-// waitFor does await's waiting; i is -1 unless the never-empty rule forced
-// another candidate.
+// waitFor does await's waiting, in the upstream's queues, by priority (see
+// queue.go); i is -1 unless the never-empty rule forced another candidate.
+// Tokens are taken when the wait ends, and given back if the request does
+// not go.
 func (r *Router) waitFor(ctx context.Context, cands []candidate, c *candidate, delay time.Duration, a admission, maxWait time.Duration, tooLong error) (int, ticket, error) {
 	clock := r.s.clock
 	lim := &c.up.lim
 	tpm := lim.charge(a.tokens)
-	var rv reservation
-	if delay >= 0 {
-		rv = lim.reserve(clock.Now(), tpm, delay)
-	}
-	if err := sleep(ctx, clock, rv.wait); err != nil {
-		rv.cancel(clock.Now())
-		return -1, ticket{}, err
+	start := clock.Now()
+	took := delay >= 0
+	if took {
+		w := &waiter{prio: a.prio, tpm: tpm, deadline: start.Add(maxWait), tooLong: tooLong}
+		if err := lim.waitRate(ctx, clock, w); err != nil {
+			return -1, ticket{}, err
+		}
 	}
 	// A request that waited for this upstream takes it now, even past a
 	// bounded-load cap: the wait already queued it there.
-	if r.claim(cands, c, false) != claimed {
-		if err := lim.waitSlot(ctx, clock, maxWait-rv.wait, tooLong); err != nil {
-			rv.cancel(clock.Now())
+	if r.claim(cands, c, false, a.prio) != claimed {
+		if err := lim.waitSlot(ctx, clock, a.prio, maxWait-clock.Now().Sub(start), tooLong); err != nil {
+			if took {
+				lim.refund(clock.Now(), tpm)
+			}
 			return -1, ticket{}, err
 		}
 		c.up.inflight.Add(1)
@@ -213,10 +222,12 @@ func (r *Router) waitFor(ctx context.Context, cands []candidate, c *candidate, d
 	tk, ok := c.up.br.allow(now, c.forced)
 	if !ok { // its circuit opened while we waited
 		c.up.unclaim()
-		rv.cancel(now)
+		if took {
+			lim.refund(now, tpm)
+		}
 		return r.forceSoonest(cands, a, now)
 	}
-	if delay < 0 {
+	if !took {
 		lim.take(now, tpm)
 	}
 	return -1, tk, nil
@@ -244,7 +255,7 @@ func (r *Router) forceSoonest(cands []candidate, a admission, now time.Time) (in
 	}
 	c := &cands[pick]
 	tpm := c.up.lim.charge(a.tokens)
-	if (a.trip != nil && !a.trip.reserve(context.Background(), c, now)) || c.up.lim.delay(now, tpm) > 0 || r.claim(cands, c, false) != claimed {
+	if (a.trip != nil && !a.trip.reserve(context.Background(), c, now)) || c.up.lim.delay(now, tpm) > 0 || r.claim(cands, c, false, a.prio) != claimed {
 		return -1, ticket{}, ErrCircuitOpen
 	}
 	c.forced = true
@@ -264,9 +275,9 @@ const (
 // loads with capped set, it refuses when the upstream is at its cap; the
 // check and the count are one compare-and-swap, so concurrent requests
 // cannot all slip under the cap.
-func (r *Router) claim(cands []candidate, c *candidate, capped bool) int {
+func (r *Router) claim(cands []candidate, c *candidate, capped bool, p Priority) int {
 	u := c.up
-	if !u.lim.trySlot() {
+	if !u.lim.trySlot(p) {
 		return claimNoSlot
 	}
 	if capped && r.s.strategy == StrategyBoundedLoad && !c.forced {

@@ -423,8 +423,9 @@ func (t *trip) downgrade(cands *[]candidate) bool {
 		return false
 	}
 	t.res.downgrade = true
+	t.constraint = ConstraintBudget
 	n := len(*cands)
-	*cands = t.r.appendCandidates(*cands, b.Downgrade, t.r.s.clock.Now(), t.key, true)
+	*cands = t.r.appendCandidates(*cands, b.Downgrade, t.r.s.clock.Now(), t.key, true, t.require)
 	return len(*cands) > n
 }
 

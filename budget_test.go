@@ -395,7 +395,7 @@ func BenchmarkBudgetAdmission(b *testing.B) {
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {
-				cands := r.plan(t.cbuf[:0], "m", nil, 1, false)
+				cands := r.plan(t.cbuf[:0], "m", nil, 1, false, nil)
 				adm := r.admissionOf(&t.c)
 				t.tokens = adm.tokens
 				if len(c.budgets) > 0 {

@@ -31,7 +31,7 @@ type topFields struct {
 // it. A body that is not a JSON object, or that has an unexpected shape,
 // yields zero tokens and is never an error.
 func (r *Router) classify(method string, path string, h http.Header, body []byte) classified {
-	c := classified{req: Request{Header: h, Load: r, Budget: noBudgets{}}}
+	c := classified{req: Request{Header: h, Load: r, Budget: noBudgets{}, Priority: priorityOf(h)}}
 	if method == http.MethodPost {
 		c.req.Endpoint = prompt.Endpoint(path)
 	}
@@ -57,6 +57,7 @@ func (r *Router) classify(method string, path string, h http.Header, body []byte
 		c.req.MaxTokens = int(min(f.maxTokens.Int(), 1<<31-1))
 	}
 	c.enc = tokens.ForModel(c.req.Model)
+	c.req.MaxInputTokens, c.req.MaxOutputTokens = r.s.window(c.req.Model)
 	c.req.PromptTokens = r.counter.prompt(c.enc, c.req.Endpoint, &f.Fields)
 	c.req.Bucket = r.s.buckets.Bucket(c.req.PromptTokens)
 	return c

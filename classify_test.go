@@ -77,7 +77,7 @@ func TestClassifyShapes(t *testing.T) {
 func TestClassifyFields(t *testing.T) {
 	r := testRouter(t)
 	q := classifyBody(t, r, "/v1/chat/completions", `{"model":"gpt-4.1","stream":true,"max_completion_tokens":512,"messages":[{"role":"user","content":"x"}]}`)
-	assert.Equal(t, Request{Endpoint: EndpointChat, Model: "gpt-4.1", Stream: true, MaxTokens: 512, PromptTokens: q.PromptTokens, Bucket: BucketShort, Load: r, Budget: noBudgets{}}, q)
+	assert.Equal(t, Request{Endpoint: EndpointChat, Model: "gpt-4.1", Stream: true, MaxTokens: 512, PromptTokens: q.PromptTokens, Bucket: BucketShort, Load: r, Budget: noBudgets{}, MaxInputTokens: 1047576, MaxOutputTokens: 32768}, q)
 	q = classifyBody(t, r, "/v1/responses", `{"model":"gpt-4.1","max_output_tokens":77,"input":"x"}`)
 	assert.Equal(t, 77, q.MaxTokens)
 	q = classifyBody(t, r, "/v1/chat/completions", `{"model":"gpt-4.1","max_tokens":-5,"stream":"yes"}`)

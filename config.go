@@ -107,6 +107,11 @@ type Config struct {
 	// Stream configures the handling of server-sent-event answers.
 	Stream StreamConfig
 
+	// ContextFallbacks are models (larger-window ones) tried, in order,
+	// for a request that fits no model of its route, and once for a
+	// request an upstream refused with context_length_exceeded.
+	ContextFallbacks []string
+
 	// Clock is the router's source of time. If nil, the real clock. Tests
 	// inject a fake one.
 	Clock Clock
@@ -178,6 +183,10 @@ type Upstream struct {
 	// KeyPrefixes, when set, are checked by New: APIKey must be set and
 	// start with one of them (e.g. "hs_live_", "hs_test_").
 	KeyPrefixes []string
+	// Tags describe the upstream for requests that require some (e.g.
+	// "region=eu", "tier=batch", "zdr"): such a request only ever goes to
+	// upstreams that carry every tag it requires.
+	Tags []string
 }
 
 // Format prints the Upstream with its API key, header values and any
@@ -390,6 +399,7 @@ type settings struct {
 	upstreams        []upstreamSettings
 	secrets          secrets // what to redact from upstream text
 	budgets          []budgetSettings
+	contextFallbacks []string
 	currency         Currency // Code and PerUSD set
 	ledger           Ledger
 }
@@ -507,6 +517,7 @@ func resolve(c Config) (settings, error) {
 	}
 	s.upstreams = resolveUpstreams(c.Upstreams, bad)
 	s.budgets = resolveBudgets(c.Budgets, bad)
+	s.contextFallbacks = slices.Clone(c.ContextFallbacks)
 	s.currency = Currency{Code: c.Currency.Code, PerUSD: orDefault(c.Currency.PerUSD, 1)}
 	if s.currency.Code == "" {
 		s.currency.Code = "USD"
@@ -634,7 +645,7 @@ func resolveUpstream(c Upstream) (upstreamSettings, error) {
 		}
 		c.Header = h
 	}
-	c.Models, c.KeyPrefixes, c.BodyTags = slices.Clone(c.Models), slices.Clone(c.KeyPrefixes), maps.Clone(c.BodyTags)
+	c.Models, c.KeyPrefixes, c.BodyTags, c.Tags = slices.Clone(c.Models), slices.Clone(c.KeyPrefixes), maps.Clone(c.BodyTags), slices.Clone(c.Tags)
 	if len(c.Models) > 0 {
 		u.models = make(map[string]bool, len(c.Models))
 		for _, m := range c.Models {

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -20,7 +21,15 @@ import (
 // completion tokens (reasoning tokens included: they are billed as output).
 // A CachedInputPerMTok of 0 means "no cache discount": cached tokens are then
 // priced at InputPerMTok (see [Price.Cost]).
-type Price struct{ InputPerMTok, CachedInputPerMTok, OutputPerMTok float64 }
+//
+// MaxInputTokens and MaxOutputTokens are the model's context window, as
+// LiteLLM's catalog gives it: the most prompt tokens it takes and the most
+// output tokens a request may ask for; 0 is unknown (not checked). The
+// router never sends a request to a model whose window it does not fit.
+type Price struct {
+	InputPerMTok, CachedInputPerMTok, OutputPerMTok float64
+	MaxInputTokens, MaxOutputTokens                 int
+}
 
 // Usage is what an upstream billed, normalised so that each token is counted
 // once: CachedTokens is a part of PromptTokens and ReasoningTokens is a part of
@@ -98,7 +107,9 @@ func (u Usage) normalized() Usage {
 	return u
 }
 
-// defaultPrices is the built-in price table, in USD per 1M tokens. Every row
+// defaultPrices is the built-in price table, in USD per 1M tokens, with
+// each model's context window (input and output tokens, as LiteLLM's
+// catalog lists them; gpt-5.5-codex's as gpt-5's). Every row
 // says where its numbers come from: "relay published output price" is the
 // output price the relay publishes for a model; "vendor list price" is the
 // model vendor's own published list price (standard tier, text, short
@@ -108,32 +119,32 @@ var defaultPrices = map[string]Price{
 	// Output: relay published output price. Input and cached input: no input
 	// price is published for gpt-5.5-codex, so both are 0 here (prompt tokens
 	// cost nothing in this table): set the real ones through Config.Prices.
-	"gpt-5.5-codex": {InputPerMTok: 0, CachedInputPerMTok: 0, OutputPerMTok: 12.00},
+	"gpt-5.5-codex": {InputPerMTok: 0, CachedInputPerMTok: 0, OutputPerMTok: 12.00, MaxInputTokens: 272000, MaxOutputTokens: 128000},
 	// Output: relay published output price. Input / cached: vendor list price (OpenAI).
-	"gpt-4.1": {InputPerMTok: 2.00, CachedInputPerMTok: 0.50, OutputPerMTok: 8.00},
+	"gpt-4.1": {InputPerMTok: 2.00, CachedInputPerMTok: 0.50, OutputPerMTok: 8.00, MaxInputTokens: 1047576, MaxOutputTokens: 32768},
 	// Output: relay published output price. Input / cache read: vendor list price (Anthropic).
-	"claude-sonnet-4.5": {InputPerMTok: 3.00, CachedInputPerMTok: 0.30, OutputPerMTok: 15.00},
+	"claude-sonnet-4.5": {InputPerMTok: 3.00, CachedInputPerMTok: 0.30, OutputPerMTok: 15.00, MaxInputTokens: 200000, MaxOutputTokens: 64000},
 	// Same model and prices as "claude-sonnet-4.5", under the ID Anthropic's API uses
 	// (dated IDs such as claude-sonnet-4-5-20250929 resolve to it).
-	"claude-sonnet-4-5": {InputPerMTok: 3.00, CachedInputPerMTok: 0.30, OutputPerMTok: 15.00},
+	"claude-sonnet-4-5": {InputPerMTok: 3.00, CachedInputPerMTok: 0.30, OutputPerMTok: 15.00, MaxInputTokens: 200000, MaxOutputTokens: 64000},
 	// Output: relay published output price. Input / cached: vendor list price
 	// (Google, text). LiteLLM's catalog lists 0.03 for cache reads; 0.075 is the
 	// figure this table was specified with.
-	"gemini-2.5-flash": {InputPerMTok: 0.30, CachedInputPerMTok: 0.075, OutputPerMTok: 2.50},
+	"gemini-2.5-flash": {InputPerMTok: 0.30, CachedInputPerMTok: 0.075, OutputPerMTok: 2.50, MaxInputTokens: 1048576, MaxOutputTokens: 65535},
 	// Output: relay published output price. Input (cache miss) / cache hit: vendor list price (DeepSeek).
-	"deepseek-v3.2": {InputPerMTok: 0.28, CachedInputPerMTok: 0.028, OutputPerMTok: 0.42},
+	"deepseek-v3.2": {InputPerMTok: 0.28, CachedInputPerMTok: 0.028, OutputPerMTok: 0.42, MaxInputTokens: 128000, MaxOutputTokens: 8192},
 
-	"gpt-4o": {InputPerMTok: 2.50, CachedInputPerMTok: 1.25, OutputPerMTok: 10.00}, // vendor list price (OpenAI)
+	"gpt-4o": {InputPerMTok: 2.50, CachedInputPerMTok: 1.25, OutputPerMTok: 10.00, MaxInputTokens: 128000, MaxOutputTokens: 16384}, // vendor list price (OpenAI)
 	// vendor list price (OpenAI). The first gpt-4o snapshot costs more than
 	// gpt-4o; without this row lookupPrice would strip its date and price it as gpt-4o.
-	"gpt-4o-2024-05-13":      {InputPerMTok: 5.00, CachedInputPerMTok: 5.00, OutputPerMTok: 15.00},
-	"gpt-4o-mini":            {InputPerMTok: 0.15, CachedInputPerMTok: 0.075, OutputPerMTok: 0.60},  // vendor list price (OpenAI)
-	"gpt-4.1-mini":           {InputPerMTok: 0.40, CachedInputPerMTok: 0.10, OutputPerMTok: 1.60},   // vendor list price (OpenAI)
-	"gpt-4.1-nano":           {InputPerMTok: 0.10, CachedInputPerMTok: 0.025, OutputPerMTok: 0.40},  // vendor list price (OpenAI)
-	"gpt-5":                  {InputPerMTok: 1.25, CachedInputPerMTok: 0.125, OutputPerMTok: 10.00}, // vendor list price (OpenAI)
-	"gpt-5-mini":             {InputPerMTok: 0.25, CachedInputPerMTok: 0.025, OutputPerMTok: 2.00},  // vendor list price (OpenAI)
-	"text-embedding-3-small": {InputPerMTok: 0.02, CachedInputPerMTok: 0, OutputPerMTok: 0},         // vendor list price (OpenAI); embeddings have no output
-	"text-embedding-3-large": {InputPerMTok: 0.13, CachedInputPerMTok: 0, OutputPerMTok: 0},         // vendor list price (OpenAI); embeddings have no output
+	"gpt-4o-2024-05-13":      {InputPerMTok: 5.00, CachedInputPerMTok: 5.00, OutputPerMTok: 15.00, MaxInputTokens: 128000, MaxOutputTokens: 4096},
+	"gpt-4o-mini":            {InputPerMTok: 0.15, CachedInputPerMTok: 0.075, OutputPerMTok: 0.60, MaxInputTokens: 128000, MaxOutputTokens: 16384},   // vendor list price (OpenAI)
+	"gpt-4.1-mini":           {InputPerMTok: 0.40, CachedInputPerMTok: 0.10, OutputPerMTok: 1.60, MaxInputTokens: 1047576, MaxOutputTokens: 32768},   // vendor list price (OpenAI)
+	"gpt-4.1-nano":           {InputPerMTok: 0.10, CachedInputPerMTok: 0.025, OutputPerMTok: 0.40, MaxInputTokens: 1047576, MaxOutputTokens: 32768},  // vendor list price (OpenAI)
+	"gpt-5":                  {InputPerMTok: 1.25, CachedInputPerMTok: 0.125, OutputPerMTok: 10.00, MaxInputTokens: 272000, MaxOutputTokens: 128000}, // vendor list price (OpenAI)
+	"gpt-5-mini":             {InputPerMTok: 0.25, CachedInputPerMTok: 0.025, OutputPerMTok: 2.00, MaxInputTokens: 272000, MaxOutputTokens: 128000},  // vendor list price (OpenAI)
+	"text-embedding-3-small": {InputPerMTok: 0.02, CachedInputPerMTok: 0, OutputPerMTok: 0, MaxInputTokens: 8191, MaxOutputTokens: 0},                // vendor list price (OpenAI); embeddings have no output
+	"text-embedding-3-large": {InputPerMTok: 0.13, CachedInputPerMTok: 0, OutputPerMTok: 0, MaxInputTokens: 8191, MaxOutputTokens: 0},                // vendor list price (OpenAI); embeddings have no output
 }
 
 // DefaultPrices returns the built-in price table, keyed by model name, in USD
@@ -166,8 +177,13 @@ func DefaultPrices() map[string]Price {
 // that is not a finite, non-negative number (the catalog's "sample_spec" entry
 // documents fields with strings) is treated as missing. Entries that are not
 // objects, have neither an input nor an output price, or are named
-// "sample_spec" are skipped; everything else in an entry (litellm_provider,
-// mode, batch and priority prices, context windows) is ignored.
+// "sample_spec" are skipped.
+//
+// The context window comes from max_input_tokens and max_output_tokens,
+// each defaulting to the legacy max_tokens as the catalog documents; a
+// window that is not a positive whole number is unknown (0). Everything
+// else in an entry (litellm_provider, mode, batch and priority prices) is
+// ignored.
 //
 // Malformed JSON, a top-level value that is not an object, a read error, or a
 // catalog without a single priced entry is an error.
@@ -201,13 +217,26 @@ func LoadPrices(r io.Reader) (map[string]Price, error) {
 		if !okCached {
 			cached = in
 		}
-		prices[name] = Price{InputPerMTok: in, CachedInputPerMTok: cached, OutputPerMTok: out}
+		legacy := catalogTokens(entry, "max_tokens")
+		prices[name] = Price{InputPerMTok: in, CachedInputPerMTok: cached, OutputPerMTok: out,
+			MaxInputTokens:  cmp.Or(catalogTokens(entry, "max_input_tokens"), legacy),
+			MaxOutputTokens: cmp.Or(catalogTokens(entry, "max_output_tokens"), legacy)}
 		return true
 	})
 	if len(prices) == 0 {
 		return nil, errors.New("relay: price catalog has no entry with per-token prices")
 	}
 	return prices, nil
+}
+
+// catalogTokens reads a token-count field of a catalog entry: a positive
+// whole number, else 0.
+func catalogTokens(entry gjson.Result, field string) int {
+	v := entry.Get(field)
+	if v.Type != gjson.Number || v.Num < 1 || v.Num > 1<<31-1 || v.Num != math.Trunc(v.Num) {
+		return 0
+	}
+	return int(v.Num)
 }
 
 // catalogPrice reads a per-token price field of a catalog entry and returns

@@ -327,7 +327,7 @@ func TestUnpricedModel(t *testing.T) {
 
 func TestDefaultPrices(t *testing.T) {
 	prices := DefaultPrices()
-	want := map[string]Price{
+	want := map[string][3]float64{
 		"gpt-5.5-codex":          {0, 0, 12.00},
 		"gpt-4.1":                {2.00, 0.50, 8.00},
 		"claude-sonnet-4.5":      {3.00, 0.30, 15.00},
@@ -343,8 +343,12 @@ func TestDefaultPrices(t *testing.T) {
 		"text-embedding-3-large": {0.13, 0, 0},
 	}
 	for model, p := range want {
-		if got, ok := prices[model]; !ok || got != p {
+		got, ok := prices[model]
+		if !ok || [3]float64{got.InputPerMTok, got.CachedInputPerMTok, got.OutputPerMTok} != p {
 			t.Errorf("DefaultPrices()[%q] = %+v, %v; want %+v", model, got, ok, p)
+		}
+		if got.MaxInputTokens <= 0 {
+			t.Errorf("DefaultPrices()[%q] has no context window", model)
 		}
 	}
 	if prices["claude-sonnet-4.5"] != prices["claude-sonnet-4-5"] {
@@ -364,7 +368,7 @@ func TestDefaultPricesIsACopy(t *testing.T) {
 	first["made-up"] = Price{OutputPerMTok: 1}
 
 	second := DefaultPrices()
-	if got := second["gpt-4.1"]; got != (Price{InputPerMTok: 2.00, CachedInputPerMTok: 0.50, OutputPerMTok: 8.00}) {
+	if got := second["gpt-4.1"]; got != (Price{InputPerMTok: 2.00, CachedInputPerMTok: 0.50, OutputPerMTok: 8.00, MaxInputTokens: 1047576, MaxOutputTokens: 32768}) {
 		t.Errorf("gpt-4.1 = %+v after mutating an earlier copy", got)
 	}
 	if _, ok := second["gpt-4o"]; !ok {
@@ -391,11 +395,11 @@ func TestLoadPricesSample(t *testing.T) {
 
 	// Values read from the sample, per token × 1e6, exact after rounding.
 	want := map[string]Price{
-		"gpt-4.1":                 {InputPerMTok: 2, CachedInputPerMTok: 0.5, OutputPerMTok: 8},
-		"gpt-4o-mini":             {InputPerMTok: 0.15, CachedInputPerMTok: 0.075, OutputPerMTok: 0.6},
-		"gpt-4o-mini-2024-07-18":  {InputPerMTok: 0.15, CachedInputPerMTok: 0.075, OutputPerMTok: 0.6},
-		"deepseek/deepseek-chat":  {InputPerMTok: 0.28, CachedInputPerMTok: 0.028, OutputPerMTok: 0.42},
-		"gemini/gemini-2.5-flash": {InputPerMTok: 0.3, CachedInputPerMTok: 0.03, OutputPerMTok: 2.5},
+		"gpt-4.1":                 {InputPerMTok: 2, CachedInputPerMTok: 0.5, OutputPerMTok: 8, MaxInputTokens: 1047576, MaxOutputTokens: 32768},
+		"gpt-4o-mini":             {InputPerMTok: 0.15, CachedInputPerMTok: 0.075, OutputPerMTok: 0.6, MaxInputTokens: 128000, MaxOutputTokens: 16384},
+		"gpt-4o-mini-2024-07-18":  {InputPerMTok: 0.15, CachedInputPerMTok: 0.075, OutputPerMTok: 0.6, MaxInputTokens: 128000, MaxOutputTokens: 16384},
+		"deepseek/deepseek-chat":  {InputPerMTok: 0.28, CachedInputPerMTok: 0.028, OutputPerMTok: 0.42, MaxInputTokens: 131072, MaxOutputTokens: 8192},
+		"gemini/gemini-2.5-flash": {InputPerMTok: 0.3, CachedInputPerMTok: 0.03, OutputPerMTok: 2.5, MaxInputTokens: 1048576, MaxOutputTokens: 65535},
 	}
 	if !maps.Equal(prices, want) {
 		t.Errorf("LoadPrices(sample) = %+v;\nwant %+v (sample_spec skipped, every other entry loaded)", prices, want)

@@ -13,13 +13,15 @@ import (
 )
 
 // limiter holds the rate limits of one upstream (LimitConfig describes
-// them): RPM and TPM token buckets, an in-flight cap, and a hold learned
-// from the upstream's own headers. The rate.Limiters have their own locks;
-// the hold and the slot channel are lock-free.
+// them): RPM and TPM token buckets, an in-flight cap, a hold learned from
+// the upstream's own headers, and the queues of requests waiting for them
+// (queue.go). The rate.Limiters have their own locks; the hold is
+// lock-free.
 type limiter struct {
 	rpm, tpm *rate.Limiter // nil: no limit
-	slots    chan struct{} // nil: no in-flight cap
+	slots    *slots        // nil: no in-flight cap
 	hold     atomic.Int64  // unix nanoseconds until which the upstream asked to be left alone
+	rq       queue         // requests waiting for the buckets
 }
 
 func (l *limiter) init(rpm, tpm, maxInFlight int) {
@@ -30,7 +32,7 @@ func (l *limiter) init(rpm, tpm, maxInFlight int) {
 		l.tpm = rate.NewLimiter(rate.Limit(float64(tpm)/60), tpm)
 	}
 	if maxInFlight > 0 {
-		l.slots = make(chan struct{}, maxInFlight)
+		l.slots = &slots{cap: maxInFlight}
 	}
 }
 
@@ -90,69 +92,32 @@ func (l *limiter) refund(now time.Time, tpm int) {
 	}
 }
 
-// reservation is what a request that waits for an upstream's buckets
-// holds, so that requests arriving during the wait queue behind it.
-type reservation struct {
-	rs   [2]*rate.Reservation
-	wait time.Duration
-}
-
-// reserve takes the request's tokens ahead, at now, and returns the wait
-// until they are there (at least hold).
-func (l *limiter) reserve(now time.Time, tpm int, hold time.Duration) reservation {
-	v := reservation{wait: hold}
-	if l.rpm != nil {
-		v.rs[0] = l.rpm.ReserveN(now, 1)
-		v.wait = max(v.wait, v.rs[0].DelayFrom(now))
-	}
-	if l.tpm != nil {
-		v.rs[1] = l.tpm.ReserveN(now, tpm)
-		v.wait = max(v.wait, v.rs[1].DelayFrom(now))
-	}
-	return v
-}
-
-// cancel gives the reserved tokens back.
-func (v reservation) cancel(now time.Time) {
-	for _, res := range v.rs {
-		if res != nil {
-			res.CancelAt(now)
-		}
-	}
-}
-
 // trySlot takes an in-flight slot without waiting.
-func (l *limiter) trySlot() bool {
-	if l.slots == nil {
-		return true
-	}
-	select {
-	case l.slots <- struct{}{}:
-		return true
-	default:
-		return false
-	}
+func (l *limiter) trySlot(p Priority) bool {
+	return l.slots == nil || l.slots.try(p)
 }
 
 // waitSlot waits for an in-flight slot, at most d; then it returns tooLong.
-func (l *limiter) waitSlot(ctx context.Context, c Clock, d time.Duration, tooLong error) error {
-	timeout := make(chan struct{})
-	stop := c.AfterFunc(d, func() { close(timeout) })
-	defer stop()
-	select {
-	case l.slots <- struct{}{}:
-		return nil
-	case <-timeout:
-		return tooLong
-	case <-ctx.Done():
-		return ctx.Err()
+func (l *limiter) waitSlot(ctx context.Context, c Clock, p Priority, d time.Duration, tooLong error) error {
+	return l.slots.wait(ctx, c, p, d, tooLong)
+}
+
+// release gives an in-flight slot back.
+func (l *limiter) release() {
+	if l.slots != nil {
+		l.slots.release()
 	}
 }
 
-func (l *limiter) release() {
-	if l.slots != nil {
-		<-l.slots
+// ahead reports whether requests of at least priority p wait for the
+// buckets: a request of priority p that finds tokens must queue behind them.
+func (l *limiter) ahead(p Priority) bool {
+	if l.rq.n.Load() == 0 {
+		return false
 	}
+	l.rq.mu.Lock()
+	defer l.rq.mu.Unlock()
+	return l.rq.ahead(p)
 }
 
 // maxHold429 caps the hold a 429's Retry-After puts on an upstream, so an

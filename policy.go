@@ -36,6 +36,13 @@ type Request struct {
 	// spent, so a rule can move it to a cheaper model as a budget runs low.
 	// It is never nil in a Request made by the router.
 	Budget Budgets
+	// MaxInputTokens and MaxOutputTokens are the context window of the
+	// requested model (from Config.Prices; 0 when unknown), so a rule can
+	// send long prompts to a long-context model without a table of its own.
+	MaxInputTokens, MaxOutputTokens int
+	// Priority is the request's priority from its X-Relay-Priority header
+	// (PriorityDefault without one).
+	Priority Priority
 }
 
 // Endpoints the router recognises by path suffix (Request.Endpoint).
@@ -59,6 +66,11 @@ type Route struct {
 	Model     string   // model to send; empty keeps the requested one
 	Fallbacks []string // further models to try, in order, when Model's upstreams fail
 	Bucket    string   // label for reports; empty: the request's bucket
+	// Require lists tags every upstream of the request must carry, added
+	// to those of its X-Relay-Require header (e.g. "region=eu").
+	Require []string
+	// Priority, when not zero, replaces the request's priority.
+	Priority Priority
 }
 
 // route asks the policy for q's route and fills in what it left empty.
@@ -72,6 +84,9 @@ func (s *settings) route(q Request) Route {
 	}
 	if rt.Bucket == "" {
 		rt.Bucket = q.Bucket
+	}
+	if rt.Priority == 0 {
+		rt.Priority = q.Priority
 	}
 	return rt
 }
@@ -135,9 +150,10 @@ func (p ClusterPolicy) Route(r Request) Route {
 
 // Decision is the router's answer for a request, without sending it.
 type Decision struct {
-	Request   Request
-	Route     Route
-	Upstreams []string // upstream names in the order they would be tried
+	Request    Request
+	Route      Route    // the policy's route, as the constraints left it
+	Upstreams  []string // upstream names in the order they would be tried
+	Constraint string   // the constraint that changed the route, if one did
 }
 
 // Decide returns the routing decision for req without sending it: no
@@ -154,14 +170,18 @@ func (r *Router) Decide(req *http.Request) (Decision, error) {
 	if err != nil {
 		return Decision{}, &Error{Op: "read body", Err: err}
 	}
-	c := r.classify(req.Method, req.URL.Path, req.Header, body)
+	t := &trip{r: r, req: req, ctx: req.Context()} // no hooks: nothing is sent
+	t.c = r.classify(req.Method, req.URL.Path, req.Header, body)
 	if len(r.s.budgets) > 0 {
-		c.req.Budget = budgetView{r: r, q: &c.req}
+		t.view = budgetView{r: r, q: &t.c.req}
+		t.c.req.Budget = &t.view
 	}
-	d := Decision{Request: c.req, Route: r.s.route(c.req)}
-	cands := r.candidates(nil, &c, d.Route, r.keyOf(&c), false)
-	if len(cands) == 0 {
-		return d, &Error{Op: "route", Model: d.Route.Model, Err: ErrNoUpstream}
+	t.route = r.s.route(t.c.req)
+	t.key = r.keyOf(&t.c)
+	cands, err := t.plan(false)
+	d := Decision{Request: t.c.req, Route: t.route, Constraint: t.constraint}
+	if err != nil {
+		return d, err
 	}
 	for _, cand := range cands {
 		d.Upstreams = append(d.Upstreams, cand.up.cfg.Name)

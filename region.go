@@ -64,11 +64,11 @@ func (s Strategy) String() string {
 // route's plan; other paths (/models, /files...) go to the upstreams in
 // configuration order, open circuits skipped (and, when every one is open,
 // the soonest to recover), since they are not routed by model.
-func (r *Router) candidates(buf []candidate, c *classified, route Route, key uint64, random bool) []candidate {
+func (r *Router) candidates(buf []candidate, c *classified, route Route, key uint64, random bool, require []string) []candidate {
 	if c.req.Endpoint == "" {
-		return r.healthy(buf[:0], "", r.s.clock.Now())
+		return r.healthy(buf[:0], "", r.s.clock.Now(), require)
 	}
-	return r.plan(buf, route.Model, route.Fallbacks, key, random)
+	return r.plan(buf, route.Model, route.Fallbacks, key, random, require)
 }
 
 // plan lists the candidates for a route in the order to try them: the
@@ -78,35 +78,36 @@ func (r *Router) candidates(buf []candidate, c *classified, route Route, key uin
 // one whose cooldown ends first, so a pool never runs empty. With random
 // false (Decide), the strategies' random parts (jitter, the two choices, the
 // weighted draw) are left out and the order is the deterministic ranking.
-func (r *Router) plan(buf []candidate, model string, fallbacks []string, key uint64, random bool) []candidate {
+// Only upstreams that carry every tag of require are candidates.
+func (r *Router) plan(buf []candidate, model string, fallbacks []string, key uint64, random bool, require []string) []candidate {
 	out := buf[:0]
 	now := r.s.clock.Now()
-	out = r.appendCandidates(out, model, now, key, random)
+	out = r.appendCandidates(out, model, now, key, random, require)
 	for _, fb := range fallbacks {
 		if fb == "" || fb == model || slices.ContainsFunc(out, func(c candidate) bool { return c.model == fb }) {
 			continue
 		}
-		out = r.appendCandidates(out, fb, now, key, random)
+		out = r.appendCandidates(out, fb, now, key, random, require)
 	}
 	return out
 }
 
-func (r *Router) appendCandidates(out []candidate, model string, now time.Time, key uint64, random bool) []candidate {
+func (r *Router) appendCandidates(out []candidate, model string, now time.Time, key uint64, random bool, require []string) []candidate {
 	start := len(out)
-	out = r.healthy(out, model, now)
+	out = r.healthy(out, model, now, require)
 	r.order(out[start:], key, now, random)
 	return out
 }
 
-// healthy appends the upstreams serving model whose circuits are not open,
-// in configuration order, or, when every one is open, the one whose
-// cooldown ends first: a pool never runs empty.
-func (r *Router) healthy(out []candidate, model string, now time.Time) []candidate {
+// healthy appends the upstreams serving model and carrying the required
+// tags whose circuits are not open, in configuration order, or, when every
+// one is open, the one whose cooldown ends first: a pool never runs empty.
+func (r *Router) healthy(out []candidate, model string, now time.Time, require []string) []candidate {
 	start := len(out)
 	var soonest *upstream
 	var soonestAt time.Time
 	for _, u := range r.ups {
-		if !u.serves(model) {
+		if !u.serves(model) || !u.carries(require) {
 			continue
 		}
 		if at, open := u.br.openUntil(now); open {

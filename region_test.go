@@ -48,7 +48,7 @@ func TestAffinityKeepsKeysHomeWithJitter(t *testing.T) {
 	var buf [8]candidate
 	for k := range uint64(keys) {
 		key := fmix64(k + 1)
-		cands := r.plan(buf[:0], "m", nil, key, true)
+		cands := r.plan(buf[:0], "m", nil, key, true, nil)
 		require.Len(t, cands, 4)
 		if cands[0].up.cfg.Name == home(r, key) {
 			atHome++
@@ -64,7 +64,7 @@ func TestAffinitySpreadsKeysEvenly(t *testing.T) {
 	count := map[string]int{}
 	var buf [8]candidate
 	for k := range uint64(100000) {
-		count[r.plan(buf[:0], "m", nil, fmix64(k+1), true)[0].up.cfg.Name]++
+		count[r.plan(buf[:0], "m", nil, fmix64(k+1), true, nil)[0].up.cfg.Name]++
 	}
 	for name, n := range count {
 		assert.InDelta(t, 25000, n, 1500, name)
@@ -79,8 +79,8 @@ func TestAffinityAddingAnUpstreamMovesOnlyItsShare(t *testing.T) {
 	var b4, b5 [8]candidate
 	for k := range uint64(keys) {
 		key := fmix64(k + 1)
-		a := four.plan(b4[:0], "m", nil, key, true)[0].up.cfg.Name
-		b := five.plan(b5[:0], "m", nil, key, true)[0].up.cfg.Name
+		a := four.plan(b4[:0], "m", nil, key, true, nil)[0].up.cfg.Name
+		b := five.plan(b5[:0], "m", nil, key, true, nil)[0].up.cfg.Name
 		if a != b {
 			moved++
 			assert.Equal(t, "region-4", b, "a key only ever moves to the new upstream")
@@ -180,7 +180,7 @@ func TestWeighted(t *testing.T) {
 	count := map[string]int{}
 	var buf [8]candidate
 	for range 40000 {
-		count[r.plan(buf[:0], "m", nil, 0, true)[0].up.cfg.Name]++
+		count[r.plan(buf[:0], "m", nil, 0, true, nil)[0].up.cfg.Name]++
 	}
 	assert.InDelta(t, 10000, count["region-0"], 800)
 	assert.InDelta(t, 30000, count["region-1"], 800)
@@ -197,7 +197,7 @@ func BenchmarkPlan(b *testing.B) {
 			key := uint64(1)
 			for b.Loop() {
 				key = fmix64(key)
-				if len(r.plan(buf[:0], "m", nil, key, true)) != 8 {
+				if len(r.plan(buf[:0], "m", nil, key, true, nil)) != 8 {
 					b.Fatal("short plan")
 				}
 			}

@@ -25,6 +25,8 @@ type Report struct {
 	Cost         float64       // CostUSD in the billing currency (Config.Currency)
 	Currency     string        // its ISO code
 	Budget       string        // the budget that refused the request, if one did
+	Constraint   string        // the constraint that changed the route, if one did (ConstraintContextWindow...)
+	Priority     Priority      // the request's priority
 	Priced       bool          // false when the model has no price: CostUSD is then 0, not a guess
 	Latency      time.Duration // RoundTrip start to body done
 	TTFT         time.Duration // to the first content byte (streams) or the response headers
@@ -108,6 +110,8 @@ func (t *trip) report(end bodyEnd) Report {
 		TTFT:           end.ttft,
 		Attempts:       t.attempts,
 		Hedged:         t.hedged,
+		Constraint:     t.constraint,
+		Priority:       t.route.Priority,
 		HedgeWon:       t.att.hedge == 1,
 		Overhead:       t.overhead,
 		Stream:         t.c.req.Stream,

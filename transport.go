@@ -48,9 +48,9 @@ func (r *Router) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	t.route = r.s.route(t.c.req)
 	t.key = r.keyOf(&t.c)
-	cands := r.candidates(t.cbuf[:0], &t.c, t.route, t.key, true)
-	if len(cands) == 0 {
-		return nil, t.fail(&Error{Op: "route", Model: t.route.Model, Err: ErrNoUpstream})
+	cands, err := t.plan(true)
+	if err != nil {
+		return nil, t.fail(err)
 	}
 	return t.run(cands)
 }
@@ -105,6 +105,10 @@ type trip struct {
 	tokens int          // prompt plus output tokens: the TPM charge before clamping
 	cbuf   [8]candidate // backing array of the candidate list
 
+	require    []string // tags every candidate must carry
+	constraint string   // the constraint that changed the route, if one did
+	widened    bool     // retried on a larger window once
+
 	att      attempt       // the answering attempt, once there is one
 	attempts int           // upstream calls made, hedges included
 	hedged   bool          // a hedge was sent
@@ -142,21 +146,18 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 		r.hedges.add()
 	}
 	adm := r.admissionOf(&t.c)
+	adm.prio = t.route.Priority
 	t.tokens = adm.tokens
 	if len(r.s.budgets) > 0 {
 		adm.trip = t
 	}
 	var (
-		rt         = retrier{s: &r.s.retry}
-		bodies     bodyCache
-		next       int
-		kept, lost *attempt // the last attempt with a response, and the last without
+		rt     = retrier{s: &r.s.retry}
+		bodies bodyCache
+		next   int
+		prev   previous
 	)
-	defer func() {
-		if kept != nil && t.att.resp != kept.resp {
-			kept.closeKept() // not returned: stop reading it
-		}
-	}()
+	defer prev.close(t)
 	for i := 0; i < r.s.retry.maxAttempts; i++ {
 		idx, tk, waited, err := r.acquire(ctx, cands, next, adm)
 		t.outside += waited
@@ -165,7 +166,7 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 			continue
 		}
 		if err != nil {
-			return t.giveUp(err, kept, lost)
+			return t.giveUp(err, prev)
 		}
 		cand := cands[idx]
 		next = idx + 1
@@ -185,22 +186,19 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 		t.outside += r.s.clock.Now().Sub(at)
 		t.observe(&a)
 		wait, final := t.retryWait(&a, cands[next%len(cands)], i, &rt)
+		if final && i < r.s.retry.maxAttempts-1 {
+			if n, ok := t.widen(&cands, &a); ok {
+				next, wait, final = n, 0, false // a larger window, at once
+			}
+		}
 		if final {
-			if a.resp == nil && kept != nil && ctx.Err() == nil {
+			if a.resp == nil && prev.kept != nil && ctx.Err() == nil {
 				a.release()
-				return t.finalize(*kept) // an earlier response beats no response
+				return t.finalize(*prev.kept) // an earlier response beats no response
 			}
 			return t.finalize(a)
 		}
-		a.discard()
-		if a.resp != nil {
-			if kept != nil {
-				kept.closeKept()
-			}
-			kept = &a
-		} else {
-			lost = &a
-		}
+		prev.add(&a)
 		at = r.s.clock.Now()
 		err = sleep(ctx, r.s.clock, wait)
 		t.outside += r.s.clock.Now().Sub(at)
@@ -211,16 +209,42 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 	panic("relay: unreachable")
 }
 
+// previous are the attempts the loop went past: the last one with a
+// response (kept, its body read in the background, in case it is the one
+// returned in the end) and the last one without.
+type previous struct{ kept, lost *attempt }
+
+// add discards a and keeps it as the last of its kind.
+func (p *previous) add(a *attempt) {
+	a.discard()
+	if a.resp == nil {
+		p.lost = a
+		return
+	}
+	if p.kept != nil {
+		p.kept.closeKept()
+	}
+	p.kept = a
+}
+
+// close stops the background read of a kept response that was not
+// returned.
+func (p *previous) close(t *trip) {
+	if p.kept != nil && t.att.resp != p.kept.resp {
+		p.kept.closeKept()
+	}
+}
+
 // giveUp ends a trip whose next attempt could not be admitted: the last
 // upstream response if there was one, else the last real failure, else the
 // admission's error.
-func (t *trip) giveUp(err error, kept, lost *attempt) (*http.Response, error) {
+func (t *trip) giveUp(err error, prev previous) (*http.Response, error) {
 	if t.ctx.Err() == nil {
 		switch {
-		case kept != nil:
-			return t.finalize(*kept) // the last upstream response, intact
-		case lost != nil:
-			return t.finalize(*lost) // the real failure, not the limiter's
+		case prev.kept != nil:
+			return t.finalize(*prev.kept) // the last upstream response, intact
+		case prev.lost != nil:
+			return t.finalize(*prev.lost) // the real failure, not the limiter's
 		}
 	}
 	if err == ErrBudgetExceeded {

@@ -35,6 +35,16 @@ func (u *upstream) serves(model string) bool {
 	return u.models == nil || model == "" || u.models[model]
 }
 
+// carries reports whether the upstream has every tag of require.
+func (u *upstream) carries(require []string) bool {
+	for _, tag := range require {
+		if !slices.Contains(u.cfg.Tags, tag) {
+			return false
+		}
+	}
+	return true
+}
+
 // busy reports whether the upstream is saturated (MaxInFlight reached) or
 // its recent p99 latency is over bound.
 func (u *upstream) busy(bound time.Duration) bool {
