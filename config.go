@@ -100,9 +100,22 @@ type Config struct {
 	// Currency is the billing currency: budgets are set in it and
 	// Report.Cost is given in it. The zero Currency is USD.
 	Currency Currency
-	// Ledger keeps budget spend. If nil, NewLocalLedger(): this process
-	// only. A shared Ledger (package redisstate) keeps one for a fleet.
+	// Ledger keeps budget spend. If nil, the State's when one is set,
+	// else NewLocalLedger(): this process only.
 	Ledger Ledger
+
+	// State shares upstream limits, holds, circuits and budgets with the
+	// other replicas of the service (package redisstate). If nil, they live
+	// in this process only.
+	State State
+	// StateTimeout bounds each call to State on the request path; a call
+	// that fails or times out is decided from in-process state instead.
+	// If 0, 5 ms.
+	StateTimeout time.Duration
+	// Replicas is how many replicas share State: while it is unreachable,
+	// each replica holds its upstreams to RPM/Replicas and TPM/Replicas. If
+	// 0, 1.
+	Replicas int
 
 	// Stream configures the handling of server-sent-event answers.
 	Stream StreamConfig
@@ -398,6 +411,9 @@ type settings struct {
 	stream           streamSettings
 	upstreams        []upstreamSettings
 	secrets          secrets // what to redact from upstream text
+	state            State
+	stateTimeout     time.Duration
+	replicas         int
 	budgets          []budgetSettings
 	contextFallbacks []string
 	currency         Currency // Code and PerUSD set
@@ -525,7 +541,16 @@ func resolve(c Config) (settings, error) {
 	if s.currency.PerUSD < 0 {
 		bad("Currency.PerUSD %g is negative", c.Currency.PerUSD)
 	}
-	if s.ledger = c.Ledger; s.ledger == nil {
+	s.state, s.stateTimeout, s.replicas = c.State, orDefault(c.StateTimeout, 5*time.Millisecond), orDefault(c.Replicas, 1)
+	if s.stateTimeout < 0 || s.replicas < 0 {
+		bad("StateTimeout and Replicas must not be negative")
+	}
+	switch {
+	case c.Ledger != nil:
+		s.ledger = c.Ledger
+	case c.State != nil:
+		s.ledger = c.State
+	default:
 		s.ledger = NewLocalLedger()
 	}
 	s.secrets = newSecrets(c.Upstreams)

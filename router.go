@@ -39,6 +39,9 @@ type Router struct {
 	counter *counter
 	hedges  hedgeBudget
 	ledger  Ledger
+
+	state      State // nil: in-process only
+	stateCount stateCounters
 }
 
 var _ http.RoundTripper = (*Router)(nil)
