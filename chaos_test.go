@@ -231,7 +231,7 @@ func runChaos(t *testing.T, requests, workers int) {
 	assert.Equal(t, sent.Load(), reports.Load(), "exactly one report per request")
 	for _, u := range r.ups {
 		assert.Zero(t, u.inflight.Load(), "%s: requests left in flight", u.cfg.Name)
-		assert.Zero(t, u.lim.slots.used, "%s: in-flight slots left taken", u.cfg.Name)
+		assert.Zero(t, u.lim.slots.inUse(), "%s: in-flight slots left taken", u.cfg.Name)
 	}
 	r.CloseIdleConnections()
 	for _, u := range ups {

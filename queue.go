@@ -293,6 +293,13 @@ func (s *slots) wait(ctx context.Context, c Clock, p Priority, d time.Duration, 
 	return err
 }
 
+// inUse returns the slots taken.
+func (s *slots) inUse() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.used
+}
+
 // release gives a slot back: to the first waiter, if any.
 func (s *slots) release() {
 	s.mu.Lock()
