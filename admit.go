@@ -9,7 +9,7 @@ import (
 
 // admission is what the admission step knows of one request.
 type admission struct {
-	trip    *trip     // holds budget reservations; nil: no budgets
+	trip    *trip     // the request (budget reservations, state fallbacks); nil in benchmarks
 	tokens  int       // prompt tokens plus max output tokens, for the TPM charge
 	tried   uint64    // forced candidates already tried, by index (bit i%64)
 	exclude *upstream // skipped: a hedge's first upstream, already in flight
@@ -54,7 +54,7 @@ func (r *Router) acquire(ctx context.Context, cands []candidate, start int, a ad
 	if sc.pick >= 0 {
 		return sc.pick, sc.tk, 0, nil
 	}
-	if i, tk, ok := r.takeOverCap(cands, sc, a, now); ok {
+	if i, tk, ok := r.takeOverCap(ctx, cands, sc, a, now); ok {
 		return i, tk, 0, nil
 	}
 	maxWait := r.s.maxWait
@@ -89,20 +89,29 @@ func (r *Router) acquire(ctx context.Context, cands []candidate, start int, a ad
 // takeOverCap admits the first candidate at its bounded-load cap when every
 // candidate that could take the request now is at its cap: the first in
 // hash order takes it, as a consistent-hashing ring would.
-func (r *Router) takeOverCap(cands []candidate, sc scanResult, a admission, now time.Time) (int, ticket, bool) {
+func (r *Router) takeOverCap(ctx context.Context, cands []candidate, sc scanResult, a admission, now time.Time) (int, ticket, bool) {
 	if sc.overCap < 0 || sc.best >= 0 || sc.slotWait >= 0 {
 		return -1, ticket{}, false
 	}
 	c := &cands[sc.overCap]
+	tpm := c.up.lim.charge(a.tokens)
+	d, taken, open := r.rate(ctx, a, c, tpm, now)
+	if d > 0 || open {
+		return -1, ticket{}, false
+	}
 	if r.claim(cands, c, false, a.prio) != claimed {
+		r.untake(ctx, a, c, tpm, now, taken)
 		return -1, ticket{}, false
 	}
 	tk, ok := c.up.br.allow(now, c.forced)
 	if !ok {
 		c.up.unclaim()
+		r.untake(ctx, a, c, tpm, now, taken)
 		return -1, ticket{}, false
 	}
-	c.up.lim.take(now, c.up.lim.charge(a.tokens))
+	if !taken {
+		c.up.lim.take(now, tpm)
+	}
 	return sc.overCap, tk, true
 }
 
@@ -130,11 +139,11 @@ func (r *Router) scan(ctx context.Context, cands []candidate, start int, a admis
 			sc.budget++
 			continue
 		}
-		lim := &c.up.lim
-		tpm := lim.charge(a.tokens)
-		d := lim.delay(now, tpm)
-		if d == 0 && lim.ahead(a.prio) {
-			d = 1 // tokens are there, but requests of higher or equal priority wait for them
+		tpm := c.up.lim.charge(a.tokens)
+		d, taken, open := r.rate(ctx, a, c, tpm, now)
+		if open {
+			sc.open++
+			continue
 		}
 		if d > 0 {
 			if d < sc.bestD {
@@ -147,20 +156,25 @@ func (r *Router) scan(ctx context.Context, cands []candidate, start int, a admis
 			if sc.slotWait < 0 {
 				sc.slotWait = i
 			}
+			r.untake(ctx, a, c, tpm, now, taken)
 			continue
 		case claimOverCap:
 			if sc.overCap < 0 {
 				sc.overCap = i
 			}
+			r.untake(ctx, a, c, tpm, now, taken)
 			continue
 		}
 		tk, ok := c.up.br.allow(now, c.forced)
 		if !ok {
 			c.up.unclaim()
+			r.untake(ctx, a, c, tpm, now, taken)
 			sc.open++
 			continue
 		}
-		lim.take(now, tpm)
+		if !taken {
+			c.up.lim.take(now, tpm)
+		}
 		sc.pick, sc.tk = i, tk
 		return sc
 	}
@@ -201,19 +215,36 @@ func (r *Router) waitFor(ctx context.Context, cands []candidate, c *candidate, d
 	tpm := lim.charge(a.tokens)
 	start := clock.Now()
 	took := delay >= 0
-	if took {
+	shared := took && r.s.state != nil
+	if shared {
+		fellBack, err := r.waitShared(ctx, a, c, tpm, delay, maxWait, tooLong)
+		if err == ErrCircuitOpen {
+			return r.forceSoonest(cands, a, clock.Now())
+		}
+		if err != nil {
+			return -1, ticket{}, err
+		}
+		shared = !fellBack
+	}
+	if took && !shared {
 		w := &waiter{prio: a.prio, tpm: tpm, deadline: start.Add(maxWait), tooLong: tooLong}
 		if err := lim.waitRate(ctx, clock, w); err != nil {
 			return -1, ticket{}, err
+		}
+	}
+	give := func(now time.Time) {
+		switch {
+		case shared:
+			r.refundShared(ctx, a.trip, c.up, 1, tpm, now)
+		case took:
+			lim.refund(now, tpm)
 		}
 	}
 	// A request that waited for this upstream takes it now, even past a
 	// bounded-load cap: the wait already queued it there.
 	if r.claim(cands, c, false, a.prio) != claimed {
 		if err := lim.waitSlot(ctx, clock, a.prio, maxWait-clock.Now().Sub(start), tooLong); err != nil {
-			if took {
-				lim.refund(clock.Now(), tpm)
-			}
+			give(clock.Now())
 			return -1, ticket{}, err
 		}
 		c.up.inflight.Add(1)
@@ -222,9 +253,7 @@ func (r *Router) waitFor(ctx context.Context, cands []candidate, c *candidate, d
 	tk, ok := c.up.br.allow(now, c.forced)
 	if !ok { // its circuit opened while we waited
 		c.up.unclaim()
-		if took {
-			lim.refund(now, tpm)
-		}
+		give(now)
 		return r.forceSoonest(cands, a, now)
 	}
 	if !took {

@@ -153,10 +153,12 @@ func (b *breaker) allow(now time.Time, forced bool) (ticket, bool) {
 // sent (0 if none). lat is the upstream's latency window, with this
 // attempt's latency already in it: a closed breaker trips when its p99
 // passes the bound, and an opening breaker empties it, so that stale
-// latencies do not open it again after recovery.
-func (b *breaker) done(t ticket, o outcome, hint time.Duration, lat *latencyWindow, now time.Time) {
+// latencies do not open it again after recovery. It returns the end of the
+// open period when this outcome opened the breaker, zero otherwise.
+func (b *breaker) done(t ticket, o outcome, hint time.Duration, lat *latencyWindow, now time.Time) (opened time.Time) {
 	hint = min(hint, b.s.maxCooldown) // an absurd hint does not bench an upstream for years
 	b.mu.Lock()
+	wasOpen := b.state == StateOpen
 	var ev *BreakerEvent
 	switch {
 	case t.probe && t.gen == b.gen && b.state == StateHalfOpen:
@@ -185,8 +187,12 @@ func (b *breaker) done(t ticket, o outcome, hint time.Duration, lat *latencyWind
 			}
 		}
 	}
+	if b.state == StateOpen && !wasOpen {
+		opened = b.until
+	}
 	b.mu.Unlock()
 	b.emit(ev)
+	return opened
 }
 
 // due reports whether the breaker is out of the closed state with its

@@ -316,6 +316,7 @@ type held struct {
 	b      *budgetSettings
 	k      BudgetKey
 	amount int64
+	local  bool // reserved in the in-process fallback ledger (the shared one did not answer)
 }
 
 // reservations are what one request holds in its budgets, and the budget
@@ -360,13 +361,14 @@ func (t *trip) reserve(ctx context.Context, c *candidate, now time.Time) bool {
 		if h != nil {
 			have = h.amount
 		}
-		ok, err := t.r.ledger.Reserve(ctx, k, b.limit, need-have)
-		if err == nil && !ok {
+		local := h != nil && h.local
+		ok, local := t.r.reserveLedger(ctx, t, k, b.limit, need-have, local)
+		if !ok {
 			res.refused = b
 			return false
 		}
 		if h == nil {
-			res.list = append(res.list, held{b: b, k: k})
+			res.list = append(res.list, held{b: b, k: k, local: local})
 			h = &res.list[len(res.list)-1]
 		}
 		h.amount = need
@@ -410,7 +412,7 @@ func (t *trip) settle(cost float64) {
 				charge = spent
 			}
 		}
-		t.r.ledger.Settle(context.Background(), h.k, h.amount, charge)
+		t.r.settleLedger(t, h, charge)
 	}
 	res.list = res.list[:0]
 }
@@ -520,4 +522,44 @@ func (r *Router) Spend() []BudgetSpend {
 		}
 	}
 	return out
+}
+
+// reserveLedger reserves in the router's ledger. A shared ledger (one other
+// than the in-process default) is called within StateTimeout; when it does
+// not answer, the in-process fallback ledger decides, with the limit
+// divided by Replicas, and local reports so. local on the way in keeps a
+// top-up where the reservation is.
+func (r *Router) reserveLedger(ctx context.Context, t *trip, k BudgetKey, limit, amount int64, local bool) (ok, isLocal bool) {
+	if r.fallbackLedger == nil {
+		ok, _ = r.ledger.Reserve(ctx, k, limit, amount)
+		return ok, false
+	}
+	if !local {
+		sctx, cancel := r.stateCtx(ctx)
+		ok, err := r.ledger.Reserve(sctx, k, limit, amount)
+		cancel()
+		if err == nil {
+			return ok, false
+		}
+		r.stateFailed(t)
+	}
+	ok, _ = r.fallbackLedger.Reserve(ctx, k, limit/int64(r.s.replicas), amount)
+	return ok, true
+}
+
+// settleLedger settles a reservation where it was made.
+func (r *Router) settleLedger(t *trip, h *held, spent int64) {
+	if r.fallbackLedger == nil || h.local {
+		l := r.ledger
+		if h.local {
+			l = r.fallbackLedger
+		}
+		l.Settle(context.Background(), h.k, h.amount, spent)
+		return
+	}
+	ctx, cancel := r.stateCtx(context.Background())
+	defer cancel()
+	if err := r.ledger.Settle(ctx, h.k, h.amount, spent); err != nil {
+		r.stateFailed(t)
+	}
 }

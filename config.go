@@ -541,6 +541,14 @@ func resolve(c Config) (settings, error) {
 	if s.currency.PerUSD < 0 {
 		bad("Currency.PerUSD %g is negative", c.Currency.PerUSD)
 	}
+	resolveShared(&s, c, bad)
+	s.secrets = newSecrets(c.Upstreams)
+	return s, errors.Join(errs...)
+}
+
+// resolveShared fills in what replicas share: the State, its bounds, the
+// ledger.
+func resolveShared(s *settings, c Config, bad func(string, ...any)) {
 	s.state, s.stateTimeout, s.replicas = c.State, orDefault(c.StateTimeout, 5*time.Millisecond), orDefault(c.Replicas, 1)
 	if s.stateTimeout < 0 || s.replicas < 0 {
 		bad("StateTimeout and Replicas must not be negative")
@@ -553,8 +561,6 @@ func resolve(c Config) (settings, error) {
 	default:
 		s.ledger = NewLocalLedger()
 	}
-	s.secrets = newSecrets(c.Upstreams)
-	return s, errors.Join(errs...)
 }
 
 func resolveRetry(c RetryConfig, bad func(string, ...any)) retrySettings {

@@ -163,6 +163,22 @@ func contextLengthExceeded(resp *http.Response) bool {
 // closedChan is a closed channel, for bodies read already.
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
+// decide classifies the request's body, asks the policy for its route,
+// derives its affinity key, and plans its candidates (with random false,
+// the deterministic ranking, for Decide).
+func (t *trip) decide(body []byte, random bool) ([]candidate, error) {
+	r, req := t.r, t.req
+	t.body = body
+	t.c = r.classify(req.Method, req.URL.Path, req.Header, body)
+	if len(r.s.budgets) > 0 {
+		t.view = budgetView{r: r, q: &t.c.req}
+		t.c.req.Budget = &t.view
+	}
+	t.route = r.s.route(t.c.req)
+	t.key = r.keyOf(&t.c)
+	return t.plan(random)
+}
+
 // plan applies the route's constraints and lists its candidates: the
 // models whose window fits, the upstreams that carry the required tags.
 func (t *trip) plan(random bool) ([]candidate, error) {

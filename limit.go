@@ -125,12 +125,12 @@ func (l *limiter) ahead(p Priority) bool {
 const maxHold429 = time.Minute
 
 // observe applies an upstream's rate-limit headers: a 429 holds it for its
-// Retry-After, and a remaining count of 0 holds it until its reset.
-func (l *limiter) observe(resp *http.Response, now time.Time) {
+// Retry-After, and a remaining count of 0 holds it until its reset. It
+// returns the hold's end, zero when none.
+func (l *limiter) observe(resp *http.Response, now time.Time) (until time.Time) {
 	if resp == nil {
 		return
 	}
-	var until time.Time
 	if resp.StatusCode == http.StatusTooManyRequests {
 		d, ok := RetryAfter(resp.Header, now)
 		if !ok {
@@ -155,7 +155,7 @@ func (l *limiter) observe(resp *http.Response, now time.Time) {
 	for {
 		old := l.hold.Load()
 		if old >= until.UnixNano() || l.hold.CompareAndSwap(old, until.UnixNano()) {
-			return
+			return until
 		}
 	}
 }

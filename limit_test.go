@@ -55,11 +55,12 @@ func TestLimiterRateLimitedWhenWaitTooLong(t *testing.T) {
 }
 
 func TestLimiterTPMCharge(t *testing.T) {
-	srvs := newServers(t, 1)
+	srv := relaytest.NewServer(relaytest.WithCompletionTokens(1 << 20)) // uses every token it may: nothing to settle
+	t.Cleanup(srv.Close)
 	clock := newAutoClock()
 	r, _ := newTestRouter(t, Config{
 		Clock:     clock,
-		Upstreams: []Upstream{{Name: "a", BaseURL: srvs[0].URL, TPM: 6000}},
+		Upstreams: []Upstream{{Name: "a", BaseURL: srv.URL, TPM: 6000}},
 		Limits:    LimitConfig{MaxWait: time.Minute},
 	})
 	body := `{"model":"gpt-4.1","max_tokens":2990,"messages":[{"role":"user","content":"x"}]}` // ~3000 tokens
@@ -266,4 +267,20 @@ func TestCircuitOpenedDuringSlotWaitStillTries(t *testing.T) {
 	require.NotNil(t, resp, "ErrCircuitOpen without a try")
 	assert.Equal(t, 200, resp.StatusCode)
 	assert.Len(t, reps.all(), 2)
+}
+
+// TestLimiterTPMSettles: the part of a TPM charge (prompt plus max output
+// tokens) a request did not use goes back to the bucket when its usage is
+// known.
+func TestLimiterTPMSettles(t *testing.T) {
+	srv := relaytest.NewServer() // answers 8 completion tokens
+	t.Cleanup(srv.Close)
+	clock := newAutoClock()
+	r, _ := newTestRouter(t, Config{Clock: clock, Upstreams: []Upstream{{Name: "a", BaseURL: srv.URL, TPM: 6000}}, Limits: LimitConfig{MaxWait: time.Minute}})
+	body := `{"model":"gpt-4.1","max_tokens":2990,"messages":[{"role":"user","content":"x"}]}`
+	for range 10 {
+		_, _, err := send(t, r, body)
+		require.NoError(t, err)
+	}
+	assert.Empty(t, clock.Waits(), "each request gives back what it did not use")
 }

@@ -171,14 +171,7 @@ func (r *Router) Decide(req *http.Request) (Decision, error) {
 		return Decision{}, &Error{Op: "read body", Err: err}
 	}
 	t := &trip{r: r, req: req, ctx: req.Context()} // no hooks: nothing is sent
-	t.c = r.classify(req.Method, req.URL.Path, req.Header, body)
-	if len(r.s.budgets) > 0 {
-		t.view = budgetView{r: r, q: &t.c.req}
-		t.c.req.Budget = &t.view
-	}
-	t.route = r.s.route(t.c.req)
-	t.key = r.keyOf(&t.c)
-	cands, err := t.plan(false)
+	cands, err := t.decide(body, false)
 	d := Decision{Request: t.c.req, Route: t.route, Constraint: t.constraint}
 	if err != nil {
 		return d, err

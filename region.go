@@ -11,9 +11,10 @@ import (
 // candidate is one place to send a request: an upstream and the model to ask
 // it for.
 type candidate struct {
-	up     *upstream
-	model  string
-	forced bool // its circuit is open, but it is the model's soonest to recover
+	up         *upstream
+	model      string
+	forced     bool // its circuit is open, but it is the model's soonest to recover
+	fleetProbe bool // it carries the fleet's half-open probe (shared State)
 }
 
 // Strategy decides the order in which the upstreams serving a model are

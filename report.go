@@ -17,26 +17,29 @@ type Report struct {
 	Upstream       string // the upstream that answered; "" when none was reached
 	Bucket         string // the route's bucket label
 
-	Endpoint     string        // as in Request
-	PromptTokens int           // the router's count, before sending
-	Usage        Usage         // what was billed, as the upstream reported it
-	CostUSD      float64       // effective cost (after the upstream's price factor)
-	ListCostUSD  float64       // at list price
-	Cost         float64       // CostUSD in the billing currency (Config.Currency)
-	Currency     string        // its ISO code
-	Budget       string        // the budget that refused the request, if one did
-	Constraint   string        // the constraint that changed the route, if one did (ConstraintContextWindow...)
-	Priority     Priority      // the request's priority
-	Priced       bool          // false when the model has no price: CostUSD is then 0, not a guess
-	Latency      time.Duration // RoundTrip start to body done
-	TTFT         time.Duration // to the first content byte (streams) or the response headers
-	Attempts     int           // upstream calls made, hedges included
-	Hedged       bool          // a hedge was sent
-	HedgeWon     bool          // the hedge's answer was the one returned
-	Overhead     time.Duration // time RoundTrip spent in the router itself: upstream calls and waits excluded
-	StatusCode   int           // final status; 0 when none came
-	Stream       bool
-	Err          error // nil on success
+	Endpoint     string  // as in Request
+	PromptTokens int     // the router's count, before sending
+	Usage        Usage   // what was billed, as the upstream reported it
+	CostUSD      float64 // effective cost (after the upstream's price factor)
+	ListCostUSD  float64 // at list price
+	Cost         float64 // CostUSD in the billing currency (Config.Currency)
+	Currency     string  // its ISO code
+	Budget       string  // the budget that refused the request, if one did
+	Constraint   string  // the constraint that changed the route, if one did (ConstraintContextWindow...)
+	// StateFallback: a call to the shared Config.State failed or timed out,
+	// and in-process state decided instead.
+	StateFallback bool
+	Priority      Priority      // the request's priority
+	Priced        bool          // false when the model has no price: CostUSD is then 0, not a guess
+	Latency       time.Duration // RoundTrip start to body done
+	TTFT          time.Duration // to the first content byte (streams) or the response headers
+	Attempts      int           // upstream calls made, hedges included
+	Hedged        bool          // a hedge was sent
+	HedgeWon      bool          // the hedge's answer was the one returned
+	Overhead      time.Duration // time RoundTrip spent in the router itself: upstream calls and waits excluded
+	StatusCode    int           // final status; 0 when none came
+	Stream        bool
+	Err           error // nil on success
 
 	// Context is the request's context, so a hook can tell which call a
 	// report belongs to (e.g. a request ID kept in a context value). It may
@@ -91,6 +94,7 @@ func (t *trip) vote() {
 	}
 	rep := t.report(t.end)
 	t.settle(rep.Cost)
+	t.settleTPM(rep.Usage)
 	if t.r.s.onReport != nil {
 		t.r.s.onReport(rep)
 	}
@@ -111,6 +115,7 @@ func (t *trip) report(end bodyEnd) Report {
 		Attempts:       t.attempts,
 		Hedged:         t.hedged,
 		Constraint:     t.constraint,
+		StateFallback:  t.stateFallback.Load(),
 		Priority:       t.route.Priority,
 		HedgeWon:       t.att.hedge == 1,
 		Overhead:       t.overhead,
@@ -289,4 +294,26 @@ func failedUpstream(err error) string {
 		return e.Upstream
 	}
 	return ""
+}
+
+// settleTPM gives the answering upstream back the part of the request's
+// TPM charge (prompt plus max output tokens) that its usage did not take.
+func (t *trip) settleTPM(u Usage) {
+	up := t.att.cand.up
+	if up == nil || t.att.resp == nil || up.cfg.TPM <= 0 {
+		return
+	}
+	charge := up.lim.charge(t.tokens)
+	unused := charge - (u.PromptTokens + u.CompletionTokens)
+	if u.PromptTokens+u.CompletionTokens == 0 || unused <= 0 {
+		return
+	}
+	now := t.r.s.clock.Now()
+	if t.r.s.state != nil && !t.stateFallback.Load() {
+		t.r.refundShared(context.WithoutCancel(t.ctx), t, up, 0, unused, now)
+		return
+	}
+	if up.lim.tpm != nil {
+		up.lim.tpm.AllowN(now, -unused)
+	}
 }

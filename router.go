@@ -39,8 +39,10 @@ type Router struct {
 	counter *counter
 	hedges  hedgeBudget
 	ledger  Ledger
+	// fallbackLedger decides budgets while a shared ledger does not
+	// answer; nil when the ledger is the in-process one.
+	fallbackLedger Ledger
 
-	state      State // nil: in-process only
 	stateCount stateCounters
 }
 
@@ -55,6 +57,9 @@ func New(cfg Config) (*Router, error) {
 		return nil, err
 	}
 	r := &Router{s: s, byName: make(map[string]*upstream, len(s.upstreams)), ledger: s.ledger}
+	if _, local := s.ledger.(*localLedger); !local {
+		r.fallbackLedger = NewLocalLedger()
+	}
 	r.counter = newCounter(s.memoEntries, s.imageTokens)
 	r.hedges.deposit = s.hedge.deposit
 	for _, us := range s.upstreams {

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"time"
 )
@@ -88,3 +89,157 @@ type stateCounters struct {
 // StateFallbacks returns how many calls to Config.State failed or timed
 // out, each decided from in-process state instead.
 func (r *Router) StateFallbacks() uint64 { return r.stateCount.fallbacks.Load() }
+
+// The router's side of a shared State: every call is bounded by
+// StateTimeout and derived from the request's context; a call that fails
+// is counted, marks the request's report, and leaves the decision to the
+// in-process state (limits divided by Replicas).
+
+// stateCtx returns the context of one State call.
+func (r *Router) stateCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, r.s.stateTimeout)
+}
+
+// stateFailed counts a failed State call for the request.
+func (r *Router) stateFailed(t *trip) {
+	r.stateCount.fallbacks.Add(1)
+	if t != nil {
+		t.stateFallback.Store(true)
+	}
+}
+
+// limitsOf returns an upstream's fleet-wide limits.
+func limitsOf(u *upstream) Limits {
+	return Limits{Name: u.cfg.Name, RPM: u.cfg.RPM, TPM: u.cfg.TPM}
+}
+
+// rate is the rate-limit step of admission for c: how long until its
+// tokens are there (0: now), whether they were taken already (a shared
+// State takes them in the same round trip), and whether the fleet's circuit
+// keeps c out.
+func (r *Router) rate(ctx context.Context, a admission, c *candidate, tpm int, now time.Time) (wait time.Duration, taken, open bool) {
+	if r.s.state != nil {
+		if wait, taken, open, ok := r.admitShared(ctx, a, c, tpm, now); ok {
+			return wait, taken, open
+		}
+	}
+	lim := &c.up.lim
+	wait = lim.delay(now, tpm)
+	if wait == 0 && lim.ahead(a.prio) {
+		wait = 1 // tokens are there, but requests of higher or equal priority wait for them
+	}
+	return wait, false, false
+}
+
+// admitShared asks the State for c's admission; ok is false when it could
+// not answer. In half-open, the one replica that claims the fleet's probe
+// sends it.
+func (r *Router) admitShared(ctx context.Context, a admission, c *candidate, tpm int, now time.Time) (wait time.Duration, taken, open, ok bool) {
+	v, err := r.stateAdmit(ctx, a, c, tpm, c.forced, now)
+	if err != nil {
+		return 0, false, false, false
+	}
+	if v.Open && !c.forced {
+		if v.Until.After(now) {
+			return 0, false, true, true
+		}
+		sctx, cancel := r.stateCtx(ctx)
+		won, err := r.s.state.Probe(sctx, c.up.cfg.Name, r.s.breaker.cooldown)
+		cancel()
+		if err != nil {
+			r.stateFailed(a.trip)
+			return 0, false, false, false
+		}
+		if !won {
+			return 0, false, true, true // another replica probes
+		}
+		c.fleetProbe = true
+		if v, err = r.stateAdmit(ctx, a, c, tpm, true, now); err != nil {
+			return 0, false, false, false
+		}
+	}
+	if v.Taken {
+		return 0, true, false, true
+	}
+	return max(v.Wait, 1), false, false, true
+}
+
+func (r *Router) stateAdmit(ctx context.Context, a admission, c *candidate, tpm int, force bool, now time.Time) (Verdict, error) {
+	sctx, cancel := r.stateCtx(ctx)
+	defer cancel()
+	v, err := r.s.state.Admit(sctx, limitsOf(c.up), tpm, force, now)
+	if err != nil {
+		r.stateFailed(a.trip)
+	}
+	return v, err
+}
+
+// untake gives back rate tokens rate took for a candidate that does not go.
+func (r *Router) untake(ctx context.Context, a admission, c *candidate, tpm int, now time.Time, taken bool) {
+	if taken {
+		r.refundShared(ctx, a.trip, c.up, 1, tpm, now)
+	}
+}
+
+// refundShared gives tokens back to the fleet's limits of u.
+func (r *Router) refundShared(ctx context.Context, t *trip, u *upstream, requests, tokens int, now time.Time) {
+	sctx, cancel := r.stateCtx(ctx)
+	defer cancel()
+	if err := r.s.state.Refund(sctx, limitsOf(u), requests, tokens, now); err != nil {
+		r.stateFailed(t)
+	}
+}
+
+// waitShared waits for c's tokens in the fleet's limits: it sleeps for the
+// verdict's wait and asks again, within maxWait. fellBack reports that the
+// State stopped answering: the in-process limiter then decides.
+func (r *Router) waitShared(ctx context.Context, a admission, c *candidate, tpm int, wait, maxWait time.Duration, tooLong error) (fellBack bool, err error) {
+	clock := r.s.clock
+	deadline := clock.Now().Add(maxWait)
+	for {
+		if clock.Now().Add(wait).After(deadline) {
+			return false, tooLong
+		}
+		if err := sleep(ctx, clock, wait); err != nil {
+			return false, err
+		}
+		d, taken, open, ok := r.admitShared(ctx, a, c, tpm, clock.Now())
+		switch {
+		case !ok:
+			return true, nil
+		case open:
+			return false, ErrCircuitOpen
+		case taken:
+			return false, nil
+		}
+		wait = d
+	}
+}
+
+// observeShared tells the fleet what an attempt learned: a hold, a
+// failure or a success for the shared circuit, a circuit this replica
+// opened.
+func (r *Router) observeShared(t *trip, a *attempt, o outcome, hold, opened time.Time, now time.Time) {
+	name := a.cand.up.cfg.Name
+	ctx, cancel := r.stateCtx(context.WithoutCancel(t.ctx))
+	defer cancel()
+	var err error
+	if !hold.IsZero() {
+		err = r.s.state.Hold(ctx, name, hold)
+	}
+	switch {
+	case !opened.IsZero():
+		err = errors.Join(err, r.s.state.Open(ctx, name, opened))
+	case o == outcomeFailure:
+		policy := CircuitPolicy{Failures: r.s.breaker.failures, Cooldown: r.s.breaker.cooldown}
+		if policy.Failures > 0 {
+			_, ferr := r.s.state.Failure(ctx, name, policy, now)
+			err = errors.Join(err, ferr)
+		}
+	case o == outcomeSuccess:
+		err = errors.Join(err, r.s.state.Success(ctx, name, a.tk.probe || a.cand.fleetProbe))
+	}
+	if err != nil {
+		r.stateFailed(t)
+	}
+}

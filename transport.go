@@ -40,15 +40,7 @@ func (r *Router) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, t.fail(&Error{Op: "read body", Err: err})
 	}
-	t.body = body
-	t.c = r.classify(req.Method, req.URL.Path, req.Header, body)
-	if len(r.s.budgets) > 0 {
-		t.view = budgetView{r: r, q: &t.c.req}
-		t.c.req.Budget = &t.view
-	}
-	t.route = r.s.route(t.c.req)
-	t.key = r.keyOf(&t.c)
-	cands, err := t.plan(true)
+	cands, err := t.decide(body, true)
 	if err != nil {
 		return nil, t.fail(err)
 	}
@@ -120,6 +112,8 @@ type trip struct {
 	done     atomic.Bool   // the body is done (finish ran)
 	end      bodyEnd       // how it ended, for the report
 	votes    atomic.Int32  // parties the report still waits for (see vote)
+
+	stateFallback atomic.Bool // a call to the shared State failed: in-process state decided
 }
 
 // attempt is one upstream call and what it learned.
@@ -146,11 +140,8 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 		r.hedges.add()
 	}
 	adm := r.admissionOf(&t.c)
-	adm.prio = t.route.Priority
+	adm.prio, adm.trip = t.route.Priority, t
 	t.tokens = adm.tokens
-	if len(r.s.budgets) > 0 {
-		adm.trip = t
-	}
 	var (
 		rt     = retrier{s: &r.s.retry}
 		bodies bodyCache
@@ -303,8 +294,11 @@ func (t *trip) observe(a *attempt) {
 			hint, _ = RetryAfter(a.resp.Header, now)
 		}
 	}
-	u.lim.observe(a.resp, now)
-	u.br.done(a.tk, o, hint, &u.lat, now)
+	hold := u.lim.observe(a.resp, now)
+	opened := u.br.done(a.tk, o, hint, &u.lat, now)
+	if t.r.s.state != nil {
+		t.r.observeShared(t, a, o, hold, opened, now)
+	}
 }
 
 // send makes one upstream call. The attempt holds the in-flight count and

@@ -27,7 +27,13 @@ func newUpstream(us upstreamSettings, s *settings) *upstream {
 	u := &upstream{upstreamSettings: us, seed: fnv1a(fnvOffset64, us.cfg.Name)}
 	u.lat.init(latencyWindowSize)
 	u.br.init(us.cfg.Name, &s.breaker)
-	u.lim.init(us.cfg.RPM, us.cfg.TPM, us.cfg.MaxInFlight)
+	rpm, tpm := us.cfg.RPM, us.cfg.TPM
+	if s.state != nil && s.replicas > 1 {
+		// The in-process limits decide only while the shared State does not
+		// answer: each replica then keeps to its share.
+		rpm, tpm = shareOf(rpm, s.replicas), shareOf(tpm, s.replicas)
+	}
+	u.lim.init(rpm, tpm, us.cfg.MaxInFlight)
 	return u
 }
 
@@ -227,4 +233,13 @@ func (w *latencyWindow) quantileLocked(q float64) time.Duration {
 	slices.Sort(s)
 	i := int(q*float64(n)+0.5) - 1
 	return s[min(max(i, 0), n-1)]
+}
+
+// shareOf is one replica's share of a fleet-wide limit: at least 1 when
+// the limit is set.
+func shareOf(limit, replicas int) int {
+	if limit <= 0 {
+		return limit
+	}
+	return max(limit/replicas, 1)
 }

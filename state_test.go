@@ -1,0 +1,392 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
+)
+
+// memState is a State in memory that several routers share, as replicas
+// share one on Redis: the reference semantics for the router's side.
+type memState struct {
+	Ledger
+	mu      sync.Mutex
+	rpm     map[string]*rate.Limiter
+	tpm     map[string]*rate.Limiter
+	hold    map[string]time.Time
+	open    map[string]time.Time
+	fails   map[string]int
+	probe   map[string]bool
+	admits  atomic.Int64
+	failing atomic.Bool // every call fails, as when Redis is down
+}
+
+func newMemState() *memState {
+	return &memState{Ledger: NewLocalLedger(), rpm: map[string]*rate.Limiter{}, tpm: map[string]*rate.Limiter{},
+		hold: map[string]time.Time{}, open: map[string]time.Time{}, fails: map[string]int{}, probe: map[string]bool{}}
+}
+
+var errDown = errors.New("state down")
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func (m *memState) bucket(set map[string]*rate.Limiter, name string, perMin int) *rate.Limiter {
+	if perMin <= 0 {
+		return nil
+	}
+	if set[name] == nil {
+		set[name] = rate.NewLimiter(rate.Limit(float64(perMin)/60), perMin)
+	}
+	return set[name]
+}
+
+func (m *memState) Admit(_ context.Context, u Limits, tpm int, force bool, now time.Time) (Verdict, error) {
+	if m.failing.Load() {
+		return Verdict{}, errDown
+	}
+	m.admits.Add(1)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if until, ok := m.open[u.Name]; ok && !force {
+		if until.After(now) || m.probe[u.Name] {
+			return Verdict{Open: true, Until: later(until, now.Add(time.Second))}, nil
+		}
+		return Verdict{Open: true, Until: until}, nil
+	}
+	if h := m.hold[u.Name]; h.After(now) {
+		return Verdict{Wait: h.Sub(now)}, nil
+	}
+	r, t := m.bucket(m.rpm, u.Name, u.RPM), m.bucket(m.tpm, u.Name, u.TPM)
+	if t != nil {
+		tpm = min(tpm, t.Burst())
+	}
+	wait := max(bucketDelay(r, now, 1), bucketDelay(t, now, tpm))
+	if wait > 0 {
+		return Verdict{Wait: wait}, nil
+	}
+	if r != nil {
+		r.AllowN(now, 1)
+	}
+	if t != nil {
+		t.AllowN(now, tpm)
+	}
+	return Verdict{Taken: true}, nil
+}
+
+func (m *memState) Refund(_ context.Context, u Limits, requests, tokens int, now time.Time) error {
+	if m.failing.Load() {
+		return errDown
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r := m.bucket(m.rpm, u.Name, u.RPM); r != nil && requests > 0 {
+		r.AllowN(now, -requests)
+	}
+	if t := m.bucket(m.tpm, u.Name, u.TPM); t != nil && tokens > 0 {
+		t.AllowN(now, -tokens)
+	}
+	return nil
+}
+
+func (m *memState) Hold(_ context.Context, name string, until time.Time) error {
+	if m.failing.Load() {
+		return errDown
+	}
+	m.mu.Lock()
+	m.hold[name] = later(m.hold[name], until)
+	m.mu.Unlock()
+	return nil
+}
+
+func (m *memState) Failure(_ context.Context, name string, p CircuitPolicy, now time.Time) (time.Time, error) {
+	if m.failing.Load() {
+		return time.Time{}, errDown
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.fails[name]++
+	if m.fails[name] > p.Failures {
+		m.open[name], m.fails[name], m.probe[name] = now.Add(p.Cooldown), 0, false
+		return m.open[name], nil
+	}
+	return time.Time{}, nil
+}
+
+func (m *memState) Success(_ context.Context, name string, probe bool) error {
+	if m.failing.Load() {
+		return errDown
+	}
+	m.mu.Lock()
+	m.fails[name] = 0
+	if probe {
+		delete(m.open, name)
+		m.probe[name] = false
+	}
+	m.mu.Unlock()
+	return nil
+}
+
+func (m *memState) Open(_ context.Context, name string, until time.Time) error {
+	if m.failing.Load() {
+		return errDown
+	}
+	m.mu.Lock()
+	m.open[name], m.probe[name] = later(m.open[name], until), false
+	m.mu.Unlock()
+	return nil
+}
+
+func (m *memState) Probe(_ context.Context, name string, _ time.Duration) (bool, error) {
+	if m.failing.Load() {
+		return false, errDown
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.probe[name] {
+		return false, nil
+	}
+	m.probe[name] = true
+	return true, nil
+}
+
+// fleet is n routers sharing one State over one in-memory upstream that
+// counts its calls.
+type fleet struct {
+	routers []*Router
+	calls   atomic.Int64
+	status  atomic.Int32
+	reps    *reports
+}
+
+func newFleet(t *testing.T, n int, st State, clock Clock, up Upstream) *fleet {
+	f := &fleet{reps: &reports{}}
+	f.status.Store(200)
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		f.calls.Add(1)
+		io.Copy(io.Discard, r.Body)
+		return &http.Response{StatusCode: int(f.status.Load()), Header: http.Header{},
+			Body: io.NopCloser(strings.NewReader(`{"usage":{"prompt_tokens":8,"completion_tokens":2}}`))}, nil
+	})
+	for range n {
+		cfg := Config{Base: base, Clock: clock, Upstreams: []Upstream{up}, Replicas: n, OnReport: f.reps.add,
+			Retry: RetryConfig{MaxAttempts: 1}, Limits: LimitConfig{MaxWait: -1}, StateTimeout: time.Second}
+		if st != nil {
+			cfg.State = st
+		}
+		r, err := New(cfg)
+		require.NoError(t, err)
+		f.routers = append(f.routers, r)
+	}
+	return f
+}
+
+func (f *fleet) send(i int) error {
+	req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "x")))
+	resp, err := f.routers[i%len(f.routers)].RoundTrip(req)
+	if err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	return err
+}
+
+// TestSharedStateOneLimitForTheFleet: four replicas share an upstream's RPM
+// of 120: within the minute the upstream receives 120 requests, not 480 as
+// with per-process state.
+func TestSharedStateOneLimitForTheFleet(t *testing.T) {
+	for _, shared := range []bool{true, false} {
+		clock := newFakeClock()
+		var st State
+		if shared {
+			st = newMemState()
+		}
+		f := newFleet(t, 4, st, clock, Upstream{Name: "a", BaseURL: "http://a.test/v1", RPM: 120})
+		var wg sync.WaitGroup
+		var ok atomic.Int64
+		for g := range 32 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 400 / 32 {
+					if f.send(g+i*32) == nil {
+						ok.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if shared {
+			assert.EqualValues(t, 120, f.calls.Load(), "one limit for the fleet")
+		} else {
+			assert.Greater(t, f.calls.Load(), int64(3*120), "each replica spends the whole limit: about 4× for the fleet")
+		}
+		assert.Equal(t, ok.Load(), f.calls.Load())
+	}
+}
+
+// TestSharedStateDownFallsBack: with the State down, every request still
+// completes, decided in-process with the limit divided by Replicas; the
+// reports and the counter say so; when it answers again, it decides again.
+func TestSharedStateDownFallsBack(t *testing.T) {
+	clock := newFakeClock()
+	st := newMemState()
+	st.failing.Store(true)
+	f := newFleet(t, 4, st, clock, Upstream{Name: "a", BaseURL: "http://a.test/v1", RPM: 120})
+	for i := range 200 {
+		f.send(i)
+	}
+	assert.EqualValues(t, 4*30, f.calls.Load(), "RPM/Replicas per replica while the State is down")
+	for _, rep := range f.reps.all() {
+		assert.True(t, rep.StateFallback)
+	}
+	assert.Positive(t, f.routers[0].StateFallbacks())
+	st.failing.Store(false)
+	clock.Advance(time.Minute)
+	f.calls.Store(0)
+	before := len(f.reps.all())
+	for i := range 4 {
+		require.NoError(t, f.send(i))
+	}
+	assert.EqualValues(t, 4, f.calls.Load())
+	for _, rep := range f.reps.all()[before:] {
+		assert.False(t, rep.StateFallback, "the State decides again")
+	}
+	assert.Positive(t, st.admits.Load())
+}
+
+// TestSharedStateBreaker: failures seen by one replica open the circuit for
+// the fleet; the others stay off the upstream; in half-open one replica
+// probes, and its success re-admits the upstream for all.
+func TestSharedStateBreaker(t *testing.T) {
+	clock := newFakeClock()
+	st := newMemState()
+	up := Upstream{Name: "a", BaseURL: "http://a.test/v1"}
+	f := newFleet(t, 4, st, clock, up)
+	f.status.Store(503)
+	for range 6 {
+		f.send(0) // replica 0 alone sees the failures
+	}
+	require.EqualValues(t, 6, f.calls.Load())
+	st.mu.Lock()
+	openUntil := st.open["a"]
+	st.mu.Unlock()
+	require.False(t, openUntil.IsZero(), "the fleet's circuit is open")
+	clock.Advance(31 * time.Second)
+	f.status.Store(200)
+	// Half-open: one probe for the fleet.
+	var won atomic.Int64
+	for i := range 4 {
+		v, err := st.Admit(context.Background(), limitsOf(f.routers[i].ups[0]), 1, false, clock.Now())
+		require.NoError(t, err)
+		if v.Open && !v.Until.After(clock.Now()) {
+			if ok, _ := st.Probe(context.Background(), "a", time.Second); ok {
+				won.Add(1)
+			}
+		}
+	}
+	assert.EqualValues(t, 1, won.Load(), "one replica probes")
+}
+
+// TestSharedStateKeepsOthersOff: with two upstreams, a circuit the fleet
+// opened keeps every replica on the healthy one.
+func TestSharedStateKeepsOthersOff(t *testing.T) {
+	clock := newFakeClock()
+	st := newMemState()
+	var sick, well atomic.Int64
+	var sickOK atomic.Bool
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		status := 200
+		if strings.Contains(r.URL.Host, "sick") {
+			sick.Add(1)
+			if !sickOK.Load() {
+				status = 503
+			}
+		} else {
+			well.Add(1)
+		}
+		return &http.Response{StatusCode: status, Header: http.Header{}, Body: http.NoBody}, nil
+	})
+	var routers []*Router
+	for range 4 {
+		r, err := New(Config{Base: base, Clock: clock, State: st, Replicas: 4, Strategy: StrategyPriority, Retry: RetryConfig{MaxAttempts: 1},
+			Upstreams: []Upstream{{Name: "sick", BaseURL: "http://sick.test/v1"}, {Name: "well", BaseURL: "http://well.test/v1"}}})
+		require.NoError(t, err)
+		routers = append(routers, r)
+	}
+	send := func(r *Router) {
+		req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "x")))
+		if resp, err := r.RoundTrip(req); err == nil {
+			resp.Body.Close()
+		}
+	}
+	for range 6 {
+		send(routers[0])
+	}
+	require.EqualValues(t, 6, sick.Load())
+	for _, r := range routers[1:] {
+		for range 5 {
+			send(r)
+		}
+	}
+	assert.EqualValues(t, 6, sick.Load(), "no other replica sent to the upstream the fleet's circuit holds out")
+	assert.EqualValues(t, 15, well.Load())
+
+	// After the cooldown, one replica's probe succeeds, and the fleet takes
+	// the upstream back.
+	clock.Advance(31 * time.Second)
+	sickOK.Store(true)
+	send(routers[1])
+	require.EqualValues(t, 7, sick.Load(), "the probe")
+	send(routers[2])
+	send(routers[3])
+	assert.EqualValues(t, 9, sick.Load(), "re-admitted for every replica after one probe")
+}
+
+// TestSharedStateBudgetAcrossReplicas: four replicas, one budget: no
+// overspend.
+func TestSharedStateBudgetAcrossReplicas(t *testing.T) {
+	st := newMemState()
+	base := &usageBase{gate: make(chan struct{}), prompt: 8, completion: 10}
+	var routers []*Router
+	for range 4 {
+		r, err := New(Config{Base: base, State: st, Replicas: 4, Prices: budgetPrices, Retry: RetryConfig{MaxAttempts: 1},
+			Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1"}},
+			Budgets:   []Budget{{Name: "cap", Limit: 10 * 18, Window: Window{Every: time.Hour}}}})
+		require.NoError(t, err)
+		routers = append(routers, r)
+	}
+	var wg sync.WaitGroup
+	var refused atomic.Int64
+	for i := range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := routers[i%4].RoundTrip(budgetRequest(context.Background(), "m", ""))
+			if err != nil {
+				refused.Add(1)
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}()
+	}
+	require.Eventually(t, func() bool { return refused.Load() == 90 && base.calls.Load() == 10 }, 10*time.Second, time.Millisecond)
+	close(base.gate)
+	wg.Wait()
+	assert.InDelta(t, 10*18.0, routers[0].Spend()[0].Spent, 1e-9, "the fleet's spend, seen from any replica")
+}
