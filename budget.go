@@ -95,8 +95,8 @@ func PerHeader(name string) Scope {
 // midnight, daylight-saving changes included). Exactly one of Every and
 // Calendar is set.
 type Window struct {
-	Every    time.Duration
-	Calendar Period
+	Every    time.Duration  // the length of back-to-back windows
+	Calendar Period         // or a calendar period
 	Location *time.Location // for Calendar; nil is UTC
 }
 
@@ -154,9 +154,9 @@ type Currency struct {
 // BudgetKey names one ledger entry: a budget, a scope key, and the window,
 // by its end.
 type BudgetKey struct {
-	Budget string
-	Key    string
-	Window time.Time
+	Budget string    // the budget's name
+	Key    string    // the scope's key ("" for AllTraffic)
+	Window time.Time // the end of the window
 }
 
 // Ledger keeps budget spend: reservations and settled spend per budget key.
@@ -495,7 +495,7 @@ func (noBudgets) Most() float64                { return 0 }
 
 // BudgetSpend is one ledger of a budget, for a dashboard or a test.
 type BudgetSpend struct {
-	Budget    string
+	Budget    string    // the budget's name
 	Key       string    // the scope's key ("" for AllTraffic)
 	Spent     float64   // settled, in the billing currency
 	Reserved  float64   // held by requests in flight
