@@ -54,7 +54,7 @@ type Error struct {
 	Model      string // model sent, when known
 	Budget     string // the budget that refused the request (ErrBudgetExceeded)
 	StatusCode int    // upstream status, when one came
-	Err        error
+	Err        error  // the cause
 }
 
 func (e *Error) Error() string {

@@ -36,7 +36,7 @@ type Hooks struct {
 
 // AttemptInfo describes one upstream call as it starts.
 type AttemptInfo struct {
-	Upstream string
+	Upstream string // the upstream\'s name
 	Model    string // the model asked of the upstream
 	N        int    // 1 for the request's first call
 	Hedge    bool   // a hedge racing the call before it
@@ -51,11 +51,11 @@ type AttemptDone struct {
 
 // WaitEvent describes a wait for an upstream's limits.
 type WaitEvent struct {
-	Context  context.Context
-	Upstream string
-	Reason   string        // "rate" (RPM, TPM or a hold) or "slot" (MaxInFlight)
-	Wait     time.Duration // how long the request waited
-	Err      error         // nil when the wait ended in admission
+	Context  context.Context // the request\'s
+	Upstream string          // the upstream\'s name
+	Reason   string          // "rate" (RPM, TPM or a hold) or "slot" (MaxInFlight)
+	Wait     time.Duration   // how long the request waited
+	Err      error           // nil when the wait ended in admission
 }
 
 // JoinHooks returns Hooks that call each of hs's hooks in order. OnRequest

@@ -150,7 +150,7 @@ func (p ClusterPolicy) Route(r Request) Route {
 
 // Decision is the router's answer for a request, without sending it.
 type Decision struct {
-	Request    Request
+	Request    Request  // what the policy saw
 	Route      Route    // the policy's route, as the constraints left it
 	Upstreams  []string // upstream names in the order they would be tried
 	Constraint string   // the constraint that changed the route, if one did

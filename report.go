@@ -38,8 +38,8 @@ type Report struct {
 	HedgeWon      bool          // the hedge's answer was the one returned
 	Overhead      time.Duration // time RoundTrip spent in the router itself: upstream calls and waits excluded
 	StatusCode    int           // final status; 0 when none came
-	Stream        bool
-	Err           error // nil on success
+	Stream        bool          // the request asked for a stream
+	Err           error         // nil on success
 
 	// Context is the request's context, so a hook can tell which call a
 	// report belongs to (e.g. a request ID kept in a context value). It may

@@ -57,8 +57,8 @@ type State interface {
 
 // Limits are one upstream's shared rate limits.
 type Limits struct {
-	Name     string
-	RPM, TPM int // per minute; 0: none
+	Name     string // the upstream\'s
+	RPM, TPM int    // per minute; 0: none
 }
 
 // CircuitPolicy is the breaker's failure rule, for a shared State.
@@ -78,7 +78,7 @@ type Verdict struct {
 	// Until that has passed means its open period ended and no replica's
 	// probe is in flight: half-open, a replica may claim the probe (Probe).
 	Open  bool
-	Until time.Time
+	Until time.Time // the end of the hold or of the open period
 }
 
 // stateCounters counts the calls a shared State failed.

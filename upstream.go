@@ -85,15 +85,15 @@ func (r *Router) Busy(model string) bool {
 
 // UpstreamStats is a snapshot of one upstream's live state, for dashboards.
 type UpstreamStats struct {
-	Name      string
-	InFlight  int
+	Name      string        // the upstream\'s
+	InFlight  int           // requests in flight now
 	Samples   int           // latencies in the window (at most 200)
 	P50, P99  time.Duration // of the last 200 times to response headers
 	EWMA      time.Duration // peak-sensitive EWMA of the same
 	Requests  uint64        // attempts sent
 	Failures  uint64        // of which failed (5xx, 429, connection errors)
 	ErrorRate float64       // Failures / Requests
-	Breaker   BreakerState
+	Breaker   BreakerState  // as of now
 }
 
 // Stats returns a snapshot of every upstream's live state, in
