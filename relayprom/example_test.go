@@ -1,0 +1,34 @@
+package relayprom_test
+
+import (
+	"log"
+	"net/http"
+	"os"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokenrelay/relay"
+	"github.com/tokenrelay/relay/relayprom"
+)
+
+// The collector labels metrics with the upstreams and models it is given
+// (anything else is "other"); serve it with promhttp.Handler on /metrics.
+func Example() {
+	upstreams := []relay.Upstream{
+		{Name: "us-east", BaseURL: "https://us.example.com/v1", APIKey: os.Getenv("US_KEY")},
+		{Name: "eu-west", BaseURL: "https://eu.example.com/v1", APIKey: os.Getenv("EU_KEY")},
+	}
+	prom := relayprom.New(relayprom.WithUpstreams(upstreams...), relayprom.WithModels("gemini-2.5-flash", "deepseek-v3.2"))
+	prometheus.MustRegister(prom)
+	router, err := relay.New(relay.Config{
+		Upstreams: upstreams,
+		Hooks:     prom.Hooks(), // with others: relay.JoinHooks(obs.Hooks(), prom.Hooks())
+		OnReport:  func(r relay.Report) { log.Printf("%s via %s: $%.5f", r.Model, r.Upstream, r.CostUSD) },
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	client := &http.Client{Transport: router} // every call counted
+	_ = client
+	// Output:
+}
