@@ -29,7 +29,9 @@
 // relay.wait.duration and relay.wait.reason (when it waited for the
 // upstream's limits), http.response.status_code, and error.type on failure.
 // Its context is injected into the upstream request (traceparent), so the
-// upstream's own spans hang under the attempt.
+// upstream's own spans hang under the attempt. A call whose span is not
+// sampled gets no attempt spans (no standard sampler would sample them) and
+// sends its own context, marked not sampled.
 //
 // Requests to paths relay does not route by model (GET /models, files) get a
 // span named by their method and no GenAI metrics.

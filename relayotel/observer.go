@@ -155,59 +155,73 @@ func (o *Observer) onRequest(ctx context.Context, req *http.Request) context.Con
 }
 
 // onAttempt starts an attempt's span and injects its context into the
-// upstream request.
+// upstream request. The span's attributes are set once, when the outcome is
+// known: one copy instead of two.
 func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http.Request) func(relay.AttemptDone) {
 	c := o.callOf(ctx)
 	addr := o.learn(a.Upstream, out.URL)
-	ctx, span := o.tracer.Start(ctx, "relay.attempt", attemptStart...)
-	if span.IsRecording() {
-		kv := [8]attribute.KeyValue{
-			attribute.String("relay.upstream", a.Upstream),
-			semconv.GenAIRequestModelKey.String(a.Model),
-			attribute.Int("relay.attempt.number", a.N),
-			attribute.Bool("relay.attempt.hedge", a.Hedge),
-		}
-		n := 4
-		if addr.host != "" {
-			kv[n], kv[n+1] = semconv.ServerAddress(addr.host), semconv.ServerPort(addr.port)
-			n += 2
-		}
-		if c != nil {
-			c.mu.Lock()
-			if c.waitReason != "" {
-				kv[n], kv[n+1] = attribute.Float64("relay.wait.duration", c.wait.Seconds()), attribute.String("relay.wait.reason", c.waitReason)
-				n += 2
-				c.wait, c.waitReason = 0, ""
-			}
-			c.mu.Unlock()
-		}
-		span.SetAttributes(kv[:n]...)
+	span := trace.SpanFromContext(ctx)
+	if span.IsRecording() || span.SpanContext().IsSampled() {
+		ctx, span = o.tracer.Start(ctx, "relay.attempt", attemptStart...)
+	} else {
+		// The call's span is not sampled: nor would the attempt's be (every
+		// standard sampler decides alike for a child), so it gets none, and
+		// the call's context goes upstream.
+		span = nil
 	}
-	if c != nil && a.N > 1 && !a.Hedge {
+	var (
+		wait       time.Duration
+		waitReason string
+	)
+	if c != nil {
 		c.mu.Lock()
+		wait, waitReason = c.wait, c.waitReason
+		c.wait, c.waitReason = 0, ""
 		up, reason := c.lastUp, c.lastOut
 		c.mu.Unlock()
-		if reason != "" {
+		if a.N > 1 && !a.Hedge && reason != "" {
 			o.inst.retries.Add(ctx, 1, o.retries.get(o, retryKey{up, reason}, newRetrySets)...)
 		}
 	}
-	o.prop.Inject(ctx, propagation.HeaderCarrier(out.Header))
+	o.prop.Inject(ctx, headerCarrier(out.Header))
 	return func(d relay.AttemptDone) {
 		outcome := outcomeOf(d.StatusCode, d.Err)
-		if span.IsRecording() {
-			if d.StatusCode != 0 {
-				span.SetAttributes(semconv.HTTPResponseStatusCode(d.StatusCode))
+		if span != nil && span.IsRecording() {
+			failed := d.Err != nil || d.StatusCode >= 400
+			var kv [10]attribute.KeyValue
+			kv[0] = attribute.String("relay.upstream", a.Upstream)
+			kv[1] = semconv.GenAIRequestModelKey.String(a.Model)
+			kv[2] = attribute.Int("relay.attempt.number", a.N)
+			kv[3] = attribute.Bool("relay.attempt.hedge", a.Hedge)
+			n := 4
+			if addr.host != "" {
+				kv[n], kv[n+1] = semconv.ServerAddress(addr.host), semconv.ServerPort(addr.port)
+				n += 2
 			}
-			if d.Err != nil || d.StatusCode >= 400 {
+			if waitReason != "" {
+				kv[n], kv[n+1] = attribute.Float64("relay.wait.duration", wait.Seconds()), attribute.String("relay.wait.reason", waitReason)
+				n += 2
+			}
+			if d.StatusCode != 0 {
+				kv[n] = semconv.HTTPResponseStatusCode(d.StatusCode)
+				n++
+			}
+			if failed {
 				et := outcome
 				if d.StatusCode >= 400 {
 					et = statusText(d.StatusCode)
 				}
-				span.SetAttributes(semconv.ErrorTypeKey.String(et))
+				kv[n] = semconv.ErrorTypeKey.String(et)
+				n++
+			}
+			span.SetAttributes(kv[:n]...)
+			if failed {
 				span.SetStatus(codes.Error, attemptError(d))
 			}
 		}
-		span.End()
+		if span != nil {
+			span.End()
+		}
 		o.inst.attempts.Add(ctx, 1, o.attempts.get(o, attemptKey{a.Upstream, outcome, a.Hedge}, newAttemptSets)...)
 		if c != nil {
 			c.mu.Lock()
@@ -217,6 +231,24 @@ func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http
 			c.mu.Unlock()
 		}
 	}
+}
+
+// headerCarrier carries the trace context in an http.Header, setting the
+// W3C and baggage headers under their canonical keys without working them
+// out anew for every request.
+type headerCarrier http.Header
+
+var canonicalKeys = map[string]string{"traceparent": "Traceparent", "tracestate": "Tracestate", "baggage": "Baggage"}
+
+func (h headerCarrier) Get(key string) string { return propagation.HeaderCarrier(h).Get(key) }
+func (h headerCarrier) Keys() []string        { return propagation.HeaderCarrier(h).Keys() }
+
+func (h headerCarrier) Set(key, value string) {
+	if k, ok := canonicalKeys[key]; ok {
+		h[k] = []string{value}
+		return
+	}
+	http.Header(h).Set(key, value)
 }
 
 // attemptError describes a failed attempt for its span's status.
@@ -301,13 +333,15 @@ func (o *Observer) onReport(r relay.Report) {
 	}
 	span := c.span
 	if span.IsRecording() {
+		var fixed []attribute.KeyValue
 		if rs != nil {
 			span.SetName(rs.name)
-			span.SetAttributes(rs.span...)
+			fixed = rs.span
 		} else {
-			span.SetAttributes(o.reportSpanAttrs(r, et)...)
+			fixed = o.reportSpanAttrs(r, et)
 		}
-		o.setUsage(span, r)
+		var kv [24]attribute.KeyValue
+		o.setAttributes(span, kv[:0], fixed, r)
 		if et != "" {
 			span.SetStatus(codes.Error, r.Err.Error())
 		}
@@ -315,43 +349,40 @@ func (o *Observer) onReport(r relay.Report) {
 	span.End()
 }
 
-// setUsage sets the span's attributes that change with every call.
-func (o *Observer) setUsage(span trace.Span, r relay.Report) {
-	var kv [12]attribute.KeyValue
-	n := 0
-	add := func(a attribute.KeyValue) { kv[n] = a; n++ }
-	add(attribute.Int("relay.attempts", r.Attempts))
-	add(attribute.Bool("relay.hedged", r.Hedged))
+// setAttributes sets the span's attributes in one call (one copy), built in
+// kv: the fixed ones of its label set, and those that change with every
+// call.
+func (o *Observer) setAttributes(span trace.Span, kv []attribute.KeyValue, fixed []attribute.KeyValue, r relay.Report) {
+	kv = append(append(kv, fixed...), attribute.Int("relay.attempts", r.Attempts), attribute.Bool("relay.hedged", r.Hedged))
 	if r.Hedged {
-		add(attribute.Bool("relay.hedge_won", r.HedgeWon))
+		kv = append(kv, attribute.Bool("relay.hedge_won", r.HedgeWon))
 	}
 	if r.StatusCode != 0 {
-		add(semconv.HTTPResponseStatusCode(r.StatusCode))
+		kv = append(kv, semconv.HTTPResponseStatusCode(r.StatusCode))
 	}
 	if r.Priced {
-		add(attribute.Float64("relay.cost_usd", r.CostUSD))
+		kv = append(kv, attribute.Float64("relay.cost_usd", r.CostUSD))
 	}
 	if r.Stream {
-		add(semconv.GenAIRequestStreamKey.Bool(true))
+		kv = append(kv, semconv.GenAIRequestStreamKey.Bool(true))
 		if r.TTFT > 0 {
-			add(semconv.GenAIResponseTimeToFirstChunkKey.Float64(r.TTFT.Seconds()))
+			kv = append(kv, semconv.GenAIResponseTimeToFirstChunkKey.Float64(r.TTFT.Seconds()))
 		}
 	}
 	u := r.Usage
 	if (u.PromptTokens > 0 || u.CompletionTokens > 0) && (o.estimated || !u.Estimated) {
-		add(semconv.GenAIUsageInputTokensKey.Int(u.PromptTokens))
-		add(semconv.GenAIUsageOutputTokensKey.Int(u.CompletionTokens))
+		kv = append(kv, semconv.GenAIUsageInputTokensKey.Int(u.PromptTokens), semconv.GenAIUsageOutputTokensKey.Int(u.CompletionTokens))
 		if u.CachedTokens > 0 {
-			add(semconv.GenAIUsageCacheReadInputTokensKey.Int(u.CachedTokens))
+			kv = append(kv, semconv.GenAIUsageCacheReadInputTokensKey.Int(u.CachedTokens))
 		}
 		if u.ReasoningTokens > 0 {
-			add(semconv.GenAIUsageReasoningOutputTokensKey.Int(u.ReasoningTokens))
+			kv = append(kv, semconv.GenAIUsageReasoningOutputTokensKey.Int(u.ReasoningTokens))
 		}
 		if u.Estimated {
-			add(attribute.Bool("relay.usage.estimated", true))
+			kv = append(kv, attribute.Bool("relay.usage.estimated", true))
 		}
 	}
-	span.SetAttributes(kv[:n]...)
+	span.SetAttributes(kv...)
 }
 
 // learn returns where an upstream is: as configured, else as its request

@@ -562,3 +562,23 @@ func TestJoinedObservers(t *testing.T) {
 	require.NotNil(t, call, "found again through a context wrapped after it")
 	assert.Equal(t, "b", attrs(call)["relay.upstream"].AsString())
 }
+
+// TestUnsampledCall: a call whose span is not sampled gets no attempt spans
+// (they would not be sampled either) and sends its own context upstream,
+// marked not sampled; its metrics are recorded all the same.
+func TestUnsampledCall(t *testing.T) {
+	a := server(t, "a")
+	h := newHarness(t, relay.Config{Upstreams: []relay.Upstream{{Name: "a", BaseURL: a.URL}}})
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()), sdktrace.WithSpanProcessor(h.rec))
+	t.Cleanup(func() { tp.Shutdown(context.Background()) })
+	ctx, parent := tp.Tracer("test").Start(context.Background(), "handler")
+	defer parent.End()
+	_, err := h.do(t, ctx, http.MethodPost, "chat/completions", chatBody("gpt-4.1", false))
+	require.NoError(t, err)
+	assert.Empty(t, h.rec.Started(), "nothing recorded")
+	tpHeader := a.Requests()[0].Header.Get("Traceparent")
+	assert.True(t, strings.HasPrefix(tpHeader, "00-"+parent.SpanContext().TraceID().String()+"-"), tpHeader)
+	assert.True(t, strings.HasSuffix(tpHeader, "-00"), "not sampled: %s", tpHeader)
+	assert.NotContains(t, tpHeader, parent.SpanContext().SpanID().String(), "the call's own span is the parent")
+	assert.Len(t, h.metrics(t)["relay.client.attempts"].Points, 1)
+}
