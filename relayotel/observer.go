@@ -266,7 +266,11 @@ func (o *Observer) onWait(w relay.WaitEvent) {
 	if w.Err != nil {
 		et = errorType(w.Err, 0)
 	}
-	o.inst.wait.Record(w.Context, w.Wait.Seconds(), o.waits.get(o, waitKey{w.Upstream, w.Reason, et}, newWaitSets)...)
+	ctx := w.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	o.inst.wait.Record(ctx, w.Wait.Seconds(), o.waits.get(o, waitKey{w.Upstream, w.Reason, et}, newWaitSets)...)
 	c := o.callOf(w.Context)
 	if c == nil {
 		return
