@@ -16,6 +16,7 @@ func Example() {
 		{Name: "us-east", BaseURL: "https://us.example.com/v1", APIKey: os.Getenv("US_KEY")},
 		{Name: "eu-west", BaseURL: "https://eu.example.com/v1", APIKey: os.Getenv("EU_KEY")},
 	}
+	// README:relayotel
 	obs := relayotel.New(relayotel.WithUpstreams(upstreams...))
 	router, err := relay.New(relay.Config{
 		Upstreams: upstreams,
@@ -26,6 +27,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	client := &http.Client{Transport: router} // spans and metrics for every call
+	// README:end
 	_ = client
 	// Output:
 }

@@ -12,14 +12,16 @@ import (
 )
 
 // The collector labels metrics with the upstreams and models it is given
-// (anything else is "other"); serve it with promhttp.Handler on /metrics.
+// (anything else is "other").
 func Example() {
 	upstreams := []relay.Upstream{
 		{Name: "us-east", BaseURL: "https://us.example.com/v1", APIKey: os.Getenv("US_KEY")},
 		{Name: "eu-west", BaseURL: "https://eu.example.com/v1", APIKey: os.Getenv("EU_KEY")},
 	}
+	// README:relayprom
 	prom := relayprom.New(relayprom.WithUpstreams(upstreams...), relayprom.WithModels("gemini-2.5-flash", "deepseek-v3.2"))
-	prometheus.MustRegister(prom)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prom) // serve it: http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	router, err := relay.New(relay.Config{
 		Upstreams: upstreams,
 		Hooks:     prom.Hooks(), // with others: relay.JoinHooks(obs.Hooks(), prom.Hooks())
@@ -29,6 +31,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	client := &http.Client{Transport: router} // every call counted
+	// README:end
 	_ = client
 	// Output:
 }
