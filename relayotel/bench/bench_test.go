@@ -124,9 +124,12 @@ func benchObserved(b *testing.B, tr tracing) {
 				call()
 			}
 			b.ReportAllocs()
-			b.ResetTimer()
+			cpu := cpuTime()
 			for b.Loop() {
 				call()
+			}
+			if d := cpuTime() - cpu; d > 0 {
+				b.ReportMetric(float64(d.Nanoseconds())/float64(b.N), "cpu-ns/op")
 			}
 		})
 	}
