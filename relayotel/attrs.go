@@ -1,0 +1,356 @@
+package relayotel
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tokenrelay/relay"
+)
+
+// The attribute sets of the metrics are built once per combination of
+// their values and kept, so that recording a call allocates nothing. Each
+// cache holds at most maxCached combinations (requested model names come
+// from callers); past that, sets are built for each call.
+const maxCached = 4096
+
+type cache[K comparable, V any] struct {
+	mu sync.RWMutex
+	m  map[K]V
+}
+
+func (c *cache[K, V]) get(o *Observer, k K, build func(*Observer, K) V) V {
+	c.mu.RLock()
+	v, ok := c.m[k]
+	c.mu.RUnlock()
+	if ok {
+		return v
+	}
+	v = build(o, k)
+	c.mu.Lock()
+	if old, ok := c.m[k]; ok {
+		v = old
+	} else if len(c.m) < maxCached {
+		if c.m == nil {
+			c.m = map[K]V{}
+		}
+		c.m[k] = v
+	}
+	c.mu.Unlock()
+	return v
+}
+
+func recordOpts(s attribute.Set) []metric.RecordOption {
+	return []metric.RecordOption{metric.WithAttributeSet(s)}
+}
+
+func addOpts(s attribute.Set) []metric.AddOption {
+	return []metric.AddOption{metric.WithAttributeSet(s)}
+}
+
+// endpointOf recognises an endpoint by path suffix, as the router does.
+func endpointOf(path string) string {
+	path = strings.TrimSuffix(path, "/")
+	for _, ep := range [...]string{"chat/completions", "responses", "completions", "embeddings"} {
+		if strings.HasSuffix(path, "/"+ep) {
+			return ep
+		}
+	}
+	return ""
+}
+
+// opSets is what depends on the endpoint alone.
+type opSets struct {
+	op       string // gen_ai.operation.name; "" for a path not routed by model
+	output   bool   // the operation has output tokens
+	start    []trace.SpanStartOption
+	overhead []metric.RecordOption
+}
+
+func newOpSets(o *Observer, endpoint string) *opSets {
+	s := &opSets{output: true}
+	var api attribute.KeyValue
+	switch endpoint {
+	case "chat/completions":
+		s.op, api = "chat", semconv.OpenAIAPITypeChatCompletions
+	case "responses": // the Responses API is a chat operation
+		s.op, api = "chat", semconv.OpenAIAPITypeResponses
+	case "completions":
+		s.op = "text_completion"
+	case "embeddings":
+		s.op, s.output = "embeddings", false
+	}
+	if s.op == "" {
+		s.start = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+		s.overhead = recordOpts(attribute.NewSet())
+		return s
+	}
+	kv := []attribute.KeyValue{semconv.GenAIOperationNameKey.String(s.op), o.provider}
+	if o.openai && api.Valid() {
+		kv = append(kv, api)
+	}
+	s.start = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(kv...)}
+	s.overhead = recordOpts(attribute.NewSet(semconv.GenAIOperationNameKey.String(s.op)))
+	return s
+}
+
+var attemptStart = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+
+// reportKey is what a call's metric attributes and span name depend on.
+type reportKey struct {
+	endpoint, requested, model, upstream, bucket, errType string
+}
+
+type reportSets struct {
+	name                          string // the span's
+	duration, ttfc, input, output []metric.RecordOption
+	cost                          []metric.AddOption
+	span                          []attribute.KeyValue
+}
+
+func newReportSets(o *Observer, k reportKey) *reportSets {
+	op := o.ops[k.endpoint].op
+	rs := &reportSets{name: op}
+	base := []attribute.KeyValue{semconv.GenAIOperationNameKey.String(op), o.provider}
+	var models []attribute.KeyValue
+	if k.requested != "" {
+		rs.name = op + " " + k.requested
+		models = append(models, semconv.GenAIRequestModelKey.String(k.requested))
+	}
+	if k.model != "" {
+		models = append(models, semconv.GenAIResponseModelKey.String(k.model))
+	}
+	base = append(base, models...)
+	var server []attribute.KeyValue
+	if a := o.addressOf(k.upstream); a.host != "" {
+		server = []attribute.KeyValue{semconv.ServerAddress(a.host), semconv.ServerPort(a.port)}
+	}
+	base = append(base, server...)
+	with := func(extra ...attribute.KeyValue) attribute.Set {
+		return attribute.NewSet(append(append([]attribute.KeyValue(nil), base...), extra...)...)
+	}
+	rs.ttfc = recordOpts(with())
+	rs.input = recordOpts(with(semconv.GenAITokenTypeInput))
+	rs.output = recordOpts(with(semconv.GenAITokenTypeOutput))
+	relayKV := []attribute.KeyValue{attribute.String("relay.upstream", k.upstream), attribute.String("relay.bucket", k.bucket)}
+	var errKV []attribute.KeyValue
+	if k.errType != "" {
+		errKV = []attribute.KeyValue{semconv.ErrorTypeKey.String(k.errType)}
+	}
+	rs.duration = recordOpts(with(errKV...))
+	cost := append([]attribute.KeyValue{semconv.GenAIOperationNameKey.String(op)}, models...)
+	rs.cost = addOpts(attribute.NewSet(append(cost, relayKV...)...))
+	rs.span = append(append(append(models, server...), relayKV...), errKV...)
+	return rs
+}
+
+// reportSpanAttrs are the span attributes of a call to a path not routed by
+// model.
+func (o *Observer) reportSpanAttrs(r relay.Report, errType string) []attribute.KeyValue {
+	kv := []attribute.KeyValue{attribute.String("relay.upstream", r.Upstream)}
+	if a := o.addressOf(r.Upstream); a.host != "" {
+		kv = append(kv, semconv.ServerAddress(a.host), semconv.ServerPort(a.port))
+	}
+	if errType != "" {
+		kv = append(kv, semconv.ErrorTypeKey.String(errType))
+	}
+	return kv
+}
+
+type attemptKey struct {
+	upstream, outcome string
+	hedge             bool
+}
+
+func newAttemptSets(_ *Observer, k attemptKey) []metric.AddOption {
+	return addOpts(attribute.NewSet(
+		attribute.String("relay.upstream", k.upstream),
+		attribute.String("relay.attempt.outcome", k.outcome),
+		attribute.Bool("relay.attempt.hedge", k.hedge),
+	))
+}
+
+type retryKey struct{ upstream, reason string }
+
+func newRetrySets(_ *Observer, k retryKey) []metric.AddOption {
+	return addOpts(attribute.NewSet(
+		attribute.String("relay.upstream", k.upstream),
+		attribute.String("relay.retry.reason", k.reason),
+	))
+}
+
+type waitKey struct{ upstream, reason, errType string }
+
+func newWaitSets(_ *Observer, k waitKey) []metric.RecordOption {
+	kv := []attribute.KeyValue{
+		attribute.String("relay.upstream", k.upstream),
+		attribute.String("relay.wait.reason", k.reason),
+	}
+	if k.errType != "" {
+		kv = append(kv, semconv.ErrorTypeKey.String(k.errType))
+	}
+	return recordOpts(attribute.NewSet(kv...))
+}
+
+// breakers keeps each upstream's breaker state for relay.breaker.state,
+// which reports 1 for the current state and 0 for the other two.
+type breakers struct {
+	mu sync.Mutex
+	m  map[string]*breakerSets
+}
+
+var stateNames = [3]string{relay.StateClosed: "closed", relay.StateOpen: "open", relay.StateHalfOpen: "half_open"}
+
+type breakerSets struct {
+	state      relay.BreakerState
+	observe    [3][]metric.ObserveOption
+	transition [3][]metric.AddOption
+}
+
+func (b *breakers) init(names []string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, n := range names {
+		b.entryLocked(n)
+	}
+}
+
+func (b *breakers) entryLocked(name string) *breakerSets {
+	if e, ok := b.m[name]; ok {
+		return e
+	}
+	e := &breakerSets{}
+	for s, sn := range stateNames {
+		set := attribute.NewSet(attribute.String("relay.upstream", name), attribute.String("relay.breaker.state", sn))
+		e.observe[s] = []metric.ObserveOption{metric.WithAttributeSet(set)}
+		e.transition[s] = addOpts(set)
+	}
+	if len(b.m) < maxCached {
+		if b.m == nil {
+			b.m = map[string]*breakerSets{}
+		}
+		b.m[name] = e
+	}
+	return e
+}
+
+func (b *breakers) set(name string, to relay.BreakerState) {
+	b.mu.Lock()
+	b.entryLocked(name).state = to
+	b.mu.Unlock()
+}
+
+func (b *breakers) transition(name string, to relay.BreakerState) []metric.AddOption {
+	if int(to) >= len(stateNames) {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.entryLocked(name).transition[to]
+}
+
+func (b *breakers) observe(_ context.Context, obs metric.Int64Observer) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, e := range b.m {
+		for s := range stateNames {
+			obs.Observe(int64(b2i(relay.BreakerState(s) == e.state)), e.observe[s]...)
+		}
+	}
+	return nil
+}
+
+// statusTexts are the status codes as strings, for error.type.
+var statusTexts = func() (t [600]string) {
+	for i := 100; i < len(t); i++ {
+		t[i] = strconv.Itoa(i)
+	}
+	return t
+}()
+
+func statusText(code int) string {
+	if code >= 100 && code < len(statusTexts) {
+		return statusTexts[code]
+	}
+	return strconv.Itoa(code)
+}
+
+// outcomeOf classifies an upstream call: a status class, with 429 apart, or
+// the kind of its error.
+func outcomeOf(status int, err error) string {
+	switch {
+	case err != nil:
+		return errorKind(err)
+	case status == 429:
+		return "429"
+	case status >= 500:
+		return "5xx"
+	case status >= 400:
+		return "4xx"
+	case status >= 300:
+		return "3xx"
+	case status >= 200:
+		return "2xx"
+	}
+	return "1xx"
+}
+
+// sentinels are the router's errors that name their own error.type.
+var sentinels = []struct {
+	err  error
+	name string
+}{
+	{relay.ErrStreamError, "stream_error"},
+	{relay.ErrNoUpstream, "no_upstream"},
+	{relay.ErrBodyTooLarge, "body_too_large"},
+	{relay.ErrRateLimited, "rate_limited"},
+	{relay.ErrCircuitOpen, "circuit_open"},
+	{relay.ErrFirstTokenTimeout, "first_token_timeout"},
+	{relay.ErrStreamStalled, "stream_stalled"},
+}
+
+// errorType is a call's error.type: "" when it succeeded.
+func errorType(err error, status int) string {
+	if err == nil {
+		return ""
+	}
+	for _, s := range sentinels {
+		if errors.Is(err, s.err) {
+			return s.name
+		}
+	}
+	if status >= 400 {
+		return statusText(status)
+	}
+	return errorKind(err)
+}
+
+// errorKind names a transport error.
+func errorKind(err error) string {
+	switch {
+	case errors.Is(err, relay.ErrAttemptTimeout):
+		return "attempt_timeout"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "deadline_exceeded"
+	}
+	var t interface{ Timeout() bool }
+	if errors.As(err, &t) && t.Timeout() {
+		return "timeout"
+	}
+	var op *net.OpError
+	if errors.As(err, &op) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return "connection"
+	}
+	return "_OTHER"
+}

@@ -1,0 +1,72 @@
+// Package relayotel reports what a relay.Router does to OpenTelemetry: one
+// client span per RoundTrip with a child span per upstream call, the W3C
+// trace context on every upstream request, and the metrics of the
+// OpenTelemetry GenAI semantic conventions (semconv v1.41.0) beside relay's
+// own.
+//
+//	obs := relayotel.New(relayotel.WithUpstreams(upstreams...))
+//	router, err := relay.New(relay.Config{Upstreams: upstreams, Hooks: obs.Hooks()})
+//
+// # Spans
+//
+// A RoundTrip is one span of kind client, started when RoundTrip starts and
+// ended when the response body ends (when the Report is made), not when the
+// headers arrive. It is named "{gen_ai.operation.name} {gen_ai.request.model}"
+// (e.g. "chat gpt-4.1") and carries gen_ai.operation.name,
+// gen_ai.provider.name, gen_ai.request.model, gen_ai.response.model,
+// gen_ai.request.stream, gen_ai.response.time_to_first_chunk (streams),
+// gen_ai.usage.input_tokens, gen_ai.usage.output_tokens,
+// gen_ai.usage.cache_read.input_tokens, gen_ai.usage.reasoning.output_tokens,
+// openai.api.type (provider "openai"), server.address and server.port of the
+// upstream that answered, http.response.status_code, and relay's own:
+// relay.upstream, relay.bucket, relay.attempts, relay.cost_usd (priced
+// models), relay.hedged, relay.hedge_won and relay.usage.estimated. A failed
+// call has status Error and error.type.
+//
+// Each upstream call is a child span "relay.attempt" with relay.upstream,
+// gen_ai.request.model (the model asked of that upstream),
+// relay.attempt.number, relay.attempt.hedge, server.address, server.port,
+// relay.wait.duration and relay.wait.reason (when it waited for the
+// upstream's limits), http.response.status_code, and error.type on failure.
+// Its context is injected into the upstream request (traceparent), so the
+// upstream's own spans hang under the attempt. A call whose span is not
+// sampled gets no attempt spans (no standard sampler would sample them) and
+// sends its own context, marked not sampled.
+//
+// Requests to paths relay does not route by model (GET /models, files) get a
+// span named by their method and no GenAI metrics.
+//
+// # Metrics
+//
+// The GenAI conventions, with their recommended bucket boundaries:
+//
+//	gen_ai.client.operation.duration              histogram  s        per call; error.type when it failed
+//	gen_ai.client.token.usage                     histogram  {token}  one record per gen_ai.token.type (input, output)
+//	gen_ai.client.operation.time_to_first_chunk   histogram  s        streams only
+//
+// with gen_ai.operation.name, gen_ai.provider.name, gen_ai.request.model,
+// gen_ai.response.model, server.address and server.port. Token counts are
+// the billed ones the upstream reported; counts the router estimated (an
+// answer without usage) are left out unless WithEstimatedUsage.
+//
+// Relay's own:
+//
+//	relay.client.cost          counter    {USD}         gen_ai.operation.name, gen_ai.request.model, gen_ai.response.model, relay.upstream, relay.bucket
+//	relay.client.attempts      counter    {attempt}     relay.upstream, relay.attempt.outcome, relay.attempt.hedge
+//	relay.client.retries       counter    {retry}       relay.upstream (the one that failed), relay.retry.reason
+//	relay.client.hedges        counter    {hedge}       relay.hedge.result (won, lost)
+//	relay.client.overhead      histogram  s             gen_ai.operation.name
+//	relay.limiter.wait         histogram  s             relay.upstream, relay.wait.reason, error.type
+//	relay.breaker.state        gauge      1             relay.upstream, relay.breaker.state: 1 for the current state, 0 for the others
+//	relay.breaker.transitions  counter    {transition}  relay.upstream, relay.breaker.state (the new state)
+//
+// An attempt's outcome (and a retry's reason, the outcome of the attempt it
+// follows) is a status class ("2xx", "4xx", "429", "5xx") or an error kind
+// ("timeout", "attempt_timeout", "canceled", "deadline_exceeded",
+// "connection", "_OTHER"). A retry after a 2xx is a first-token failover (or
+// a custom ShouldRetry). error.type is the status code ("503") of an error
+// response, or one of "no_upstream", "body_too_large", "rate_limited",
+// "circuit_open", "attempt_timeout", "first_token_timeout",
+// "stream_stalled", "stream_error", "canceled", "deadline_exceeded",
+// "timeout", "connection", "_OTHER".
+package relayotel

@@ -1,0 +1,105 @@
+package relayotel
+
+import (
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
+	"go.opentelemetry.io/otel/semconv/v1.41.0/genaiconv"
+)
+
+// Bucket boundaries. The GenAI conventions recommend durationBounds for
+// operation durations and times to first chunk, and tokenBounds for token
+// counts.
+var (
+	durationBounds = []float64{0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92}
+	tokenBounds    = []float64{1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864}
+	// waitBounds spans limiter waits, up to Limits.MaxWait and beyond.
+	waitBounds = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+	// overheadBounds spans the router's own time per call: microseconds.
+	overheadBounds = []float64{0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01}
+)
+
+type instruments struct {
+	// The GenAI conventions.
+	duration metric.Float64Histogram // gen_ai.client.operation.duration
+	tokens   metric.Int64Histogram   // gen_ai.client.token.usage
+	ttfc     metric.Float64Histogram // gen_ai.client.operation.time_to_first_chunk
+
+	// Relay's own.
+	cost        metric.Float64Counter   // relay.client.cost
+	attempts    metric.Int64Counter     // relay.client.attempts
+	retries     metric.Int64Counter     // relay.client.retries
+	hedges      metric.Int64Counter     // relay.client.hedges
+	overhead    metric.Float64Histogram // relay.client.overhead
+	wait        metric.Float64Histogram // relay.limiter.wait
+	transitions metric.Int64Counter     // relay.breaker.transitions
+	// relay.breaker.state is observed from breakers at each collection.
+
+	// Budget spend (relay.budget.spend, counter, {USD}, by budget) and
+	// Redis fallbacks (relay.redis.fallbacks, counter, {fallback}, by
+	// operation) belong here once the router reports them through Report
+	// or Hooks.
+}
+
+func newInstruments(mp metric.MeterProvider, b *breakers) instruments {
+	m := mp.Meter(scope, metric.WithSchemaURL(semconv.SchemaURL))
+	var (
+		in    instruments
+		err   error
+		nop   = noop.Meter{}
+		check = func(e error) {
+			if e != nil {
+				otel.Handle(e)
+			}
+		}
+	)
+	f64h := func(name, unit, desc string, bounds []float64) metric.Float64Histogram {
+		h, e := m.Float64Histogram(name, metric.WithUnit(unit), metric.WithDescription(desc), metric.WithExplicitBucketBoundaries(bounds...))
+		check(e)
+		if h == nil {
+			h, _ = nop.Float64Histogram(name)
+		}
+		return h
+	}
+	i64c := func(name, unit, desc string) metric.Int64Counter {
+		c, e := m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		check(e)
+		if c == nil {
+			c, _ = nop.Int64Counter(name)
+		}
+		return c
+	}
+
+	var (
+		dur  genaiconv.ClientOperationDuration
+		tok  genaiconv.ClientTokenUsage
+		ttfc genaiconv.ClientOperationTimeToFirstChunk
+	)
+	in.duration = f64h(dur.Name(), dur.Unit(), dur.Description(), durationBounds)
+	in.tokens, err = m.Int64Histogram(tok.Name(), metric.WithUnit(tok.Unit()), metric.WithDescription(tok.Description()),
+		metric.WithExplicitBucketBoundaries(tokenBounds...))
+	check(err)
+	if in.tokens == nil {
+		in.tokens, _ = nop.Int64Histogram(tok.Name())
+	}
+	in.ttfc = f64h(ttfc.Name(), ttfc.Unit(), ttfc.Description(), durationBounds)
+
+	in.cost, err = m.Float64Counter("relay.client.cost", metric.WithUnit("{USD}"),
+		metric.WithDescription("Cost of the calls in US dollars, after each upstream's price factor; a hedge's losing call that completed is included."))
+	check(err)
+	if in.cost == nil {
+		in.cost, _ = nop.Float64Counter("relay.client.cost")
+	}
+	in.attempts = i64c("relay.client.attempts", "{attempt}", "Upstream calls, hedges included, by outcome.")
+	in.retries = i64c("relay.client.retries", "{retry}", "Upstream calls made again after a failed one, by the outcome of the failed one.")
+	in.hedges = i64c("relay.client.hedges", "{hedge}", "Hedges sent: won when the hedge's answer was the one returned.")
+	in.overhead = f64h("relay.client.overhead", "s", "Time a call spent in the router itself, upstream calls and waits excluded.", overheadBounds)
+	in.wait = f64h("relay.limiter.wait", "s", "Time a call waited for an upstream's rate limits or in-flight slot.", waitBounds)
+	in.transitions = i64c("relay.breaker.transitions", "{transition}", "Circuit breaker state changes, by the new state.")
+	_, err = m.Int64ObservableGauge("relay.breaker.state", metric.WithUnit("1"),
+		metric.WithDescription("Circuit breaker state of each upstream: 1 for the current state, 0 for the others."),
+		metric.WithInt64Callback(b.observe))
+	check(err)
+	return in
+}

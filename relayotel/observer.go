@@ -1,0 +1,454 @@
+package relayotel
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tokenrelay/relay"
+)
+
+// scope is the instrumentation scope of the tracer and the meter.
+const scope = "github.com/tokenrelay/relay/relayotel"
+
+// Observer turns a Router's hooks into OpenTelemetry spans and metrics. It
+// is safe for concurrent use; one Observer may serve several routers.
+type Observer struct {
+	tracer    trace.Tracer
+	prop      propagation.TextMapPropagator
+	provider  attribute.KeyValue
+	openai    bool // the provider is "openai": spans carry openai.api.type
+	estimated bool
+	inst      instruments
+
+	addrMu sync.RWMutex
+	addrs  map[string]address // upstream name → where it is
+
+	reports  cache[reportKey, *reportSets]
+	attempts cache[attemptKey, []metric.AddOption]
+	retries  cache[retryKey, []metric.AddOption]
+	waits    cache[waitKey, []metric.RecordOption]
+	breakers breakers
+	ops      map[string]*opSets    // per Report.Endpoint, "" included
+	hedge    [2][]metric.AddOption // relay.hedge.result lost, won
+}
+
+// address is an upstream's server.address and server.port.
+type address struct {
+	host string
+	port int
+}
+
+// New returns an Observer. Plug it in with Config.Hooks: Hooks: obs.Hooks(),
+// or relay.JoinHooks(obs.Hooks(), other.Hooks()) beside other observers.
+// Instruments that cannot be created are reported to otel.Handle and
+// replaced by no-ops.
+func New(opts ...Option) *Observer {
+	c := config{provider: "openai"}
+	for _, opt := range opts {
+		opt(&c)
+	}
+	if c.tp == nil {
+		c.tp = otel.GetTracerProvider()
+	}
+	if c.mp == nil {
+		c.mp = otel.GetMeterProvider()
+	}
+	if c.prop == nil {
+		c.prop = otel.GetTextMapPropagator()
+		if len(c.prop.Fields()) == 0 { // none set: W3C trace context
+			c.prop = propagation.TraceContext{}
+		}
+	}
+	o := &Observer{
+		tracer:    c.tp.Tracer(scope, trace.WithSchemaURL(semconv.SchemaURL)),
+		prop:      c.prop,
+		provider:  semconv.GenAIProviderNameKey.String(c.provider),
+		openai:    c.provider == "openai",
+		estimated: c.estimated,
+		addrs:     map[string]address{},
+	}
+	var names []string
+	for _, u := range c.ups {
+		if a, ok := parseAddress(u.BaseURL); ok {
+			o.addrs[u.Name] = a
+		}
+		names = append(names, u.Name)
+	}
+	o.breakers.init(names)
+	o.ops = map[string]*opSets{}
+	for _, ep := range []string{"chat/completions", "responses", "completions", "embeddings", ""} {
+		o.ops[ep] = newOpSets(o, ep)
+	}
+	o.hedge[0] = addOpts(attribute.NewSet(attribute.String("relay.hedge.result", "lost")))
+	o.hedge[1] = addOpts(attribute.NewSet(attribute.String("relay.hedge.result", "won")))
+	o.inst = newInstruments(c.mp, &o.breakers)
+	return o
+}
+
+// Hooks returns the hooks to install in Config.Hooks.
+func (o *Observer) Hooks() relay.Hooks {
+	return relay.Hooks{
+		OnRequest: o.onRequest,
+		OnAttempt: o.onAttempt,
+		OnWait:    o.onWait,
+		OnBreaker: o.onBreaker,
+		OnReport:  o.onReport,
+	}
+}
+
+// call is a RoundTrip's state, kept in its context: the context carries the
+// span, and answers Value(callKey{o}) with the call itself, so that keeping
+// it costs no context of its own.
+type call struct {
+	context.Context
+	o    *Observer
+	span trace.Span
+
+	mu         sync.Mutex
+	wait       time.Duration // a wait not yet attached to an attempt
+	waitReason string
+	lastUp     string // the last finished attempt: upstream and outcome
+	lastOut    string
+}
+
+type callKey struct{ o *Observer }
+
+func (c *call) Value(key any) any {
+	if k, ok := key.(callKey); ok && k.o == c.o {
+		return c
+	}
+	return c.Context.Value(key)
+}
+
+func (o *Observer) callOf(ctx context.Context) *call {
+	if ctx == nil {
+		return nil
+	}
+	c, _ := ctx.Value(callKey{o}).(*call)
+	return c
+}
+
+// onRequest starts the RoundTrip's span, named by the operation until the
+// report names the model.
+func (o *Observer) onRequest(ctx context.Context, req *http.Request) context.Context {
+	ops := o.ops[""]
+	name := req.Method
+	if req.URL != nil && req.Method == http.MethodPost {
+		if s := o.ops[endpointOf(req.URL.Path)]; s.op != "" {
+			ops, name = s, s.op
+		}
+	}
+	ctx, span := o.tracer.Start(ctx, name, ops.start...)
+	return &call{Context: ctx, o: o, span: span}
+}
+
+// onAttempt starts an attempt's span and injects its context into the
+// upstream request. The span's attributes are set once, when the outcome is
+// known: one copy instead of two.
+func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http.Request) func(relay.AttemptDone) {
+	c := o.callOf(ctx)
+	addr := o.learn(a.Upstream, out.URL)
+	span := trace.SpanFromContext(ctx)
+	if span.IsRecording() || span.SpanContext().IsSampled() {
+		ctx, span = o.tracer.Start(ctx, "relay.attempt", attemptStart...)
+	} else {
+		// The call's span is not sampled: nor would the attempt's be (every
+		// standard sampler decides alike for a child), so it gets none, and
+		// the call's context goes upstream.
+		span = nil
+	}
+	var (
+		wait       time.Duration
+		waitReason string
+	)
+	if c != nil {
+		c.mu.Lock()
+		wait, waitReason = c.wait, c.waitReason
+		c.wait, c.waitReason = 0, ""
+		up, reason := c.lastUp, c.lastOut
+		c.mu.Unlock()
+		if a.N > 1 && !a.Hedge && reason != "" {
+			o.inst.retries.Add(ctx, 1, o.retries.get(o, retryKey{up, reason}, newRetrySets)...)
+		}
+	}
+	o.prop.Inject(ctx, headerCarrier(out.Header))
+	return func(d relay.AttemptDone) {
+		outcome := outcomeOf(d.StatusCode, d.Err)
+		if span != nil && span.IsRecording() {
+			failed := d.Err != nil || d.StatusCode >= 400
+			var kv [10]attribute.KeyValue
+			kv[0] = attribute.String("relay.upstream", a.Upstream)
+			kv[1] = semconv.GenAIRequestModelKey.String(a.Model)
+			kv[2] = attribute.Int("relay.attempt.number", a.N)
+			kv[3] = attribute.Bool("relay.attempt.hedge", a.Hedge)
+			n := 4
+			if addr.host != "" {
+				kv[n], kv[n+1] = semconv.ServerAddress(addr.host), semconv.ServerPort(addr.port)
+				n += 2
+			}
+			if waitReason != "" {
+				kv[n], kv[n+1] = attribute.Float64("relay.wait.duration", wait.Seconds()), attribute.String("relay.wait.reason", waitReason)
+				n += 2
+			}
+			if d.StatusCode != 0 {
+				kv[n] = semconv.HTTPResponseStatusCode(d.StatusCode)
+				n++
+			}
+			if failed {
+				et := outcome
+				if d.StatusCode >= 400 {
+					et = statusText(d.StatusCode)
+				}
+				kv[n] = semconv.ErrorTypeKey.String(et)
+				n++
+			}
+			span.SetAttributes(kv[:n]...)
+			if failed {
+				span.SetStatus(codes.Error, attemptError(d))
+			}
+		}
+		if span != nil {
+			span.End()
+		}
+		o.inst.attempts.Add(ctx, 1, o.attempts.get(o, attemptKey{a.Upstream, outcome, a.Hedge}, newAttemptSets)...)
+		if c != nil {
+			c.mu.Lock()
+			if outcome != "canceled" || c.lastOut == "" {
+				c.lastUp, c.lastOut = a.Upstream, outcome
+			}
+			c.mu.Unlock()
+		}
+	}
+}
+
+// headerCarrier carries the trace context in an http.Header, setting the
+// W3C and baggage headers under their canonical keys without working them
+// out anew for every request.
+type headerCarrier http.Header
+
+var canonicalKeys = map[string]string{"traceparent": "Traceparent", "tracestate": "Tracestate", "baggage": "Baggage"}
+
+func (h headerCarrier) Get(key string) string { return propagation.HeaderCarrier(h).Get(key) }
+func (h headerCarrier) Keys() []string        { return propagation.HeaderCarrier(h).Keys() }
+
+func (h headerCarrier) Set(key, value string) {
+	if k, ok := canonicalKeys[key]; ok {
+		h[k] = []string{value}
+		return
+	}
+	http.Header(h).Set(key, value)
+}
+
+// attemptError describes a failed attempt for its span's status.
+func attemptError(d relay.AttemptDone) string {
+	if d.Err != nil {
+		return d.Err.Error()
+	}
+	return http.StatusText(d.StatusCode)
+}
+
+// onWait records a limiter wait; a wait that ended in admission is noted on
+// the next attempt's span, one that failed on the request's span.
+func (o *Observer) onWait(w relay.WaitEvent) {
+	et := ""
+	if w.Err != nil {
+		et = errorType(w.Err, 0)
+	}
+	ctx := w.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	o.inst.wait.Record(ctx, w.Wait.Seconds(), o.waits.get(o, waitKey{w.Upstream, w.Reason, et}, newWaitSets)...)
+	c := o.callOf(w.Context)
+	if c == nil {
+		return
+	}
+	if w.Err != nil {
+		c.span.AddEvent("relay.wait", trace.WithAttributes(
+			attribute.String("relay.upstream", w.Upstream),
+			attribute.String("relay.wait.reason", w.Reason),
+			attribute.Float64("relay.wait.duration", w.Wait.Seconds()),
+			semconv.ErrorTypeKey.String(et),
+		))
+		return
+	}
+	c.mu.Lock()
+	c.wait += w.Wait
+	c.waitReason = w.Reason
+	c.mu.Unlock()
+}
+
+// onBreaker records a breaker's new state.
+func (o *Observer) onBreaker(e relay.BreakerEvent) {
+	o.breakers.set(e.Upstream, e.To)
+	o.inst.transitions.Add(context.Background(), 1, o.breakers.transition(e.Upstream, e.To)...)
+}
+
+// onReport records the call's metrics, completes its span and ends it.
+func (o *Observer) onReport(r relay.Report) {
+	ctx := r.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	et := errorType(r.Err, r.StatusCode)
+	ops := o.ops[r.Endpoint]
+	if ops == nil {
+		ops = o.ops[""]
+	}
+	var rs *reportSets
+	if ops.op != "" {
+		rs = o.reports.get(o, reportKey{r.Endpoint, r.RequestedModel, r.Model, r.Upstream, r.Bucket, et}, newReportSets)
+		o.inst.duration.Record(ctx, r.Latency.Seconds(), rs.duration...)
+		if o.estimated || !r.Usage.Estimated {
+			if r.Usage.PromptTokens > 0 || r.Usage.CompletionTokens > 0 {
+				o.inst.tokens.Record(ctx, int64(r.Usage.PromptTokens), rs.input...)
+				if ops.output {
+					o.inst.tokens.Record(ctx, int64(r.Usage.CompletionTokens), rs.output...)
+				}
+			}
+		}
+		if r.Stream && r.TTFT > 0 {
+			o.inst.ttfc.Record(ctx, r.TTFT.Seconds(), rs.ttfc...)
+		}
+		if r.Priced {
+			o.inst.cost.Add(ctx, r.CostUSD, rs.cost...)
+		}
+	}
+	if r.Hedged {
+		o.inst.hedges.Add(ctx, 1, o.hedge[b2i(r.HedgeWon)]...)
+	}
+	o.inst.overhead.Record(ctx, r.Overhead.Seconds(), ops.overhead...)
+
+	c := o.callOf(r.Context)
+	if c == nil {
+		return
+	}
+	span := c.span
+	if span.IsRecording() {
+		var fixed []attribute.KeyValue
+		if rs != nil {
+			span.SetName(rs.name)
+			fixed = rs.span
+		} else {
+			fixed = o.reportSpanAttrs(r, et)
+		}
+		var kv [24]attribute.KeyValue
+		o.setAttributes(span, kv[:0], fixed, r)
+		if et != "" {
+			span.SetStatus(codes.Error, r.Err.Error())
+		}
+	}
+	span.End()
+}
+
+// setAttributes sets the span's attributes in one call (one copy), built in
+// kv: the fixed ones of its label set, and those that change with every
+// call.
+func (o *Observer) setAttributes(span trace.Span, kv []attribute.KeyValue, fixed []attribute.KeyValue, r relay.Report) {
+	kv = append(append(kv, fixed...), attribute.Int("relay.attempts", r.Attempts), attribute.Bool("relay.hedged", r.Hedged))
+	if r.Hedged {
+		kv = append(kv, attribute.Bool("relay.hedge_won", r.HedgeWon))
+	}
+	if r.StatusCode != 0 {
+		kv = append(kv, semconv.HTTPResponseStatusCode(r.StatusCode))
+	}
+	if r.Priced {
+		kv = append(kv, attribute.Float64("relay.cost_usd", r.CostUSD))
+	}
+	if r.Stream {
+		kv = append(kv, semconv.GenAIRequestStreamKey.Bool(true))
+		if r.TTFT > 0 {
+			kv = append(kv, semconv.GenAIResponseTimeToFirstChunkKey.Float64(r.TTFT.Seconds()))
+		}
+	}
+	u := r.Usage
+	if (u.PromptTokens > 0 || u.CompletionTokens > 0) && (o.estimated || !u.Estimated) {
+		kv = append(kv, semconv.GenAIUsageInputTokensKey.Int(u.PromptTokens), semconv.GenAIUsageOutputTokensKey.Int(u.CompletionTokens))
+		if u.CachedTokens > 0 {
+			kv = append(kv, semconv.GenAIUsageCacheReadInputTokensKey.Int(u.CachedTokens))
+		}
+		if u.ReasoningTokens > 0 {
+			kv = append(kv, semconv.GenAIUsageReasoningOutputTokensKey.Int(u.ReasoningTokens))
+		}
+		if u.Estimated {
+			kv = append(kv, attribute.Bool("relay.usage.estimated", true))
+		}
+	}
+	span.SetAttributes(kv...)
+}
+
+// learn returns where an upstream is: as configured, else as its request
+// shows, remembered for its reports.
+func (o *Observer) learn(name string, u *url.URL) address {
+	o.addrMu.RLock()
+	a, ok := o.addrs[name]
+	o.addrMu.RUnlock()
+	if ok || u == nil {
+		return a
+	}
+	a = addressOf(u)
+	o.addrMu.Lock()
+	if len(o.addrs) < maxCached {
+		o.addrs[name] = a
+	}
+	o.addrMu.Unlock()
+	return a
+}
+
+func (o *Observer) addressOf(name string) address {
+	o.addrMu.RLock()
+	a := o.addrs[name]
+	o.addrMu.RUnlock()
+	return a
+}
+
+func parseAddress(baseURL string) (address, bool) {
+	u, err := url.Parse(baseURL)
+	if err != nil || u.Host == "" {
+		return address{}, false
+	}
+	return addressOf(u), true
+}
+
+func addressOf(u *url.URL) address {
+	a := address{host: u.Hostname()}
+	switch p := u.Port(); {
+	case p != "":
+		a.port = atoi(p)
+	case strings.EqualFold(u.Scheme, "https"):
+		a.port = 443
+	case strings.EqualFold(u.Scheme, "http"):
+		a.port = 80
+	}
+	return a
+}
+
+func atoi(s string) int {
+	n := 0
+	for _, c := range []byte(s) {
+		if c < '0' || c > '9' {
+			return 0
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

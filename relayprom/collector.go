@@ -1,0 +1,377 @@
+package relayprom
+
+import (
+	"context"
+	"net/http"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokenrelay/relay"
+)
+
+// Bucket boundaries: durationBuckets are the ones the OpenTelemetry GenAI
+// conventions recommend for call durations and times to first chunk.
+var (
+	durationBuckets = []float64{0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92}
+	waitBuckets     = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+	overheadBuckets = []float64{0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01}
+)
+
+// Label values of what is not in the collector's sets.
+const (
+	other = "other" // a value not given to New
+	none  = "none"  // no value: no upstream reached, no model in the request
+)
+
+// Option configures a Collector.
+type Option func(*Collector)
+
+// WithUpstreams gives the upstream names (and the models each lists in
+// Upstream.Models) that label the metrics as themselves; pass the router's
+// Config.Upstreams. Only names and models are kept, never a key.
+func WithUpstreams(ups ...relay.Upstream) Option {
+	return func(c *Collector) {
+		for _, u := range ups {
+			c.upstreams[u.Name] = true
+			for _, m := range u.Models {
+				c.models[m] = true
+			}
+		}
+	}
+}
+
+// WithModels gives more model names that label the metrics as themselves:
+// the models your Policy routes to and its fallbacks, the models callers
+// ask for.
+func WithModels(models ...string) Option {
+	return func(c *Collector) {
+		for _, m := range models {
+			c.models[m] = true
+		}
+	}
+}
+
+// WithBuckets gives bucket labels your Policy sets (Route.Bucket) beyond
+// "short", "mid" and "long".
+func WithBuckets(labels ...string) Option {
+	return func(c *Collector) {
+		for _, b := range labels {
+			c.buckets[b] = true
+		}
+	}
+}
+
+// Collector is a prometheus.Collector of a Router's metrics, fed by the
+// hooks Hooks returns. It is safe for concurrent use; one Collector may
+// serve several routers. Register it once (prometheus.MustRegister).
+type Collector struct {
+	upstreams, models, buckets map[string]bool // read-only after New
+
+	requests    *prometheus.CounterVec
+	errors      *prometheus.CounterVec
+	tokens      *prometheus.CounterVec
+	cost        *prometheus.CounterVec
+	duration    *prometheus.HistogramVec
+	ttft        *prometheus.HistogramVec
+	attempts    *prometheus.CounterVec
+	retries     *prometheus.CounterVec
+	hedges      *prometheus.CounterVec
+	overhead    prometheus.Histogram
+	wait        *prometheus.HistogramVec
+	breaker     *prometheus.GaugeVec
+	transitions *prometheus.CounterVec
+	all         []prometheus.Collector
+	// Budget spend (relay_budget_spend_usd_total, by budget) and Redis
+	// fallbacks (relay_redis_fallbacks_total, by operation) belong here
+	// once the router reports them through Report or Hooks.
+
+	// The metrics' children, resolved once per label set: recording a call
+	// then takes no label lookup and allocates nothing. The label values
+	// are bounded, and so are these.
+	reports  cache[reportKey, *reportMetrics]
+	errs     cache[[3]string, prometheus.Counter]
+	attemptC cache[[2]string, prometheus.Counter]
+	retryC   cache[[2]string, prometheus.Counter]
+	ttftC    cache[[2]string, prometheus.Observer]
+	waitC    cache[[2]string, prometheus.Observer]
+	hedgeC   [2]prometheus.Counter // lost, won
+}
+
+// New returns a Collector.
+func New(opts ...Option) *Collector {
+	c := &Collector{
+		upstreams: map[string]bool{},
+		models:    map[string]bool{},
+		buckets:   map[string]bool{relay.BucketShort: true, relay.BucketMid: true, relay.BucketLong: true},
+	}
+	for _, opt := range opts {
+		opt(c)
+	}
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+		c.all = append(c.all, v)
+		return v
+	}
+	histogram := func(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+		v := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, labels)
+		c.all = append(c.all, v)
+		return v
+	}
+	c.requests = counter("relay_requests_total", "Calls through the router, by the final status class (none: no response came).", "upstream", "model", "bucket", "status")
+	c.errors = counter("relay_errors_total", "Failed calls, by error type.", "upstream", "model", "type")
+	c.tokens = counter("relay_tokens_total", "Tokens billed: input and output, and the cache_read part of input and the reasoning part of output.", "upstream", "model", "type")
+	c.cost = counter("relay_cost_usd_total", "Cost of the calls in US dollars, after each upstream's price factor.", "upstream", "model")
+	c.duration = histogram("relay_request_duration_seconds", "Duration of the calls, from RoundTrip to the end of the body.", durationBuckets, "upstream", "model")
+	c.ttft = histogram("relay_ttft_seconds", "Time to the first content chunk of the streams.", durationBuckets, "upstream", "model")
+	c.attempts = counter("relay_attempts_total", "Upstream calls, hedges included, by outcome.", "upstream", "outcome")
+	c.retries = counter("relay_retries_total", "Upstream calls made again after a failed one, by the failed one's upstream and outcome.", "upstream", "reason")
+	c.hedges = counter("relay_hedges_total", "Hedges sent: won when the hedge's answer was the one returned.", "result")
+	c.overhead = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "relay_overhead_seconds",
+		Help: "Time a call spent in the router itself, upstream calls and waits excluded.", Buckets: overheadBuckets})
+	c.all = append(c.all, c.overhead)
+	c.wait = histogram("relay_limiter_wait_seconds", "Waits for an upstream's rate limits or in-flight slot.", waitBuckets, "upstream", "reason")
+	c.breaker = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "relay_breaker_state",
+		Help: "Circuit breaker state of each upstream: 1 for the current state, 0 for the others."}, []string{"upstream", "state"})
+	c.all = append(c.all, c.breaker)
+	c.transitions = counter("relay_breaker_transitions_total", "Circuit breaker state changes, by the new state.", "upstream", "state")
+	c.hedgeC = [2]prometheus.Counter{c.hedges.WithLabelValues("lost"), c.hedges.WithLabelValues("won")}
+	for u := range c.upstreams {
+		c.setBreaker(u, relay.StateClosed)
+	}
+	return c
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, m := range c.all {
+		m.Describe(ch)
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	for _, m := range c.all {
+		m.Collect(ch)
+	}
+}
+
+// Hooks returns the hooks to install in Config.Hooks.
+func (c *Collector) Hooks() relay.Hooks {
+	return relay.Hooks{
+		OnRequest: c.onRequest,
+		OnAttempt: c.onAttempt,
+		OnWait:    c.onWait,
+		OnBreaker: c.onBreaker,
+		OnReport:  c.onReport,
+	}
+}
+
+func (c *Collector) upstream(name string) string { return c.label(c.upstreams, name) }
+func (c *Collector) model(name string) string    { return c.label(c.models, name) }
+
+func (c *Collector) label(set map[string]bool, v string) string {
+	switch {
+	case v == "":
+		return none
+	case set[v]:
+		return v
+	}
+	return other
+}
+
+// call is a RoundTrip's state, kept in its context, which it wraps: the
+// last finished attempt, the reason of a retry that follows it.
+type call struct {
+	context.Context
+	c *Collector
+
+	mu      sync.Mutex
+	lastUp  string
+	lastOut string
+}
+
+type callKey struct{ c *Collector }
+
+func (k *call) Value(key any) any {
+	if ck, ok := key.(callKey); ok && ck.c == k.c {
+		return k
+	}
+	return k.Context.Value(key)
+}
+
+func (c *Collector) onRequest(ctx context.Context, _ *http.Request) context.Context {
+	return &call{Context: ctx, c: c}
+}
+
+func (c *Collector) onAttempt(ctx context.Context, a relay.AttemptInfo, _ *http.Request) func(relay.AttemptDone) {
+	k, _ := ctx.Value(callKey{c}).(*call)
+	up := c.upstream(a.Upstream)
+	if k != nil && a.N > 1 && !a.Hedge {
+		k.mu.Lock()
+		lastUp, reason := k.lastUp, k.lastOut
+		k.mu.Unlock()
+		if reason != "" {
+			c.retryC.get(c, [2]string{lastUp, reason}, newRetry).Inc()
+		}
+	}
+	return func(d relay.AttemptDone) {
+		outcome := outcomeOf(d.StatusCode, d.Err)
+		c.attemptC.get(c, [2]string{up, outcome}, newAttempt).Inc()
+		if k != nil {
+			k.mu.Lock()
+			if outcome != "canceled" || k.lastOut == "" {
+				k.lastUp, k.lastOut = up, outcome
+			}
+			k.mu.Unlock()
+		}
+	}
+}
+
+func (c *Collector) onWait(w relay.WaitEvent) {
+	c.waitC.get(c, [2]string{c.upstream(w.Upstream), w.Reason}, newWait).Observe(w.Wait.Seconds())
+}
+
+func (c *Collector) onBreaker(e relay.BreakerEvent) {
+	up := c.upstream(e.Upstream)
+	c.transitions.WithLabelValues(up, stateName(e.To)).Inc()
+	if up != other { // several upstreams share "other": no one state to show
+		c.setBreaker(up, e.To)
+	}
+}
+
+var stateNames = [3]string{relay.StateClosed: "closed", relay.StateOpen: "open", relay.StateHalfOpen: "half_open"}
+
+func stateName(s relay.BreakerState) string {
+	if int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return other
+}
+
+func (c *Collector) setBreaker(up string, to relay.BreakerState) {
+	for s, name := range stateNames {
+		v := 0.0
+		if relay.BreakerState(s) == to {
+			v = 1
+		}
+		c.breaker.WithLabelValues(up, name).Set(v)
+	}
+}
+
+// reportKey is the labels of a call's metrics.
+type reportKey struct{ upstream, model, bucket, status string }
+
+type reportMetrics struct {
+	requests             prometheus.Counter
+	input, output        prometheus.Counter
+	cacheRead, reasoning prometheus.Counter
+	cost                 prometheus.Counter
+	duration             prometheus.Observer
+}
+
+func newReport(c *Collector, k reportKey) *reportMetrics {
+	return &reportMetrics{
+		requests:  c.requests.WithLabelValues(k.upstream, k.model, k.bucket, k.status),
+		input:     c.tokens.WithLabelValues(k.upstream, k.model, "input"),
+		output:    c.tokens.WithLabelValues(k.upstream, k.model, "output"),
+		cacheRead: c.tokens.WithLabelValues(k.upstream, k.model, "cache_read"),
+		reasoning: c.tokens.WithLabelValues(k.upstream, k.model, "reasoning"),
+		cost:      c.cost.WithLabelValues(k.upstream, k.model),
+		duration:  c.duration.WithLabelValues(k.upstream, k.model),
+	}
+}
+
+func newAttempt(c *Collector, k [2]string) prometheus.Counter {
+	return c.attempts.WithLabelValues(k[0], k[1])
+}
+func newRetry(c *Collector, k [2]string) prometheus.Counter {
+	return c.retries.WithLabelValues(k[0], k[1])
+}
+func newTTFT(c *Collector, k [2]string) prometheus.Observer {
+	return c.ttft.WithLabelValues(k[0], k[1])
+}
+func newWait(c *Collector, k [2]string) prometheus.Observer {
+	return c.wait.WithLabelValues(k[0], k[1])
+}
+func newError(c *Collector, k [3]string) prometheus.Counter {
+	return c.errors.WithLabelValues(k[0], k[1], k[2])
+}
+
+func (c *Collector) onReport(r relay.Report) {
+	up, model := c.upstream(r.Upstream), c.model(r.Model)
+	m := c.reports.get(c, reportKey{up, model, c.label(c.buckets, r.Bucket), statusClass(r.StatusCode)}, newReport)
+	m.requests.Inc()
+	if et := errorType(r.Err, r.StatusCode); et != "" {
+		c.errs.get(c, [3]string{up, model, et}, newError).Inc()
+	}
+	if u := r.Usage; u.PromptTokens > 0 || u.CompletionTokens > 0 {
+		m.input.Add(float64(u.PromptTokens))
+		m.output.Add(float64(u.CompletionTokens))
+		if u.CachedTokens > 0 {
+			m.cacheRead.Add(float64(u.CachedTokens))
+		}
+		if u.ReasoningTokens > 0 {
+			m.reasoning.Add(float64(u.ReasoningTokens))
+		}
+	}
+	if r.CostUSD > 0 {
+		m.cost.Add(r.CostUSD)
+	}
+	m.duration.Observe(r.Latency.Seconds())
+	if r.Stream && r.TTFT > 0 {
+		c.ttftC.get(c, [2]string{up, model}, newTTFT).Observe(r.TTFT.Seconds())
+	}
+	if r.Hedged {
+		c.hedgeC[b2i(r.HedgeWon)].Inc()
+	}
+	c.overhead.Observe(r.Overhead.Seconds())
+}
+
+func statusClass(code int) string {
+	switch {
+	case code >= 500:
+		return "5xx"
+	case code >= 400:
+		return "4xx"
+	case code >= 300:
+		return "3xx"
+	case code >= 200:
+		return "2xx"
+	case code >= 100:
+		return "1xx"
+	}
+	return none
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+type cache[K comparable, V any] struct {
+	mu sync.RWMutex
+	m  map[K]V
+}
+
+func (ch *cache[K, V]) get(c *Collector, k K, build func(*Collector, K) V) V {
+	ch.mu.RLock()
+	v, ok := ch.m[k]
+	ch.mu.RUnlock()
+	if ok {
+		return v
+	}
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if v, ok := ch.m[k]; ok {
+		return v
+	}
+	if ch.m == nil {
+		ch.m = map[K]V{}
+	}
+	v = build(c, k)
+	ch.m[k] = v
+	return v
+}
