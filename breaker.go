@@ -36,7 +36,7 @@ func (s BreakerState) String() string {
 
 // BreakerEvent describes a breaker state change.
 type BreakerEvent struct {
-	Upstream string       // the upstream\'s name
+	Upstream string       // the upstream's name
 	From, To BreakerState // the transition
 	Reason   string       // e.g. "6 consecutive failures", "p99 1.8s over 1.5s", "probe succeeded"
 	Until    time.Time    // end of the open period, when To is StateOpen

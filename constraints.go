@@ -223,6 +223,6 @@ func (t *trip) widen(cands *[]candidate, a *attempt) (int, bool) {
 	if len(*cands) == n {
 		return 0, false
 	}
-	t.constraint = ConstraintContextWindow
+	t.constraint, t.why = ConstraintContextWindow, "context-window"
 	return n, true
 }

@@ -22,7 +22,8 @@ type Hooks struct {
 	// OnAttempt runs before each upstream call, with the outgoing request
 	// (it may add headers, such as a W3C traceparent). The function it
 	// returns, if not nil, runs once, when the call's outcome is known: its
-	// response headers or its error.
+	// response headers or its error, or ErrFirstTokenTimeout when
+	// first-token failover gave up on its stream.
 	OnAttempt func(ctx context.Context, a AttemptInfo, out *http.Request) func(AttemptDone)
 	// OnWait runs after a request waited for an upstream's rate limits or
 	// in-flight slot.
@@ -36,10 +37,12 @@ type Hooks struct {
 
 // AttemptInfo describes one upstream call as it starts.
 type AttemptInfo struct {
-	Upstream string // the upstream\'s name
-	Model    string // the model asked of the upstream
-	N        int    // 1 for the request's first call
-	Hedge    bool   // a hedge racing the call before it
+	Upstream string        // the upstream's name
+	Model    string        // the model asked of the upstream
+	N        int           // 1 for the request's first call
+	Hedge    bool          // a hedge racing the call before it
+	Retry    string        // why the call before did not answer: "" for the first call, else its status ("503") or "connection", "timeout", "first-token", "context-window"
+	Backoff  time.Duration // the wait before this call
 }
 
 // AttemptDone is the outcome of one upstream call.
@@ -51,8 +54,8 @@ type AttemptDone struct {
 
 // WaitEvent describes a wait for an upstream's limits.
 type WaitEvent struct {
-	Context  context.Context // the request\'s
-	Upstream string          // the upstream\'s name
+	Context  context.Context // the request's
+	Upstream string          // the upstream's name
 	Reason   string          // "rate" (RPM, TPM or a hold) or "slot" (MaxInFlight)
 	Wait     time.Duration   // how long the request waited
 	Err      error           // nil when the wait ended in admission

@@ -42,7 +42,7 @@ func loggingHooks(l *hookLog, name string) Hooks {
 			return context.WithValue(ctx, ctxKey{}, name)
 		},
 		OnAttempt: func(ctx context.Context, a AttemptInfo, out *http.Request) func(AttemptDone) {
-			l.add("%s attempt %d %s %s hedge=%v ctx=%v", name, a.N, a.Upstream, a.Model, a.Hedge, ctx.Value(ctxKey{}))
+			l.add("%s attempt %d %s %s hedge=%v retry=%q ctx=%v", name, a.N, a.Upstream, a.Model, a.Hedge, a.Retry, ctx.Value(ctxKey{}))
 			out.Header.Set("Traceparent", "00-"+name)
 			return func(d AttemptDone) {
 				l.add("%s done %d %s status=%d err=%v", name, a.N, a.Upstream, d.StatusCode, d.Err != nil)
@@ -81,12 +81,12 @@ func TestHooksSeeEveryStep(t *testing.T) {
 	assert.Equal(t, []string{
 		"one request /v1/chat/completions (ctx <nil>)",
 		"two request /v1/chat/completions (ctx one)",
-		"one attempt 1 bad gpt-4.1 hedge=false ctx=two",
-		"two attempt 1 bad gpt-4.1 hedge=false ctx=two",
+		`one attempt 1 bad gpt-4.1 hedge=false retry="" ctx=two`,
+		`two attempt 1 bad gpt-4.1 hedge=false retry="" ctx=two`,
 		"one done 1 bad status=503 err=false",
 		"two done 1 bad status=503 err=false",
-		"one attempt 2 good gpt-4.1 hedge=false ctx=two",
-		"two attempt 2 good gpt-4.1 hedge=false ctx=two",
+		`one attempt 2 good gpt-4.1 hedge=false retry="503" ctx=two`,
+		`two attempt 2 good gpt-4.1 hedge=false retry="503" ctx=two`,
 		"one done 2 good status=200 err=false",
 		"two done 2 good status=200 err=false",
 		"one report good attempts=2 status=200 ctx=two",

@@ -13,13 +13,17 @@ import (
 
 // TestReadmeSnippetsAreCompiled: every Go block of the README that follows
 // a "<!-- snippet: NAME -->" line is, to the byte, the code between
-// "// README:NAME" and "// README:end" in an example_*test.go file, which
-// the compiler checks; and every Go block of the README has such a line.
+// "// README:NAME" and "// README:end" in an example*_test.go file (of this
+// module or of a sub-module), which the compiler checks; and every Go
+// block of the README has such a line.
 func TestReadmeSnippetsAreCompiled(t *testing.T) {
 	readme, err := os.ReadFile("README.md")
 	require.NoError(t, err)
 	files, err := filepath.Glob("example*_test.go")
 	require.NoError(t, err)
+	more, err := filepath.Glob("*/example*_test.go") // the sub-modules'
+	require.NoError(t, err)
+	files = append(files, more...)
 	snippets := map[string]string{}
 	marked := regexp.MustCompile(`(?s)\n[ \t]*// README:([\w-]+)\n(.*?)\n[ \t]*// README:end\n`)
 	for _, f := range files {

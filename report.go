@@ -35,6 +35,7 @@ type Report struct {
 	TTFT          time.Duration // to the first content byte (streams) or the response headers
 	Attempts      int           // upstream calls made, hedges included
 	Hedged        bool          // a hedge was sent
+	HedgeUsage    Usage         // a losing hedge's usage, when it answered too (billed; in the costs, not in Usage)
 	HedgeWon      bool          // the hedge's answer was the one returned
 	Overhead      time.Duration // time RoundTrip spent in the router itself: upstream calls and waits excluded
 	StatusCode    int           // final status; 0 when none came
@@ -118,6 +119,7 @@ func (t *trip) report(end bodyEnd) Report {
 		StateFallback:  t.stateFallback.Load(),
 		Priority:       t.route.Priority,
 		HedgeWon:       t.att.hedge == 1,
+		HedgeUsage:     t.loserUsage(),
 		Overhead:       t.overhead,
 		Stream:         t.c.req.Stream,
 		Err:            end.err,
@@ -316,4 +318,12 @@ func (t *trip) settleTPM(u Usage) {
 	if up.lim.tpm != nil {
 		up.lim.tpm.AllowN(now, -unused)
 	}
+}
+
+// loserUsage is the usage of a hedge's losing attempt that answered too.
+func (t *trip) loserUsage() Usage {
+	if t.loser == nil {
+		return Usage{}
+	}
+	return t.loser.u
 }

@@ -132,3 +132,19 @@ func (t *trip) retryWait(a *attempt, next candidate, i int, rt *retrier) (wait t
 	d, ok := rt.backoff()
 	return d, !ok
 }
+
+// retryReason says why an attempt did not answer: its status, or the kind
+// of its error.
+func retryReason(a *attempt) string {
+	switch {
+	case a.resp != nil:
+		return strconv.Itoa(a.resp.StatusCode)
+	case errors.Is(a.err, ErrAttemptTimeout):
+		return "timeout"
+	case errors.Is(a.err, ErrFirstTokenTimeout):
+		return "first-token"
+	case errors.Is(a.err, context.Canceled), errors.Is(a.err, context.DeadlineExceeded):
+		return "context"
+	}
+	return "connection"
+}

@@ -57,7 +57,7 @@ type State interface {
 
 // Limits are one upstream's shared rate limits.
 type Limits struct {
-	Name     string // the upstream\'s
+	Name     string // the upstream's
 	RPM, TPM int    // per minute; 0: none
 }
 

@@ -97,9 +97,11 @@ type trip struct {
 	tokens int          // prompt plus output tokens: the TPM charge before clamping
 	cbuf   [8]candidate // backing array of the candidate list
 
-	require    []string // tags every candidate must carry
-	constraint string   // the constraint that changed the route, if one did
-	widened    bool     // retried on a larger window once
+	require    []string      // tags every candidate must carry
+	constraint string        // the constraint that changed the route, if one did
+	widened    bool          // retried on a larger window once
+	why        string        // why the last attempt did not answer, for Hooks.OnAttempt
+	backoff    time.Duration // the wait before the next attempt
 
 	att      attempt       // the answering attempt, once there is one
 	attempts int           // upstream calls made, hedges included
@@ -124,10 +126,12 @@ type attempt struct {
 	err      error
 	cancel   context.CancelFunc
 	sent     time.Time
-	injected bool        // its body asked for the stream's usage chunk
-	stream   *streamBody // set when the stream was read ahead (first-token failover)
-	held     bool        // holds an in-flight count and slot until released
-	hedge    int         // 0 for the first attempt of a hedge, 1 for the hedge
+	injected bool // its body asked for the stream's usage chunk
+	latency  time.Duration
+	hookDone func(AttemptDone) // Hooks.OnAttempt's, run by observe
+	stream   *streamBody       // set when the stream was read ahead (first-token failover)
+	held     bool              // holds an in-flight count and slot until released
+	hedge    int               // 0 for the first attempt of a hedge, 1 for the hedge
 }
 
 // run is the attempt loop: admit a candidate, send (hedged, with
@@ -182,6 +186,7 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 				next, wait, final = n, 0, false // a larger window, at once
 			}
 		}
+		t.why, t.backoff = retryReason(&a), wait
 		if final {
 			if a.resp == nil && prev.kept != nil && ctx.Err() == nil {
 				a.release()
@@ -285,6 +290,14 @@ func (t *trip) observe(a *attempt) {
 	if a.resp == nil && t.ctx.Err() != nil {
 		o = outcomeNeutral // the caller gave up (cancel or its own deadline), not the upstream
 	}
+	if a.hookDone != nil {
+		d := AttemptDone{Err: a.err, Latency: a.latency}
+		if a.resp != nil {
+			d.StatusCode = a.resp.StatusCode
+		}
+		a.hookDone(d)
+		a.hookDone = nil
+	}
 	u := a.cand.up
 	u.requests.Add(1)
 	var hint time.Duration
@@ -330,9 +343,12 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 		return a
 	}
 	out := t.outgoing(ctx, cand, body)
-	var done func(AttemptDone)
 	if h := r.s.hooks.OnAttempt; h != nil {
-		done = h(ctx, AttemptInfo{Upstream: cand.up.cfg.Name, Model: cand.model, N: n, Hedge: hedge}, out)
+		info := AttemptInfo{Upstream: cand.up.cfg.Name, Model: cand.model, N: n, Hedge: hedge}
+		if !hedge {
+			info.Retry, info.Backoff = t.why, t.backoff
+		}
+		a.hookDone = h(ctx, info, out)
 	}
 	a.resp, a.err = r.s.base.RoundTrip(out)
 	if a.err == nil && a.resp == nil {
@@ -358,13 +374,7 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 	if a.err != nil && a.err != ErrAttemptTimeout && ctx.Err() != nil {
 		a.err = ctx.Err()
 	}
-	if done != nil {
-		d := AttemptDone{Err: a.err, Latency: r.s.clock.Now().Sub(a.sent)}
-		if a.resp != nil {
-			d.StatusCode = a.resp.StatusCode
-		}
-		done(d)
-	}
+	a.latency = r.s.clock.Now().Sub(a.sent)
 	return a
 }
 

@@ -85,7 +85,7 @@ func (r *Router) Busy(model string) bool {
 
 // UpstreamStats is a snapshot of one upstream's live state, for dashboards.
 type UpstreamStats struct {
-	Name      string        // the upstream\'s
+	Name      string        // the upstream's
 	InFlight  int           // requests in flight now
 	Samples   int           // latencies in the window (at most 200)
 	P50, P99  time.Duration // of the last 200 times to response headers
