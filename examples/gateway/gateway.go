@@ -18,10 +18,13 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
 	"github.com/tokenrelay/relay"
+	"github.com/tokenrelay/relay/relayprom"
 )
 
 // config configures a gateway.
@@ -76,6 +79,17 @@ type gateway struct {
 	pending sync.Map // request ID → chan relay.Report (buffered, 1)
 }
 
+// policyModels are the models the gateway's requests may go to: its default
+// model and those a ClusterPolicy names.
+func policyModels(cfg config) []string {
+	models := []string{cfg.Model}
+	if p, ok := cfg.Policy.(relay.ClusterPolicy); ok {
+		models = append(models, p.Fast, p.Cheap)
+		models = append(models, p.Fallbacks...)
+	}
+	return models
+}
+
 // newGateway builds the gateway's handler and its router.
 func newGateway(cfg config) (*gateway, error) {
 	if cfg.MaxBodyBytes == 0 {
@@ -90,6 +104,11 @@ func newGateway(cfg config) (*gateway, error) {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	g := &gateway{cfg: cfg, prefix: "gw-" + hex.EncodeToString(b[:]) + "-", mux: http.NewServeMux()}
+	// Prometheus metrics of every call, on GET /metrics; labels are bounded
+	// to the configured upstreams and models.
+	prom := relayprom.New(relayprom.WithUpstreams(cfg.Upstreams...), relayprom.WithModels(policyModels(cfg)...))
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prom)
 	r, err := relay.New(relay.Config{
 		Upstreams:    cfg.Upstreams,
 		Policy:       cfg.Policy,
@@ -97,6 +116,7 @@ func newGateway(cfg config) (*gateway, error) {
 		Retry:        cfg.Retry,
 		MaxBodyBytes: cfg.MaxBodyBytes,
 		OnReport:     g.onReport,
+		Hooks:        prom.Hooks(),
 	})
 	if err != nil {
 		return nil, err
@@ -118,6 +138,7 @@ func newGateway(cfg config) (*gateway, error) {
 			writeRouterError(w, err)
 		},
 	}
+	g.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	g.mux.HandleFunc("POST /v1/chat/completions", g.chatCompletions)
 	g.mux.HandleFunc("POST /v1/chat", g.chat)
 	g.mux.HandleFunc("/v1/chat/completions", methodNotAllowed)

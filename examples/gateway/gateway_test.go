@@ -436,3 +436,18 @@ func keys(m map[string]any) []string {
 	}
 	return out
 }
+
+// TestMetrics: GET /metrics serves the router's Prometheus metrics.
+func TestMetrics(t *testing.T) {
+	f := newFixture(t, nil)
+	resp, _ := f.post(t, "/v1/chat", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":8}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	mresp, err := f.ts.Client().Get(f.ts.URL + "/metrics")
+	require.NoError(t, err)
+	defer mresp.Body.Close()
+	body, err := io.ReadAll(mresp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, mresp.StatusCode)
+	assert.Contains(t, string(body), `relay_requests_total{bucket="short",model="gpt-4.1",status="2xx",upstream="up"} 1`)
+	assert.Contains(t, string(body), "relay_cost_usd_total")
+}
