@@ -1,0 +1,2 @@
+// Package redisstate keeps a relay.State on Redis.
+package redisstate
