@@ -149,6 +149,18 @@ func must[T any](t testing.TB) func(v T, err error) T {
 	}
 }
 
+// check is must for goroutines other than the test's: it reports the
+// error and goes on with the zero value.
+func check[T any](t testing.TB) func(v T, err error) T {
+	return func(v T, err error) T {
+		t.Helper()
+		if err != nil {
+			t.Error(err)
+		}
+		return v
+	}
+}
+
 func noErr(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
