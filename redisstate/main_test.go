@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,7 +17,27 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// The outage tests kill servers on purpose: go-redis would log every
+	// refused dial.
+	redis.SetLogger(quiet{})
 	goleak.VerifyTestMain(m)
+}
+
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
+// closeClient closes c and waits for the goroutine go-redis starts to
+// redial a server that refused it (it checks for the close once a second).
+func closeClient(t testing.TB, c redis.UniversalClient) {
+	c.Close()
+	buf := make([]byte, 1<<20)
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if !strings.Contains(string(buf[:runtime.Stack(buf, true)]), "tryDial") {
+			return
+		}
+	}
+	t.Error("go-redis still redials 3s after the client was closed")
 }
 
 // t0 is the fake time the tests start at.
@@ -54,6 +75,19 @@ func (h *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		h.mu.Unlock()
 		return next(ctx, cmd)
 	}
+}
+
+// evals returns how many scripts were sent.
+func (h *counter) evals() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, name := range h.names {
+		if name == "evalsha" || name == "eval" {
+			n++
+		}
+	}
+	return n
 }
 
 // newClient returns a client for addr as the package recommends, closed

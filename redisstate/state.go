@@ -2,9 +2,11 @@ package redisstate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -25,8 +27,20 @@ type State struct {
 	failRun,
 	openKeep time.Duration
 
+	// Fail-fast: after failFast calls in a row fail for want of an answer,
+	// calls fail at once with ErrUnavailable until downUntil (wall clock,
+	// Unix ns); then one call at a time tries Redis again, every backoff.
+	failFast  int64
+	backoff   time.Duration
+	fails     atomic.Int64
+	downUntil atomic.Int64
+
 	ups sync.Map // upstream name -> *upKeys
 }
+
+// ErrUnavailable is the error of a call made while Redis is taken to be
+// unreachable (see WithFailFast): it was not sent.
+var ErrUnavailable = errors.New("redisstate: redis unavailable")
 
 var _ relay.State = (*State)(nil)
 
@@ -74,6 +88,23 @@ func WithBudgetRetention(d time.Duration) Option {
 	}
 }
 
+// WithFailFast sets when the State stops sending calls to a Redis that
+// does not answer: after failures calls in a row fail for want of an
+// answer (a timeout, a refused or broken connection; not a canceled
+// context, not an error reply), every call fails at once with
+// ErrUnavailable, and every backoff one call is sent to try Redis again;
+// its success ends the fail-fast. Default 3 failures, 200 ms; failures of
+// 0 or less turns it off (every call then waits out its deadline while
+// Redis stalls).
+func WithFailFast(failures int, backoff time.Duration) Option {
+	return func(s *State) {
+		s.failFast = int64(failures)
+		if backoff > 0 {
+			s.backoff = backoff
+		}
+	}
+}
+
 // New returns a State on client, a *redis.Client, *redis.ClusterClient,
 // *redis.Ring, a failover client, or anything else that implements
 // redis.UniversalClient. Every key of one upstream carries the same hash
@@ -100,6 +131,8 @@ func New(client redis.UniversalClient, opts ...Option) *State {
 		ledger:   24 * time.Hour,
 		failRun:  time.Minute,
 		openKeep: 10 * time.Minute,
+		failFast: 3,
+		backoff:  200 * time.Millisecond,
 		run:      !contextTimeouts(client),
 	}
 	for _, o := range opts {
@@ -205,10 +238,23 @@ func (s *State) do(ctx context.Context, args ...any) *redis.Cmd {
 		cmd.SetErr(err)
 		return cmd
 	}
-	if !s.run {
-		_ = s.c.Process(ctx, noRetry{cmd})
+	if !s.pass() {
+		cmd.SetErr(ErrUnavailable)
 		return cmd
 	}
+	if s.run {
+		cmd = s.process(ctx, cmd)
+	} else {
+		_ = s.c.Process(ctx, noRetry{cmd})
+	}
+	s.record(ctx, cmd.Err())
+	return cmd
+}
+
+// process runs cmd on a goroutine of its own, and stops waiting for it
+// when ctx ends: for clients that do not bound their connections by the
+// context.
+func (s *State) process(ctx context.Context, cmd *redis.Cmd) *redis.Cmd {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -220,9 +266,38 @@ func (s *State) do(ctx context.Context, args ...any) *redis.Cmd {
 	case <-ctx.Done():
 		// The command goes on until the client's own timeouts end it;
 		// its result is dropped.
-		out := redis.NewCmd(ctx, args...)
+		out := redis.NewCmd(ctx)
 		out.SetErr(ctx.Err())
 		return out
+	}
+}
+
+// pass reports whether a call may be sent: yes unless the State fails
+// fast, and then only the first call after each backoff.
+func (s *State) pass() bool {
+	u := s.downUntil.Load()
+	if u == 0 {
+		return true
+	}
+	now := time.Now().UnixNano()
+	return now >= u && s.downUntil.CompareAndSwap(u, now+int64(s.backoff))
+}
+
+// record counts a call's outcome for the fail-fast.
+func (s *State) record(ctx context.Context, err error) {
+	var reply redis.Error
+	if err == nil || errors.Is(err, redis.Nil) || errors.As(err, &reply) {
+		if s.fails.Load() != 0 {
+			s.fails.Store(0)
+			s.downUntil.Store(0)
+		}
+		return
+	}
+	if s.failFast <= 0 || errors.Is(ctx.Err(), context.Canceled) {
+		return
+	}
+	if s.fails.Add(1) >= s.failFast {
+		s.downUntil.Store(time.Now().Add(s.backoff).UnixNano())
 	}
 }
 
