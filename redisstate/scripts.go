@@ -45,10 +45,11 @@ func (s *State) eval(ctx context.Context, sc *script, keys []string, args ...any
 // theoretical arrival time.
 const luaHelpers = `
 local MINUTE = 60000000
--- gcra returns the bucket's new theoretical arrival time if n tokens are
--- taken at now, and how long until they are there (0: now).
-local function gcra(key, limit, n, now)
-  local tat = tonumber(redis.call('GET', key)) or now
+-- gcra returns the new theoretical arrival time of a bucket (limit per
+-- minute) whose current one is tat, if n tokens are taken at now, and how
+-- long until they are there (0: now).
+local function gcra(tat, limit, n, now)
+  tat = tonumber(tat) or now
   if tat < now then tat = now end
   local new = tat + n * MINUTE / limit
   local wait = new - MINUTE - now
@@ -66,7 +67,7 @@ local function store(key, tat, now, keep)
 end
 `
 
-// admitScript is State.Admit.
+// admitScript is State.Admit: one MGET, and a SET per bucket taken from.
 //
 // KEYS: open, probe, hold, rpm, tpm (one upstream's).
 // ARGV: now, force (0 or 1), rpm limit, tpm limit, tpm charge, keep (ms).
@@ -74,26 +75,25 @@ end
 // out, {2, wait} when the hold or the limits do.
 var admitScript = newScript(luaHelpers + `
 local now = tonumber(ARGV[1])
-if ARGV[2] == '0' then
-  local u = tonumber(redis.call('GET', KEYS[1]))
-  if u then
-    if now < u then return {1, u} end
-    local lock = redis.call('PTTL', KEYS[2])
-    if lock > 0 then return {1, now + lock * 1000} end
-    return {1, u}
-  end
+local v = redis.call('MGET', KEYS[1], KEYS[3], KEYS[4], KEYS[5])
+local u = tonumber(v[1])
+if u and ARGV[2] == '0' then
+  if now < u then return {1, u} end
+  local lock = redis.call('PTTL', KEYS[2])
+  if lock > 0 then return {1, now + lock * 1000} end
+  return {1, u}
 end
 local wait = 0
-local hold = tonumber(redis.call('GET', KEYS[3]))
+local hold = tonumber(v[2])
 if hold and hold > now then wait = hold - now end
 local rpm, tpm, n = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local rtat, ttat, w
 if rpm > 0 then
-  rtat, w = gcra(KEYS[4], rpm, 1, now)
+  rtat, w = gcra(v[3], rpm, 1, now)
   if w > wait then wait = w end
 end
 if tpm > 0 then
-  ttat, w = gcra(KEYS[5], tpm, n, now)
+  ttat, w = gcra(v[4], tpm, n, now)
   if w > wait then wait = w end
 end
 if wait > 0 then return {2, math.ceil(wait)} end
