@@ -12,11 +12,13 @@ import (
 // Failure counts a failed attempt on upstream in the fleet's run of
 // consecutive failures; when the run passes b.Failures, the circuit opens
 // for b.Cooldown from now and Failure returns its end. While the circuit
-// is open or half-open, failures are not counted (as in the in-process
-// breaker) and Failure returns the end of the open period, which may have
-// passed. b.Failures of 0 or less turns counting off: Failure then
-// returns zero without a round trip. A run is forgotten WithFailureRun
-// (one minute) after its last failure.
+// is open, failures are not counted (as in the in-process breaker) and
+// Failure returns the end of the open period. Once that has passed
+// (half-open), a failure (the probe's, or a forced attempt's) opens the
+// circuit again for b.Cooldown and frees the probe lock. b.Failures of 0
+// or less turns counting off: Failure then returns zero without a round
+// trip. A run is forgotten WithFailureRun (one minute) after its last
+// failure.
 func (s *State) Failure(ctx context.Context, upstream string, b relay.CircuitPolicy, now time.Time) (time.Time, error) {
 	if b.Failures <= 0 {
 		return time.Time{}, nil
@@ -24,7 +26,7 @@ func (s *State) Failure(ctx context.Context, upstream string, b relay.CircuitPol
 	k := s.keys(upstream)
 	until := now.Add(max(b.Cooldown, 0))
 	u, err := s.eval(ctx, failureScript, []string{k.fails, k.open(), k.probe()},
-		b.Failures, until.UnixMicro(), ms(s.failRun), ms(max(b.Cooldown, 0)+s.openKeep)).Int64()
+		b.Failures, now.UnixMicro(), until.UnixMicro(), ms(s.failRun), ms(max(b.Cooldown, 0)+s.openKeep)).Int64()
 	if err != nil || u == 0 {
 		return time.Time{}, wrap("failure "+upstream, err)
 	}

@@ -70,6 +70,18 @@ func TestBreakerCycle(t *testing.T) {
 		if v := must[relay.Verdict](t)(s.Admit(ctx, u, 0, true, half)); !v.Taken {
 			t.Fatalf("the probe: %+v", v)
 		}
+		// The probe fails: open again for the cooldown, the lock freed.
+		reopened := must[time.Time](t)(s.Failure(ctx, "a", policy, half))
+		if want := half.Add(policy.Cooldown); !reopened.Equal(want) {
+			t.Fatalf("a failure in half-open: open until %s, want %s", reopened, want)
+		}
+		if v := must[relay.Verdict](t)(s.Admit(ctx, u, 0, false, half)); !v.Open || !v.Until.Equal(reopened) {
+			t.Fatalf("after the failed probe: %+v", v)
+		}
+		half = reopened.Add(time.Second)
+		if !must[bool](t)(s.Probe(ctx, "a", 10*time.Second)) {
+			t.Fatal("the failed probe's lock outlived its open period")
+		}
 		noErr(t, s.Success(ctx, "a", true))
 		if v := must[relay.Verdict](t)(s.Admit(ctx, u, 0, false, half)); !v.Taken {
 			t.Fatalf("after the probe's success: %+v", v)

@@ -130,21 +130,24 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 `)
 
-// failureScript is State.Failure. An open or half-open circuit counts no
-// failure and returns its end; otherwise the run grows, and past the
-// tolerated count the circuit opens.
+// failureScript is State.Failure. An open circuit counts no failure and
+// returns its end; a half-open one (its open period over) opens again
+// for the cooldown, as a failed probe does; a closed one adds to the run,
+// and past the tolerated count it opens.
 //
-// KEYS: fails, open, probe. ARGV: failures, until if it opens, run ttl
-// (ms), open ttl (ms).
+// KEYS: fails, open, probe. ARGV: failures, now, until if it opens, run
+// ttl (ms), open ttl (ms).
 var failureScript = newScript(`
 local u = tonumber(redis.call('GET', KEYS[2]))
-if u then return u end
-local n = redis.call('INCR', KEYS[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-if n <= tonumber(ARGV[1]) then return 0 end
-redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[4])
+if u and tonumber(ARGV[2]) < u then return u end
+if not u then
+  local n = redis.call('INCR', KEYS[1])
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  if n <= tonumber(ARGV[1]) then return 0 end
+end
+redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[5])
 redis.call('DEL', KEYS[1], KEYS[3])
-return tonumber(ARGV[2])
+return tonumber(ARGV[3])
 `)
 
 // openScript is State.Open: the later of the two ends; a new open period
