@@ -36,16 +36,19 @@ func (s *State) Admit(ctx context.Context, u relay.Limits, tpm int, force bool, 
 	if err != nil {
 		return relay.Verdict{}, wrap("admit "+u.Name, err)
 	}
-	if len(r) != 2 {
-		return relay.Verdict{}, fmt.Errorf("redisstate: admit %s: unexpected reply %v", u.Name, r)
-	}
-	switch r[0] {
-	case 0:
+	switch {
+	case len(r) == 2 && r[0] == 0:
 		return relay.Verdict{Taken: true}, nil
-	case 1:
+	case len(r) == 2 && r[0] == 1:
 		return relay.Verdict{Open: true, Until: time.UnixMicro(r[1])}, nil
+	case len(r) == 3 && r[0] == 2:
+		v := relay.Verdict{Wait: time.Duration(r[1]) * time.Microsecond}
+		if r[2] != 0 {
+			v.Until = time.UnixMicro(r[2])
+		}
+		return v, nil
 	}
-	return relay.Verdict{Wait: time.Duration(r[1]) * time.Microsecond}, nil
+	return relay.Verdict{}, fmt.Errorf("redisstate: admit %s: unexpected reply %v", u.Name, r)
 }
 
 // Refund gives back requests and tokens taken from u's buckets, never
@@ -61,7 +64,8 @@ func (s *State) Refund(ctx context.Context, u relay.Limits, requests, tokens int
 }
 
 // Hold keeps upstream out of every replica's traffic until until (the
-// later of this and any hold already set): Admit answers with the wait.
+// later of this and any hold already set): Admit answers with the wait
+// (the longest of the hold's and the limits') and the hold's end in Until.
 func (s *State) Hold(ctx context.Context, upstream string, until time.Time) error {
 	k := s.keys(upstream)
 	err := s.eval(ctx, holdScript, []string{k.hold()}, until.UnixMicro(), s.ttl(until, s.keep)).Err()

@@ -223,8 +223,8 @@ func TestHold(t *testing.T) {
 		u := relay.Limits{Name: "a", RPM: 1}
 		noErr(t, s.Hold(ctx, "a", t0.Add(6*time.Second)))
 		for _, force := range []bool{false, true} {
-			if v := must[relay.Verdict](t)(s.Admit(ctx, u, 0, force, t0.Add(time.Second))); v.Taken || v.Open || v.Wait != 5*time.Second {
-				t.Fatalf("force %v: %+v, want a 5s wait", force, v)
+			if v := must[relay.Verdict](t)(s.Admit(ctx, u, 0, force, t0.Add(time.Second))); v.Taken || v.Open || v.Wait != 5*time.Second || !v.Until.Equal(t0.Add(6*time.Second)) {
+				t.Fatalf("force %v: %+v, want a 5s wait until +6s", force, v)
 			}
 		}
 		noErr(t, s.Hold(ctx, "a", t0.Add(2*time.Second)))

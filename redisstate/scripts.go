@@ -72,7 +72,7 @@ end
 // KEYS: open, probe, hold, rpm, tpm (one upstream's).
 // ARGV: now, force (0 or 1), rpm limit, tpm limit, tpm charge, keep (ms).
 // Returns {0, 0} when taken, {1, until} when the circuit keeps the request
-// out, {2, wait} when the hold or the limits do.
+// out, {2, wait, hold's end or 0} when the hold or the limits do.
 var admitScript = newScript(luaHelpers + `
 local now = tonumber(ARGV[1])
 local v = redis.call('MGET', KEYS[1], KEYS[3], KEYS[4], KEYS[5])
@@ -96,7 +96,10 @@ if tpm > 0 then
   ttat, w = gcra(v[4], tpm, n, now)
   if w > wait then wait = w end
 end
-if wait > 0 then return {2, math.ceil(wait)} end
+if wait > 0 then
+  if hold and hold > now then return {2, math.ceil(wait), hold} end
+  return {2, math.ceil(wait), 0}
+end
 local keep = tonumber(ARGV[6])
 if rtat then store(KEYS[4], rtat, now, keep) end
 if ttat then store(KEYS[5], ttat, now, keep) end
