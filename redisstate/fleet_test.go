@@ -472,3 +472,95 @@ func TestFleetBudget(t *testing.T) {
 		})
 	})
 }
+
+// TestFleetRedisDown: four replicas share a State on a redis-server that
+// is killed mid-run and restarted. While it is down every request is
+// still decided, each replica keeping to its share (RPM/Replicas), so the
+// upstream gets at most what the fleet's limit allows; when it is back
+// the replicas share again by themselves. (StateTimeout is a second, as
+// in the other fleet tests: a refused connection fails at once anyway.)
+func TestFleetRedisDown(t *testing.T) {
+	b := newMini(t)
+	needWiring(t, b)
+	srv := startServer(t, "")
+	c, _ := newClient(t, srv.addr())
+	st := New(c, WithClock(func() time.Time { return t0 }))
+	clock := newFleetClock()
+	base := newFleetBase(clock)
+	rs := make([]*relay.Router, 4)
+	for i := range rs {
+		r, err := relay.New(relay.Config{Base: base, Clock: clock, State: st, Replicas: 4, StateTimeout: time.Second,
+			Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 120}},
+			Limits:    relay.LimitConfig{MaxWait: -1}, Retry: relay.RetryConfig{MaxAttempts: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs[i] = r
+	}
+	fallbacks := func() (n uint64) {
+		for _, r := range rs {
+			n += r.StateFallbacks()
+		}
+		return n
+	}
+	// A minute shared, a minute down, a minute shared again; 800 requests
+	// a minute, 32 at a time.
+	phase := func(name string, m int) (got int) {
+		before := base.count("a")
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		var failed atomic.Int64
+		for range 32 {
+			wg.Go(func() {
+				for {
+					k := next.Add(1) - 1
+					if k >= 800 {
+						return
+					}
+					clock.at(time.Duration(m)*time.Minute + time.Duration(k)*time.Minute/800)
+					if _, err := send(rs[k%4], fmt.Sprintf("%s %d", name, k)); err != nil && !errors.Is(err, relay.ErrRateLimited) {
+						failed.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if failed.Load() > 0 {
+			t.Errorf("%s: %d requests failed with another error than ErrRateLimited", name, failed.Load())
+		}
+		got = base.count("a") - before
+		t.Logf("%s: upstream got %d, %d State calls fell back so far", name, got, fallbacks())
+		return got
+	}
+	if got := phase("shared", 0); got > 245 || fallbacks() > 0 {
+		t.Fatalf("shared minute: upstream got %d (bucket 120 + 120), %d fallbacks", got, fallbacks())
+	}
+	srv.kill()
+	// Each replica: its share's bucket (30) and a minute of refill (30).
+	if got := phase("redis down", 1); got > 4*61 || got < 4*50 || fallbacks() == 0 {
+		t.Fatalf("redis down: upstream got %d, want about 4 × (30 + 30), %d fallbacks", got, fallbacks())
+	}
+	restarted := startServer(t, srv.port)
+	defer restarted.kill()
+	time.Sleep(200 * time.Millisecond) // the fail-fast backoff
+	// Wait for the first shared call through, then a minute shared again.
+	clock.at(2 * time.Minute)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		_, _, err := st.Usage(ctx, relay.BudgetKey{Budget: "ping", Window: t0})
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the State does not answer 10s after the restart: %v", err)
+		}
+	}
+	down := fallbacks()
+	if got := phase("back", 2); got > 245 {
+		t.Fatalf("after the restart: upstream got %d", got)
+	}
+	if n := fallbacks() - down; n > 0 {
+		t.Fatalf("%d fallbacks after Redis came back", n)
+	}
+}

@@ -209,7 +209,7 @@ func TestRedisStalled(t *testing.T) {
 		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", ctxTimeouts), func(t *testing.T) {
 			c := redis.NewClient(&redis.Options{Addr: srv.addr(), ContextTimeoutEnabled: ctxTimeouts, ReadTimeout: 2 * time.Second})
 			defer closeClient(t, c)
-			s := New(c)
+			s := New(c, WithFailFast(3, 200*time.Millisecond))
 			if s.run == ctxTimeouts {
 				t.Fatalf("New did not see ContextTimeoutEnabled=%v", ctxTimeouts)
 			}

@@ -29,7 +29,7 @@ type State struct {
 
 	// Fail-fast: after failFast calls in a row fail for want of an answer,
 	// calls fail at once with ErrUnavailable until downUntil (wall clock,
-	// Unix ns); then one call at a time tries Redis again, every backoff.
+	// Unix ns); then one call tries Redis again, every backoff.
 	failFast  int64
 	backoff   time.Duration
 	fails     atomic.Int64
@@ -93,9 +93,11 @@ func WithBudgetRetention(d time.Duration) Option {
 // answer (a timeout, a refused or broken connection; not a canceled
 // context, not an error reply), every call fails at once with
 // ErrUnavailable, and every backoff one call is sent to try Redis again;
-// its success ends the fail-fast. Default 3 failures, 200 ms; failures of
-// 0 or less turns it off (every call then waits out its deadline while
-// Redis stalls).
+// its success ends the fail-fast. Default 10 failures, 100 ms; failures
+// of 0 or less turns it off (every call then waits out its deadline while
+// Redis stalls). Calls that time out because the caller's process is
+// overloaded count too: the replica then decides from its in-process
+// state for a backoff, which keeps it within its share of the limits.
 func WithFailFast(failures int, backoff time.Duration) Option {
 	return func(s *State) {
 		s.failFast = int64(failures)
@@ -131,8 +133,8 @@ func New(client redis.UniversalClient, opts ...Option) *State {
 		ledger:   24 * time.Hour,
 		failRun:  time.Minute,
 		openKeep: 10 * time.Minute,
-		failFast: 3,
-		backoff:  200 * time.Millisecond,
+		failFast: 10,
+		backoff:  100 * time.Millisecond,
 		run:      !contextTimeouts(client),
 	}
 	for _, o := range opts {
