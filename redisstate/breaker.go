@@ -2,10 +2,8 @@ package redisstate
 
 import (
 	"context"
-	"errors"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/tokenrelay/relay"
 )
 
@@ -25,7 +23,7 @@ func (s *State) Failure(ctx context.Context, upstream string, b relay.CircuitPol
 	}
 	k := s.keys(upstream)
 	until := now.Add(max(b.Cooldown, 0))
-	u, err := s.eval(ctx, failureScript, []string{k.fails, k.open(), k.probe()},
+	u, err := s.eval(ctx, failureScript, []string{k.fails, k.open(), k.probe(), k.reopened()},
 		b.Failures, now.UnixMicro(), until.UnixMicro(), ms(s.failRun), ms(max(b.Cooldown, 0)+s.openKeep)).Int64()
 	if err != nil || u == 0 {
 		return time.Time{}, wrap("failure "+upstream, err)
@@ -39,7 +37,7 @@ func (s *State) Success(ctx context.Context, upstream string, probe bool) error 
 	k := s.keys(upstream)
 	var err error
 	if probe {
-		err = s.do(ctx, "del", k.fails, k.open(), k.probe()).Err()
+		err = s.do(ctx, "del", k.fails, k.open(), k.probe(), k.reopened()).Err()
 	} else {
 		err = s.do(ctx, "del", k.fails).Err()
 	}
@@ -52,23 +50,23 @@ func (s *State) Success(ctx context.Context, upstream string, probe bool) error 
 // until a probe succeeds, or for ten minutes without traffic.
 func (s *State) Open(ctx context.Context, upstream string, until time.Time) error {
 	k := s.keys(upstream)
-	err := s.eval(ctx, openScript, []string{k.open(), k.fails, k.probe()},
+	err := s.eval(ctx, openScript, []string{k.open(), k.fails, k.probe(), k.reopened()},
 		until.UnixMicro(), s.ttl(until, s.openKeep)).Err()
 	return wrap("open "+upstream, err)
 }
 
-// Probe claims upstream's half-open probe for ttl (SET NX PX): of the
-// replicas that ask at once, exactly one gets true. The lock ends after
-// ttl, or when a probe's success closes the circuit, or when the circuit
-// opens again.
+// Probe claims upstream's half-open probe for ttl (SET NX PX in a
+// script): of the replicas that ask at once, exactly one gets true. It
+// gets false on a closed circuit, and on one that opened again since an
+// Admit last saw it half-open: a replica whose half-open verdict went
+// stale while another's probe failed does not probe the new open period.
+// The lock ends after ttl, or when a probe's success closes the circuit,
+// or when the circuit opens again.
 func (s *State) Probe(ctx context.Context, upstream string, ttl time.Duration) (bool, error) {
 	k := s.keys(upstream)
-	err := s.do(ctx, "set", k.probe(), "1", "nx", "px", ms(ttl)).Err()
-	switch {
-	case err == nil:
-		return true, nil
-	case errors.Is(err, redis.Nil):
-		return false, nil
+	n, err := s.eval(ctx, probeScript, []string{k.open(), k.probe(), k.reopened()}, ms(ttl)).Int64()
+	if err != nil {
+		return false, wrap("probe "+upstream, err)
 	}
-	return false, wrap("probe "+upstream, err)
+	return n == 1, nil
 }

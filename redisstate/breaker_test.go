@@ -78,7 +78,15 @@ func TestBreakerCycle(t *testing.T) {
 		if v := must[relay.Verdict](t)(s.Admit(ctx, u, 0, false, half)); !v.Open || !v.Until.Equal(reopened) {
 			t.Fatalf("after the failed probe: %+v", v)
 		}
+		// A replica that saw it half-open before the failed probe does
+		// not probe the new open period.
+		if must[bool](t)(s.Probe(ctx, "a", 10*time.Second)) {
+			t.Fatal("a stale half-open view claimed a probe in the new open period")
+		}
 		half = reopened.Add(time.Second)
+		if v := must[relay.Verdict](t)(s.Admit(ctx, u, 0, false, half)); !v.Open || v.Until.After(half) {
+			t.Fatalf("half-open again: %+v", v)
+		}
 		if !must[bool](t)(s.Probe(ctx, "a", 10*time.Second)) {
 			t.Fatal("the failed probe's lock outlived its open period")
 		}
@@ -164,8 +172,14 @@ func TestOpen(t *testing.T) {
 		if v := must[relay.Verdict](t)(s.Admit(ctx, u, 0, false, t0)); !v.Open || !v.Until.Equal(t0.Add(20*time.Second)) {
 			t.Fatalf("%+v, want open until +20s", v)
 		}
-		// Half-open with a probe claimed; a failed probe opens it again
-		// and the next half-open period can be probed at once.
+		// No probe while open; half-open, one; a failed probe opens it
+		// again and the next half-open period can be probed at once.
+		if must[bool](t)(s.Probe(ctx, "a", time.Minute)) {
+			t.Fatal("a probe claimed on an open circuit")
+		}
+		if v := must[relay.Verdict](t)(s.Admit(ctx, u, 0, false, t0.Add(21*time.Second))); !v.Open || !v.Until.Equal(t0.Add(20*time.Second)) {
+			t.Fatalf("%+v, want half-open", v)
+		}
 		if !must[bool](t)(s.Probe(ctx, "a", time.Minute)) {
 			t.Fatal("probe lost")
 		}
@@ -200,7 +214,14 @@ func TestProbeExclusive(t *testing.T) {
 	both(t, func(t *testing.T, b *backend) {
 		s := b.state(t)
 		ctx := ctxT(t)
+		if must[bool](t)(s.Probe(ctx, "a", time.Minute)) {
+			t.Fatal("a probe claimed on a closed circuit")
+		}
 		for round := range 5 {
+			noErr(t, s.Open(ctx, "a", t0))
+			if v := must[relay.Verdict](t)(s.Admit(ctx, relay.Limits{Name: "a"}, 0, false, t0.Add(time.Second))); !v.Open {
+				t.Fatalf("%+v, want half-open", v)
+			}
 			var wins atomic.Int32
 			var wg sync.WaitGroup
 			for range 32 {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/tokenrelay/relay"
 )
 
@@ -23,8 +24,26 @@ import (
 // (every replica on its own), to show the test would catch a State that
 // shares nothing.
 //
+// They run on the real redis-server (RELAY_TEST_REDIS), or on miniredis
+// when none answers: miniredis runs every script through a Lua
+// interpreter written in Go, under one lock, which a loaded machine (or
+// the race detector) can slow past the State's timeout.
+//
 // They need the router to call Config.State. Until it does they skip;
 // RELAY_FLEET_TESTS=1 runs them anyway (and they fail).
+
+// fleetBackend returns the real redis-server, or miniredis when none
+// answers.
+func fleetBackend(t *testing.T) *backend {
+	c, h := newClient(t, realAddr())
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Logf("no redis-server at %s: on miniredis", realAddr())
+		return newMini(t)
+	}
+	return &backend{name: "redis", c: c, calls: h}
+}
 
 // needWiring skips the test unless the router calls its State.
 func needWiring(t *testing.T, b *backend) {
@@ -246,42 +265,41 @@ func load(rs []*relay.Router, clock *fleetClock, n int, span time.Duration) (ref
 // 120 a minute, at most 2% more; on its own each replica lets that
 // through, so the upstream gets 4× its limit.
 func TestFleetRPM(t *testing.T) {
-	both(t, func(t *testing.T, b *backend) {
-		needWiring(t, b)
-		modes(t, b, func(t *testing.T, shared bool, st relay.State) int {
-			clock := newFleetClock()
-			base := newFleetBase(clock)
-			var rec *admissions
-			if shared {
-				rec = &admissions{State: st, start: clock.start}
-				st = rec
-			}
-			rs := replicas(t, st, relay.Config{Base: base, Clock: clock,
-				Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 120}},
-				Limits:    relay.LimitConfig{MaxWait: -1}, Retry: relay.RetryConfig{MaxAttempts: 1}})
-			refused := load(rs, clock, 2400, 3*time.Minute)
-			got := base.count("a")
-			t.Logf("upstream got %d (per minute of arrival %v), %d refused", got, base.perMinute("a"), refused)
-			if !shared {
-				return got
-			}
-			if limit := 1.02 * (120 + 3*120); float64(got) > limit || float64(got) < 0.9*limit {
-				t.Errorf("upstream got %d in 3 minutes, want about 480 (bucket + 3 minutes), at most %.0f", got, limit)
-			}
-			// A minute after the first (whose bucket starts full) admits
-			// at most the minute's refill. Counted by the time each
-			// replica admitted the request: with 32 requests in flight, an
-			// arrival can land a second or two after its admission, across
-			// a minute's end.
-			minutes := rec.perMinute()
-			t.Logf("admitted per minute %v", minutes)
-			for m, n := range minutes[1:] {
-				if float64(n) > 1.02*120+1 {
-					t.Errorf("minute %d: %d requests admitted, over 120 +2%%", m+1, n)
-				}
-			}
+	b := fleetBackend(t)
+	needWiring(t, b)
+	modes(t, b, func(t *testing.T, shared bool, st relay.State) int {
+		clock := newFleetClock()
+		base := newFleetBase(clock)
+		var rec *admissions
+		if shared {
+			rec = &admissions{State: st, start: clock.start}
+			st = rec
+		}
+		rs := replicas(t, st, relay.Config{Base: base, Clock: clock,
+			Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 120}},
+			Limits:    relay.LimitConfig{MaxWait: -1}, Retry: relay.RetryConfig{MaxAttempts: 1}})
+		refused := load(rs, clock, 2400, 3*time.Minute)
+		got := base.count("a")
+		t.Logf("upstream got %d (per minute of arrival %v), %d refused", got, base.perMinute("a"), refused)
+		if !shared {
 			return got
-		})
+		}
+		if limit := 1.02 * (120 + 3*120); float64(got) > limit || float64(got) < 0.9*limit {
+			t.Errorf("upstream got %d in 3 minutes, want about 480 (bucket + 3 minutes), at most %.0f", got, limit)
+		}
+		// A minute after the first (whose bucket starts full) admits
+		// at most the minute's refill. Counted by the time each
+		// replica admitted the request: with 32 requests in flight, an
+		// arrival can land a second or two after its admission, across
+		// a minute's end.
+		minutes := rec.perMinute()
+		t.Logf("admitted per minute %v", minutes)
+		for m, n := range minutes[1:] {
+			if float64(n) > 1.02*120+1 {
+				t.Errorf("minute %d: %d requests admitted, over 120 +2%%", m+1, n)
+			}
+		}
+		return got
 	})
 }
 
@@ -331,29 +349,28 @@ func (a *admissions) perMinute() []int {
 // back when its usage is known: shared, the upstream gets at most a
 // bucket plus 12000 tokens a minute; on their own, 4× that.
 func TestFleetTPM(t *testing.T) {
-	both(t, func(t *testing.T, b *backend) {
-		needWiring(t, b)
-		modes(t, b, func(t *testing.T, shared bool, st relay.State) int {
-			clock := newFleetClock()
-			base := newFleetBase(clock)
-			rs := replicas(t, st, relay.Config{Base: base, Clock: clock,
-				Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1", TPM: 12000}},
-				Limits:    relay.LimitConfig{MaxWait: -1}, Retry: relay.RetryConfig{MaxAttempts: 1}})
-			load(rs, clock, 4800, 3*time.Minute)
-			used := base.count("a") * (base.prompt + base.completion)
-			t.Logf("upstream used %d tokens (%d requests)", used, base.count("a"))
-			if !shared {
-				return used
-			}
-			limit := 1.02*(12000+3*12000) + 100
-			if float64(used) > limit {
-				t.Errorf("upstream used %d tokens in 3 minutes, at most %.0f", used, limit)
-			}
-			if float64(used) < 0.8*48000 {
-				t.Errorf("upstream used %d tokens of 48000: the unused part of each charge was not given back", used)
-			}
+	b := fleetBackend(t)
+	needWiring(t, b)
+	modes(t, b, func(t *testing.T, shared bool, st relay.State) int {
+		clock := newFleetClock()
+		base := newFleetBase(clock)
+		rs := replicas(t, st, relay.Config{Base: base, Clock: clock,
+			Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1", TPM: 12000}},
+			Limits:    relay.LimitConfig{MaxWait: -1}, Retry: relay.RetryConfig{MaxAttempts: 1}})
+		load(rs, clock, 4800, 3*time.Minute)
+		used := base.count("a") * (base.prompt + base.completion)
+		t.Logf("upstream used %d tokens (%d requests)", used, base.count("a"))
+		if !shared {
 			return used
-		})
+		}
+		limit := 1.02*(12000+3*12000) + 100
+		if float64(used) > limit {
+			t.Errorf("upstream used %d tokens in 3 minutes, at most %.0f", used, limit)
+		}
+		if float64(used) < 0.8*48000 {
+			t.Errorf("upstream used %d tokens of 48000: the unused part of each charge was not given back", used)
+		}
+		return used
 	})
 }
 
@@ -361,115 +378,113 @@ func TestFleetTPM(t *testing.T) {
 // off the upstream; after the cooldown exactly one replica probes it;
 // after a successful probe all send to it again.
 func TestFleetBreaker(t *testing.T) {
-	both(t, func(t *testing.T, b *backend) {
-		needWiring(t, b)
-		for _, shared := range []bool{true, false} {
-			t.Run(map[bool]string{true: "shared", false: "per-process"}[shared], func(t *testing.T) {
-				var st relay.State
-				if shared {
-					st = b.state(t, WithClock(func() time.Time { return t0 }))
+	b := fleetBackend(t)
+	needWiring(t, b)
+	for _, shared := range []bool{true, false} {
+		t.Run(map[bool]string{true: "shared", false: "per-process"}[shared], func(t *testing.T) {
+			var st relay.State
+			if shared {
+				st = b.state(t, WithClock(func() time.Time { return t0 }))
+			}
+			clock := newFleetClock()
+			base := newFleetBase(clock)
+			rs := replicas(t, st, relay.Config{Base: base, Clock: clock,
+				Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1"}, {Name: "b", BaseURL: "http://b.test/v1"}},
+				Breaker:   relay.BreakerConfig{Failures: 2, Cooldown: 30 * time.Second},
+				Retry:     relay.RetryConfig{MaxAttempts: 1}})
+			base.set("a", 500)
+			// Replica 0 meets the failures and opens the circuit.
+			for i := 0; base.count("a") < 3; i++ {
+				if i == 200 {
+					t.Fatalf("200 requests and upstream a got only %d", base.count("a"))
 				}
-				clock := newFleetClock()
-				base := newFleetBase(clock)
-				rs := replicas(t, st, relay.Config{Base: base, Clock: clock,
-					Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1"}, {Name: "b", BaseURL: "http://b.test/v1"}},
-					Breaker:   relay.BreakerConfig{Failures: 2, Cooldown: 30 * time.Second},
-					Retry:     relay.RetryConfig{MaxAttempts: 1}})
-				base.set("a", 500)
-				// Replica 0 meets the failures and opens the circuit.
-				for i := 0; base.count("a") < 3; i++ {
-					if i == 200 {
-						t.Fatalf("200 requests and upstream a got only %d", base.count("a"))
-					}
-					send(rs[0], fmt.Sprintf("opening %d", i))
+				send(rs[0], fmt.Sprintf("opening %d", i))
+			}
+			// The other replicas keep off it.
+			before := base.count("a")
+			for i := range 90 {
+				send(rs[1+i%3], fmt.Sprintf("after %d", i))
+			}
+			others := base.count("a") - before
+			if !shared {
+				if others == 0 {
+					t.Fatal("per-process: the other replicas kept off a circuit they never saw open")
 				}
-				// The other replicas keep off it.
-				before := base.count("a")
-				for i := range 90 {
-					send(rs[1+i%3], fmt.Sprintf("after %d", i))
-				}
-				others := base.count("a") - before
-				if !shared {
-					if others == 0 {
-						t.Fatal("per-process: the other replicas kept off a circuit they never saw open")
-					}
-					return
-				}
-				if others != 0 {
-					t.Fatalf("the other replicas sent %d requests to the open upstream", others)
-				}
-				// Half-open: of 64 concurrent requests on the four
-				// replicas, one probes; it fails, the circuit opens again.
-				clock.advance(31 * time.Second)
-				before = base.count("a")
-				var wg sync.WaitGroup
-				for i := range 64 {
-					wg.Go(func() { send(rs[i%4], fmt.Sprintf("half-open %d", i)) })
-				}
-				wg.Wait()
-				if probes := base.count("a") - before; probes != 1 {
-					t.Fatalf("%d requests reached the half-open upstream, want exactly 1 probe", probes)
-				}
-				// Healthy again: after the (doubled) cooldown, a probe
-				// closes the circuit and every replica uses it.
-				base.set("a", 200)
-				clock.advance(6 * time.Minute)
-				before = base.count("a")
-				for i := range 200 {
-					send(rs[i%4], fmt.Sprintf("closed %d", i))
-				}
-				if n := base.count("a") - before; n < 40 {
-					t.Fatalf("after recovery upstream a got %d of 200 requests", n)
-				}
-			})
-		}
-	})
+				return
+			}
+			if others != 0 {
+				t.Fatalf("the other replicas sent %d requests to the open upstream", others)
+			}
+			// Half-open: of 64 concurrent requests on the four
+			// replicas, one probes; it fails, the circuit opens again.
+			clock.advance(31 * time.Second)
+			before = base.count("a")
+			var wg sync.WaitGroup
+			for i := range 64 {
+				wg.Go(func() { send(rs[i%4], fmt.Sprintf("half-open %d", i)) })
+			}
+			wg.Wait()
+			if probes := base.count("a") - before; probes != 1 {
+				t.Fatalf("%d requests reached the half-open upstream, want exactly 1 probe", probes)
+			}
+			// Healthy again: after the (doubled) cooldown, a probe
+			// closes the circuit and every replica uses it.
+			base.set("a", 200)
+			clock.advance(6 * time.Minute)
+			before = base.count("a")
+			for i := range 200 {
+				send(rs[i%4], fmt.Sprintf("closed %d", i))
+			}
+			if n := base.count("a") - before; n < 40 {
+				t.Fatalf("after recovery upstream a got %d of 200 requests", n)
+			}
+		})
+	}
 }
 
 // TestFleetBudget: four replicas share a $50 budget; requests reserve $1
 // and cost $0.50. Shared, spend never passes $50; on their own, each
 // replica spends its $50.
 func TestFleetBudget(t *testing.T) {
-	both(t, func(t *testing.T, b *backend) {
-		needWiring(t, b)
-		modes(t, b, func(t *testing.T, shared bool, st relay.State) int {
-			clock := newFleetClock()
-			base := newFleetBase(clock)
-			spent := &costs{}
-			rs := replicas(t, st, relay.Config{Base: base, Clock: clock, OnReport: spent.add,
-				Prices:    map[string]relay.Price{"m": {InputPerMTok: 1e4, OutputPerMTok: 1e4}}, // 1¢ a token
-				Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1"}},
-				Retry:     relay.RetryConfig{MaxAttempts: 1},
-				Budgets:   []relay.Budget{{Name: "cap", Limit: 50, Window: relay.Window{Every: time.Hour}}}})
-			var refused atomic.Int64
-			var wg sync.WaitGroup
-			for g := range 32 {
-				wg.Go(func() {
-					for i := range 16 {
-						if _, err := send(rs[g%4], fmt.Sprintf("budget %d %d", g, i)); errors.Is(err, relay.ErrBudgetExceeded) {
-							refused.Add(1)
-						}
+	b := fleetBackend(t)
+	needWiring(t, b)
+	modes(t, b, func(t *testing.T, shared bool, st relay.State) int {
+		clock := newFleetClock()
+		base := newFleetBase(clock)
+		spent := &costs{}
+		rs := replicas(t, st, relay.Config{Base: base, Clock: clock, OnReport: spent.add,
+			Prices:    map[string]relay.Price{"m": {InputPerMTok: 1e4, OutputPerMTok: 1e4}}, // 1¢ a token
+			Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1"}},
+			Retry:     relay.RetryConfig{MaxAttempts: 1},
+			Budgets:   []relay.Budget{{Name: "cap", Limit: 50, Window: relay.Window{Every: time.Hour}}}})
+		var refused atomic.Int64
+		var wg sync.WaitGroup
+		for g := range 32 {
+			wg.Go(func() {
+				for i := range 16 {
+					if _, err := send(rs[g%4], fmt.Sprintf("budget %d %d", g, i)); errors.Is(err, relay.ErrBudgetExceeded) {
+						refused.Add(1)
 					}
-				})
-			}
-			wg.Wait()
-			total := spent.sum()
-			t.Logf("spent $%.2f of $50 (%d calls, %d refused)", total, base.count("a"), refused.Load())
-			if !shared {
-				return int(total)
-			}
-			if total > 50+1e-9 {
-				t.Errorf("the fleet spent $%.2f of a $50 budget", total)
-			}
-			if total < 40 {
-				t.Errorf("the fleet spent only $%.2f of $50: reservations were not settled", total)
-			}
-			sp := rs[3].Spend()
-			if len(sp) != 1 || sp[0].Spent < total-1e-6 || sp[0].Spent > total+1e-6 || sp[0].Reserved != 0 {
-				t.Errorf("Router.Spend on a replica: %+v, want the fleet's $%.2f and nothing reserved", sp, total)
-			}
+				}
+			})
+		}
+		wg.Wait()
+		total := spent.sum()
+		t.Logf("spent $%.2f of $50 (%d calls, %d refused)", total, base.count("a"), refused.Load())
+		if !shared {
 			return int(total)
-		})
+		}
+		if total > 50+1e-9 {
+			t.Errorf("the fleet spent $%.2f of a $50 budget", total)
+		}
+		if total < 40 {
+			t.Errorf("the fleet spent only $%.2f of $50: reservations were not settled", total)
+		}
+		sp := rs[3].Spend()
+		if len(sp) != 1 || sp[0].Spent < total-1e-6 || sp[0].Spent > total+1e-6 || sp[0].Reserved != 0 {
+			t.Errorf("Router.Spend on a replica: %+v, want the fleet's $%.2f and nothing reserved", sp, total)
+		}
+		return int(total)
 	})
 }
 
@@ -480,16 +495,21 @@ func TestFleetBudget(t *testing.T) {
 // the replicas share again by themselves. (StateTimeout is a second, as
 // in the other fleet tests: a refused connection fails at once anyway.)
 func TestFleetRedisDown(t *testing.T) {
-	b := newMini(t)
-	needWiring(t, b)
+	needWiring(t, newMini(t))
 	srv := startServer(t, "")
-	c, _ := newClient(t, srv.addr())
+	// One dial attempt: a refused connection fails at once instead of
+	// retrying until the deadline (a second here, to keep the shared
+	// phases free of timeouts on a loaded machine).
+	c := redis.NewClient(&redis.Options{Addr: srv.addr(), ContextTimeoutEnabled: true, DialerRetries: 1})
+	defer closeClient(t, c)
 	st := New(c, WithClock(func() time.Time { return t0 }))
-	clock := newFleetClock()
-	base := newFleetBase(clock)
+	// Each replica has a clock of its own, as a process does.
+	base := newFleetBase(newFleetClock())
 	rs := make([]*relay.Router, 4)
+	clocks := make([]*fleetClock, 4)
 	for i := range rs {
-		r, err := relay.New(relay.Config{Base: base, Clock: clock, State: st, Replicas: 4, StateTimeout: time.Second,
+		clocks[i] = newFleetClock()
+		r, err := relay.New(relay.Config{Base: base, Clock: clocks[i], State: st, Replicas: 4, StateTimeout: time.Second,
 			Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 120}},
 			Limits:    relay.LimitConfig{MaxWait: -1}, Retry: relay.RetryConfig{MaxAttempts: 1}})
 		if err != nil {
@@ -503,22 +523,17 @@ func TestFleetRedisDown(t *testing.T) {
 		}
 		return n
 	}
-	// A minute shared, a minute down, a minute shared again; 800 requests
-	// a minute, 32 at a time.
+	// A minute shared, a minute down, a minute shared again; each replica
+	// sends 200 requests a minute, in order of its own clock.
 	phase := func(name string, m int) (got int) {
 		before := base.count("a")
-		var next atomic.Int64
 		var wg sync.WaitGroup
 		var failed atomic.Int64
-		for range 32 {
+		for i, r := range rs {
 			wg.Go(func() {
-				for {
-					k := next.Add(1) - 1
-					if k >= 800 {
-						return
-					}
-					clock.at(time.Duration(m)*time.Minute + time.Duration(k)*time.Minute/800)
-					if _, err := send(rs[k%4], fmt.Sprintf("%s %d", name, k)); err != nil && !errors.Is(err, relay.ErrRateLimited) {
+				for j := range 200 {
+					clocks[i].at(time.Duration(m)*time.Minute + time.Duration(j)*time.Minute/200)
+					if _, err := send(r, fmt.Sprintf("%s %d %d", name, i, j)); err != nil && !errors.Is(err, relay.ErrRateLimited) {
 						failed.Add(1)
 					}
 				}
@@ -544,7 +559,6 @@ func TestFleetRedisDown(t *testing.T) {
 	defer restarted.kill()
 	time.Sleep(200 * time.Millisecond) // the fail-fast backoff
 	// Wait for the first shared call through, then a minute shared again.
-	clock.at(2 * time.Minute)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		_, _, err := st.Usage(ctx, relay.BudgetKey{Budget: "ping", Window: t0})

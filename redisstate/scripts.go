@@ -69,7 +69,7 @@ end
 
 // admitScript is State.Admit: one MGET, and a SET per bucket taken from.
 //
-// KEYS: open, probe, hold, rpm, tpm (one upstream's).
+// KEYS: open, probe, hold, rpm, tpm, reopened (one upstream's).
 // ARGV: now, force (0 or 1), rpm limit, tpm limit, tpm charge, keep (ms).
 // Returns {0, 0} when taken, {1, until} when the circuit keeps the request
 // out, {2, wait, hold's end or 0} when the hold or the limits do.
@@ -81,6 +81,7 @@ if u and ARGV[2] == '0' then
   if now < u then return {1, u} end
   local lock = redis.call('PTTL', KEYS[2])
   if lock > 0 then return {1, now + lock * 1000} end
+  redis.call('DEL', KEYS[6]) -- seen half-open: a probe may be claimed
   return {1, u}
 end
 local wait = 0
@@ -138,8 +139,8 @@ return 1
 // for the cooldown, as a failed probe does; a closed one adds to the run,
 // and past the tolerated count it opens.
 //
-// KEYS: fails, open, probe. ARGV: failures, now, until if it opens, run
-// ttl (ms), open ttl (ms).
+// KEYS: fails, open, probe, reopened. ARGV: failures, now, until if it
+// opens, run ttl (ms), open ttl (ms).
 var failureScript = newScript(`
 local u = tonumber(redis.call('GET', KEYS[2]))
 if u and tonumber(ARGV[2]) < u then return u end
@@ -149,6 +150,7 @@ if not u then
   if n <= tonumber(ARGV[1]) then return 0 end
 end
 redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[5])
+redis.call('SET', KEYS[4], '1', 'PX', ARGV[5])
 redis.call('DEL', KEYS[1], KEYS[3])
 return tonumber(ARGV[3])
 `)
@@ -156,13 +158,25 @@ return tonumber(ARGV[3])
 // openScript is State.Open: the later of the two ends; a new open period
 // ends the failure run and any probe of the previous one.
 //
-// KEYS: open, fails, probe. ARGV: until, ttl (ms).
+// KEYS: open, fails, probe, reopened. ARGV: until, ttl (ms).
 var openScript = newScript(`
 local old = tonumber(redis.call('GET', KEYS[1]))
 if old and old >= tonumber(ARGV[1]) then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[4], '1', 'PX', ARGV[2])
 redis.call('DEL', KEYS[2], KEYS[3])
 return 1
+`)
+
+// probeScript is State.Probe: the lock is taken only on a circuit that is
+// open and was seen half-open (by an Admit) since its open period began,
+// and only by one caller.
+//
+// KEYS: open, probe, reopened. ARGV: ttl (ms).
+var probeScript = newScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then return 1 end
+return 0
 `)
 
 // luaAmounts compares sums of int64 amounts exactly: Lua numbers are
@@ -217,4 +231,4 @@ redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 0
 `)
 
-var scripts = []*script{admitScript, refundScript, holdScript, failureScript, openScript, reserveScript, settleScript}
+var scripts = []*script{admitScript, refundScript, holdScript, failureScript, openScript, probeScript, reserveScript, settleScript}

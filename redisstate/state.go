@@ -186,7 +186,7 @@ func (s *State) ClockOffset(ctx context.Context, now time.Time) (time.Duration, 
 
 // upKeys are the keys of one upstream, all under one hash tag.
 type upKeys struct {
-	admit [5]string // open, probe, hold, rpm, tpm: the Admit script's KEYS
+	admit [6]string // open, probe, hold, rpm, tpm, reopened: the Admit script's KEYS
 	fails string
 }
 
@@ -196,6 +196,11 @@ func (k *upKeys) hold() string  { return k.admit[2] }
 func (k *upKeys) rpm() string   { return k.admit[3] }
 func (k *upKeys) tpm() string   { return k.admit[4] }
 
+// reopened exists from the moment an open period starts until a caller
+// sees it over (Admit): a probe claimed on an older view of the circuit
+// is refused while it exists.
+func (k *upKeys) reopened() string { return k.admit[5] }
+
 // keys returns the keys of upstream name: {relay:<prefix>:u:<name>}:<what>.
 func (s *State) keys(name string) *upKeys {
 	if k, ok := s.ups.Load(name); ok {
@@ -203,7 +208,7 @@ func (s *State) keys(name string) *upKeys {
 	}
 	tag := "{relay:" + s.prefix + "u:" + escape(name) + "}:"
 	k := &upKeys{
-		admit: [5]string{tag + "open", tag + "probe", tag + "hold", tag + "rpm", tag + "tpm"},
+		admit: [6]string{tag + "open", tag + "probe", tag + "hold", tag + "rpm", tag + "tpm", tag + "reopened"},
 		fails: tag + "fails",
 	}
 	v, _ := s.ups.LoadOrStore(name, k)
