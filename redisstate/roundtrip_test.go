@@ -99,3 +99,26 @@ func TestContextTimeoutsSeen(t *testing.T) {
 
 // otherClient is a redis.UniversalClient whose options New cannot see.
 type otherClient struct{ redis.UniversalClient }
+
+// TestLoadAndClockOffset: Load loads every script (then no call needs
+// EVAL); ClockOffset measures a clock against Redis's.
+func TestLoadAndClockOffset(t *testing.T) {
+	both(t, func(t *testing.T, b *backend) {
+		s := b.state(t)
+		ctx := ctxT(t)
+		noErr(t, s.Load(ctx))
+		for _, sc := range scripts {
+			if ok := b.c.ScriptExists(ctx, sc.sha).Val(); len(ok) != 1 || !ok[0] {
+				t.Fatalf("script %s not loaded", sc.sha)
+			}
+		}
+		if b.mini != nil {
+			b.mini.SetTime(time.Now())
+		}
+		now := time.Now()
+		off := must[time.Duration](t)(s.ClockOffset(ctx, now.Add(time.Hour)))
+		if off < time.Hour-time.Second || off > time.Hour+time.Second {
+			t.Fatalf("a clock an hour ahead: offset %s", off)
+		}
+	})
+}
