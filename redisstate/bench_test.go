@@ -140,3 +140,54 @@ func evalshaCalls(b *testing.B, be *backend) [2]int64 {
 }
 
 func sub(a, b [2]int64) [2]int64 { return [2]int64{a[0] - b[0], a[1] - b[1]} }
+
+// BenchmarkRouterShared is one request through a router whose upstream
+// has RPM and TPM limits and a budget, with its State on the real
+// redis-server, beside the same router with in-process state: the
+// commands each request sends to Redis (by name) and the latency the
+// State adds, with an upstream that answers from memory.
+func BenchmarkRouterShared(b *testing.B) {
+	for _, shared := range []bool{false, true} {
+		b.Run(map[bool]string{false: "in-process", true: "redis"}[shared], func(b *testing.B) {
+			be := newReal(b)
+			var st relay.State
+			if shared {
+				s := be.state(b)
+				noErr(b, s.Load(context.Background()))
+				st = s
+			}
+			base := newFleetBase(newFleetClock())
+			r, err := relay.New(relay.Config{Base: base, State: st, Replicas: 4, StateTimeout: time.Second,
+				Prices:    map[string]relay.Price{"m": {InputPerMTok: 1, OutputPerMTok: 1}},
+				Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 1 << 30, TPM: 1 << 30}},
+				Budgets:   []relay.Budget{{Name: "cap", Limit: 1e9, Window: relay.Window{Every: time.Hour}}}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			be.calls.mu.Lock()
+			be.calls.names = nil
+			be.calls.mu.Unlock()
+			sent, evals := be.calls.n.Load(), evalshaCalls(b, be)
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				start := time.Now()
+				if _, err := send(r, "hello "+strconv.Itoa(i)); err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, time.Since(start))
+			}
+			b.StopTimer()
+			report(b, lat, be.calls.n.Load()-sent, sub(evalshaCalls(b, be), evals))
+			if shared {
+				be.calls.mu.Lock()
+				byName := map[string]int{}
+				for _, n := range be.calls.names {
+					byName[n]++
+				}
+				be.calls.mu.Unlock()
+				b.Logf("%d requests: commands %v, %d fallbacks", len(lat), byName, r.StateFallbacks())
+			}
+		})
+	}
+}
