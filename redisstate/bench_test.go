@@ -31,7 +31,8 @@ func BenchmarkAdmit(b *testing.B) {
 	noErr(b, s.Load(ctx))
 	be.calls.quiet.Store(true)
 	lat := make([]time.Duration, 0, b.N)
-	sent, evals := be.calls.n.Load(), evalshaCalls(b, be)
+	evals := evalshaCalls(b, be)
+	sent := be.calls.n.Load()
 	b.ResetTimer()
 	for b.Loop() {
 		start := time.Now()
@@ -55,7 +56,8 @@ func BenchmarkAdmitParallel(b *testing.B) {
 	be.calls.quiet.Store(true)
 	var mu sync.Mutex
 	lat := make([]time.Duration, 0, b.N)
-	sent, evals := be.calls.n.Load(), evalshaCalls(b, be)
+	evals := evalshaCalls(b, be)
+	sent := be.calls.n.Load()
 	b.SetParallelism(4) // 4 × GOMAXPROCS (2) goroutines
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -167,7 +169,8 @@ func BenchmarkRouterShared(b *testing.B) {
 			be.calls.mu.Lock()
 			be.calls.names = nil
 			be.calls.mu.Unlock()
-			sent, evals := be.calls.n.Load(), evalshaCalls(b, be)
+			evals := evalshaCalls(b, be)
+			sent := be.calls.n.Load()
 			lat := make([]time.Duration, 0, b.N)
 			b.ResetTimer()
 			for i := 0; b.Loop(); i++ {
