@@ -1,0 +1,196 @@
+package redisstate
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tokenrelay/relay"
+)
+
+// The benchmarks report, per Admit: p50 and p99 latency in µs (from every
+// call's time), commands sent (a go-redis hook), EVALSHA calls Redis
+// counted and the time it spent in them (INFO commandstats; other clients
+// of a shared server add to both).
+//
+//	go test -run '^$' -bench Admit -benchtime 20000x ./redisstate/
+
+// admitLimits always admit: the longest path of the script (both buckets
+// read and written).
+var admitLimits = relay.Limits{Name: "bench", RPM: 1_000_000_000, TPM: 1_000_000_000}
+
+// BenchmarkAdmit: one caller, loopback redis-server (RELAY_TEST_REDIS).
+func BenchmarkAdmit(b *testing.B) {
+	be := newReal(b)
+	s := be.state(b)
+	ctx := context.Background()
+	noErr(b, s.Load(ctx))
+	be.calls.quiet.Store(true)
+	lat := make([]time.Duration, 0, b.N)
+	evals := evalshaCalls(b, be)
+	sent := be.calls.n.Load()
+	b.ResetTimer()
+	for b.Loop() {
+		start := time.Now()
+		v, err := s.Admit(ctx, admitLimits, 500, false, start)
+		lat = append(lat, time.Since(start))
+		if err != nil || !v.Taken {
+			b.Fatal(v, err)
+		}
+	}
+	b.StopTimer()
+	report(b, lat, be.calls.n.Load()-sent, sub(evalshaCalls(b, be), evals))
+}
+
+// BenchmarkAdmitParallel: 8 callers sharing one client, as the requests
+// of one replica do.
+func BenchmarkAdmitParallel(b *testing.B) {
+	be := newReal(b)
+	s := be.state(b)
+	ctx := context.Background()
+	noErr(b, s.Load(ctx))
+	be.calls.quiet.Store(true)
+	var mu sync.Mutex
+	lat := make([]time.Duration, 0, b.N)
+	evals := evalshaCalls(b, be)
+	sent := be.calls.n.Load()
+	b.SetParallelism(4) // 4 × GOMAXPROCS (2) goroutines
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		var mine []time.Duration
+		for pb.Next() {
+			start := time.Now()
+			v, err := s.Admit(ctx, admitLimits, 500, false, start)
+			mine = append(mine, time.Since(start))
+			if err != nil || !v.Taken {
+				b.Error(v, err)
+				return
+			}
+		}
+		mu.Lock()
+		lat = append(lat, mine...)
+		mu.Unlock()
+	})
+	b.StopTimer()
+	report(b, lat, be.calls.n.Load()-sent, sub(evalshaCalls(b, be), evals))
+}
+
+// BenchmarkAdmitLocal is the in-process equivalent: the router's
+// x/time/rate buckets, delay then take, as limit.go does.
+func BenchmarkAdmitLocal(b *testing.B) {
+	l := newLocal(admitLimits.RPM, admitLimits.TPM)
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for b.Loop() {
+		start := time.Now()
+		ok, _ := l.admit(start, 500)
+		lat = append(lat, time.Since(start))
+		if !ok {
+			b.Fatal("refused")
+		}
+	}
+	b.StopTimer()
+	report(b, lat, 0, [2]int64{})
+}
+
+func report(b *testing.B, lat []time.Duration, sent int64, evals [2]int64) {
+	if len(lat) == 0 {
+		return
+	}
+	slices.Sort(lat)
+	q := func(p float64) float64 {
+		return float64(lat[min(int(p*float64(len(lat))), len(lat)-1)]) / float64(time.Microsecond)
+	}
+	b.ReportMetric(q(0.50), "p50-µs")
+	b.ReportMetric(q(0.99), "p99-µs")
+	b.ReportMetric(float64(sent)/float64(len(lat)), "cmds/op")
+	b.ReportMetric(float64(evals[0])/float64(len(lat)), "evalsha/op")
+	if evals[0] > 0 {
+		b.ReportMetric(float64(evals[1])/float64(evals[0]), "redis-µs/op")
+	}
+}
+
+// evalshaCalls returns the EVALSHA calls Redis has counted and the
+// microseconds it spent in them (INFO commandstats); 0 if it does not say.
+func evalshaCalls(b *testing.B, be *backend) [2]int64 {
+	info, err := be.c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:")
+		if !ok {
+			continue
+		}
+		var out [2]int64
+		for _, f := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			switch k {
+			case "calls":
+				out[0], _ = strconv.ParseInt(v, 10, 64)
+			case "usec":
+				out[1], _ = strconv.ParseInt(v, 10, 64)
+			}
+		}
+		return out
+	}
+	return [2]int64{}
+}
+
+func sub(a, b [2]int64) [2]int64 { return [2]int64{a[0] - b[0], a[1] - b[1]} }
+
+// BenchmarkRouterShared is one request through a router whose upstream
+// has RPM and TPM limits and a budget, with its State on the real
+// redis-server, beside the same router with in-process state: the
+// commands each request sends to Redis (by name) and the latency the
+// State adds, with an upstream that answers from memory.
+func BenchmarkRouterShared(b *testing.B) {
+	for _, shared := range []bool{false, true} {
+		b.Run(map[bool]string{false: "in-process", true: "redis"}[shared], func(b *testing.B) {
+			be := newReal(b)
+			var st relay.State
+			if shared {
+				s := be.state(b)
+				noErr(b, s.Load(context.Background()))
+				st = s
+			}
+			base := newFleetBase(newFleetClock())
+			r, err := relay.New(relay.Config{Base: base, State: st, Replicas: 4, StateTimeout: time.Second,
+				Prices:    map[string]relay.Price{"m": {InputPerMTok: 1, OutputPerMTok: 1}},
+				Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 1 << 30, TPM: 1 << 30}},
+				Budgets:   []relay.Budget{{Name: "cap", Limit: 1e9, Window: relay.Window{Every: time.Hour}}}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			be.calls.mu.Lock()
+			be.calls.names = nil
+			be.calls.mu.Unlock()
+			evals := evalshaCalls(b, be)
+			sent := be.calls.n.Load()
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				start := time.Now()
+				if _, err := send(r, "hello "+strconv.Itoa(i)); err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, time.Since(start))
+			}
+			b.StopTimer()
+			report(b, lat, be.calls.n.Load()-sent, sub(evalshaCalls(b, be), evals))
+			if shared {
+				be.calls.mu.Lock()
+				byName := map[string]int{}
+				for _, n := range be.calls.names {
+					byName[n]++
+				}
+				be.calls.mu.Unlock()
+				b.Logf("%d requests: commands %v, %d fallbacks", len(lat), byName, r.StateFallbacks())
+			}
+		})
+	}
+}

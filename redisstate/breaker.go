@@ -1,0 +1,72 @@
+package redisstate
+
+import (
+	"context"
+	"time"
+
+	"github.com/tokenrelay/relay"
+)
+
+// Failure counts a failed attempt on upstream in the fleet's run of
+// consecutive failures; when the run passes b.Failures, the circuit opens
+// for b.Cooldown from now and Failure returns its end. While the circuit
+// is open, failures are not counted (as in the in-process breaker) and
+// Failure returns the end of the open period. Once that has passed
+// (half-open), a failure (the probe's, or a forced attempt's) opens the
+// circuit again for b.Cooldown and frees the probe lock. b.Failures of 0
+// or less turns counting off: Failure then returns zero without a round
+// trip. A run is forgotten WithFailureRun (one minute) after its last
+// failure.
+func (s *State) Failure(ctx context.Context, upstream string, b relay.CircuitPolicy, now time.Time) (time.Time, error) {
+	if b.Failures <= 0 {
+		return time.Time{}, nil
+	}
+	k := s.keys(upstream)
+	until := now.Add(max(b.Cooldown, 0))
+	u, err := s.eval(ctx, failureScript, []string{k.fails, k.open(), k.probe(), k.reopened()},
+		b.Failures, now.UnixMicro(), until.UnixMicro(), ms(s.failRun), ms(max(b.Cooldown, 0)+s.openKeep)).Int64()
+	if err != nil || u == 0 {
+		return time.Time{}, wrap("failure "+upstream, err)
+	}
+	return time.UnixMicro(u), nil
+}
+
+// Success ends the fleet's failure run of upstream; a successful probe
+// also closes its circuit for the fleet. One DEL.
+func (s *State) Success(ctx context.Context, upstream string, probe bool) error {
+	k := s.keys(upstream)
+	var err error
+	if probe {
+		err = s.do(ctx, "del", k.fails, k.open(), k.probe(), k.reopened()).Err()
+	} else {
+		err = s.do(ctx, "del", k.fails).Err()
+	}
+	return wrap("success "+upstream, err)
+}
+
+// Open opens upstream's circuit for the fleet until until, or leaves it
+// open until a later end already set. A new open period ends the failure
+// run and frees the probe lock. The circuit stays half-open after until
+// until a probe succeeds, or for ten minutes without traffic.
+func (s *State) Open(ctx context.Context, upstream string, until time.Time) error {
+	k := s.keys(upstream)
+	err := s.eval(ctx, openScript, []string{k.open(), k.fails, k.probe(), k.reopened()},
+		until.UnixMicro(), s.ttl(until, s.openKeep)).Err()
+	return wrap("open "+upstream, err)
+}
+
+// Probe claims upstream's half-open probe for ttl (SET NX PX in a
+// script): of the replicas that ask at once, exactly one gets true. It
+// gets false on a closed circuit, and on one that opened again since an
+// Admit last saw it half-open: a replica whose half-open verdict went
+// stale while another's probe failed does not probe the new open period.
+// The lock ends after ttl, or when a probe's success closes the circuit,
+// or when the circuit opens again.
+func (s *State) Probe(ctx context.Context, upstream string, ttl time.Duration) (bool, error) {
+	k := s.keys(upstream)
+	n, err := s.eval(ctx, probeScript, []string{k.open(), k.probe(), k.reopened()}, ms(ttl)).Int64()
+	if err != nil {
+		return false, wrap("probe "+upstream, err)
+	}
+	return n == 1, nil
+}
