@@ -100,13 +100,13 @@ func (r *Router) takeOverCap(ctx context.Context, cands []candidate, sc scanResu
 		return -1, ticket{}, false
 	}
 	if r.claim(cands, c, false, a.prio) != claimed {
-		r.untake(ctx, a, c, tpm, now, taken)
+		r.untake(ctx, a, c, now, taken)
 		return -1, ticket{}, false
 	}
 	tk, ok := c.up.br.allow(now, c.forced)
 	if !ok {
 		c.up.unclaim()
-		r.untake(ctx, a, c, tpm, now, taken)
+		r.untake(ctx, a, c, now, taken)
 		return -1, ticket{}, false
 	}
 	if !taken {
@@ -156,19 +156,19 @@ func (r *Router) scan(ctx context.Context, cands []candidate, start int, a admis
 			if sc.slotWait < 0 {
 				sc.slotWait = i
 			}
-			r.untake(ctx, a, c, tpm, now, taken)
+			r.untake(ctx, a, c, now, taken)
 			continue
 		case claimOverCap:
 			if sc.overCap < 0 {
 				sc.overCap = i
 			}
-			r.untake(ctx, a, c, tpm, now, taken)
+			r.untake(ctx, a, c, now, taken)
 			continue
 		}
 		tk, ok := c.up.br.allow(now, c.forced)
 		if !ok {
 			c.up.unclaim()
-			r.untake(ctx, a, c, tpm, now, taken)
+			r.untake(ctx, a, c, now, taken)
 			sc.open++
 			continue
 		}
@@ -235,7 +235,7 @@ func (r *Router) waitFor(ctx context.Context, cands []candidate, c *candidate, d
 	give := func(now time.Time) {
 		switch {
 		case shared:
-			r.refundShared(ctx, a.trip, c.up, 1, tpm, now)
+			r.refundShared(ctx, a.trip, c.up, 1, fleetCharge(a.tokens, c.up), now)
 		case took:
 			lim.refund(now, tpm)
 		}

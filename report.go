@@ -305,13 +305,17 @@ func (t *trip) settleTPM(u Usage) {
 	if up == nil || t.att.resp == nil || up.cfg.TPM <= 0 {
 		return
 	}
+	shared := t.r.s.state != nil && !t.stateFallback.Load()
 	charge := up.lim.charge(t.tokens)
+	if shared {
+		charge = fleetCharge(t.tokens, up)
+	}
 	unused := charge - (u.PromptTokens + u.CompletionTokens)
 	if u.PromptTokens+u.CompletionTokens == 0 || unused <= 0 {
 		return
 	}
 	now := t.r.s.clock.Now()
-	if t.r.s.state != nil && !t.stateFallback.Load() {
+	if shared {
 		t.r.refundShared(context.WithoutCancel(t.ctx), t, up, 0, unused, now)
 		return
 	}

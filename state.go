@@ -63,7 +63,7 @@ type Limits struct {
 
 // CircuitPolicy is the breaker's failure rule, for a shared State.
 type CircuitPolicy struct {
-	Failures int           // failures in a row tolerated; one more opens
+	Failures int           // failures in a row tolerated; one more opens (the router calls Failure only when it is positive)
 	Cooldown time.Duration // how long it then stays open
 }
 
@@ -119,7 +119,7 @@ func limitsOf(u *upstream) Limits {
 // keeps c out.
 func (r *Router) rate(ctx context.Context, a admission, c *candidate, tpm int, now time.Time) (wait time.Duration, taken, open bool) {
 	if r.s.state != nil {
-		if wait, taken, open, ok := r.admitShared(ctx, a, c, tpm, now); ok {
+		if wait, taken, open, ok := r.admitShared(ctx, a, c, now); ok {
 			return wait, taken, open
 		}
 	}
@@ -134,7 +134,8 @@ func (r *Router) rate(ctx context.Context, a admission, c *candidate, tpm int, n
 // admitShared asks the State for c's admission; ok is false when it could
 // not answer. In half-open, the one replica that claims the fleet's probe
 // sends it.
-func (r *Router) admitShared(ctx context.Context, a admission, c *candidate, tpm int, now time.Time) (wait time.Duration, taken, open, ok bool) {
+func (r *Router) admitShared(ctx context.Context, a admission, c *candidate, now time.Time) (wait time.Duration, taken, open, ok bool) {
+	tpm := fleetCharge(a.tokens, c.up)
 	v, err := r.stateAdmit(ctx, a, c, tpm, c.forced, now)
 	if err != nil {
 		return 0, false, false, false
@@ -144,7 +145,7 @@ func (r *Router) admitShared(ctx context.Context, a admission, c *candidate, tpm
 			return 0, false, true, true
 		}
 		sctx, cancel := r.stateCtx(ctx)
-		won, err := r.s.state.Probe(sctx, c.up.cfg.Name, r.s.breaker.cooldown)
+		won, err := r.s.state.Probe(sctx, c.up.cfg.Name, r.probeTTL())
 		cancel()
 		if err != nil {
 			r.stateFailed(a.trip)
@@ -175,10 +176,29 @@ func (r *Router) stateAdmit(ctx context.Context, a admission, c *candidate, tpm 
 }
 
 // untake gives back rate tokens rate took for a candidate that does not go.
-func (r *Router) untake(ctx context.Context, a admission, c *candidate, tpm int, now time.Time, taken bool) {
+func (r *Router) untake(ctx context.Context, a admission, c *candidate, now time.Time, taken bool) {
 	if taken {
-		r.refundShared(ctx, a.trip, c.up, 1, tpm, now)
+		r.refundShared(ctx, a.trip, c.up, 1, fleetCharge(a.tokens, c.up), now)
 	}
+}
+
+// fleetCharge is a request's TPM charge on the fleet's bucket: clamped to
+// the fleet's limit, not to a replica's share.
+func fleetCharge(tokens int, u *upstream) int {
+	if u.cfg.TPM <= 0 {
+		return 0
+	}
+	return min(max(tokens, 1), u.cfg.TPM)
+}
+
+// probeTTL bounds the claim on the fleet's half-open probe: a replica that
+// dies while probing blocks the others at most this long.
+func (r *Router) probeTTL() time.Duration {
+	ttl := 10 * time.Second
+	if d := r.s.retry.attemptTimeout; d > 0 {
+		ttl = d
+	}
+	return min(ttl, r.s.breaker.cooldown)
 }
 
 // refundShared gives tokens back to the fleet's limits of u.
@@ -203,7 +223,7 @@ func (r *Router) waitShared(ctx context.Context, a admission, c *candidate, tpm 
 		if err := sleep(ctx, clock, wait); err != nil {
 			return false, err
 		}
-		d, taken, open, ok := r.admitShared(ctx, a, c, tpm, clock.Now())
+		d, taken, open, ok := r.admitShared(ctx, a, c, clock.Now())
 		switch {
 		case !ok:
 			return true, nil

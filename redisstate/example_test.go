@@ -13,22 +13,25 @@ import (
 // Eight replicas of a service share their upstreams' limits, holds,
 // circuits and budgets on one Redis.
 func ExampleNew() {
+	upstreams := []relay.Upstream{
+		{Name: "us-east", BaseURL: "https://us.example.com/v1", APIKey: os.Getenv("US_KEY"), RPM: 600, TPM: 400_000},
+	}
+	// README:redisstate
 	client := redis.NewClient(&redis.Options{
 		Addr:                  os.Getenv("REDIS_ADDR"),
 		ContextTimeoutEnabled: true, // deadlines reach the connection
 		DialerRetries:         1,    // a refused connection fails at once
 	})
-	defer client.Close()
 	router, err := relay.New(relay.Config{
-		Upstreams: []relay.Upstream{
-			{Name: "us-east", BaseURL: "https://us.example.com/v1", APIKey: os.Getenv("US_KEY"), RPM: 600, TPM: 400_000},
-		},
-		State:    redisstate.New(client, redisstate.WithPrefix("checkout")),
-		Replicas: 8, // while Redis is unreachable, each keeps to 1/8 of RPM and TPM
+		Upstreams: upstreams,
+		State:     redisstate.New(client, redisstate.WithPrefix("checkout")),
+		Replicas:  8, // while Redis is unreachable, each keeps to 1/8 of RPM and TPM
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	httpClient := &http.Client{Transport: router}
-	_ = httpClient // give it to any OpenAI-compatible SDK
+	httpClient := &http.Client{Transport: router} // give it to any OpenAI-compatible SDK
+	// README:end
+	defer client.Close()
+	_ = httpClient
 }
