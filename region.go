@@ -11,10 +11,11 @@ import (
 // candidate is one place to send a request: an upstream and the model to ask
 // it for.
 type candidate struct {
-	up         *upstream
-	model      string
-	forced     bool // its circuit is open, but it is the model's soonest to recover
-	fleetProbe bool // it carries the fleet's half-open probe (shared State)
+	up           *upstream
+	model        string
+	forced       bool // its circuit is open, but it is the model's soonest to recover
+	fleetProbe   bool // it carries the fleet's half-open probe (shared State)
+	fleetFailing bool // the fleet has a run of failures on it (shared State): a success ends it
 }
 
 // Strategy decides the order in which the upstreams serving a model are

@@ -45,7 +45,8 @@ type State interface {
 	// b.Cooldown. It returns the end of the open period, zero while closed.
 	Failure(ctx context.Context, upstream string, b CircuitPolicy, now time.Time) (openUntil time.Time, err error)
 	// Success counts a successful attempt: the failure run ends, and a
-	// successful probe closes the circuit for the fleet.
+	// successful probe closes the circuit for the fleet. The router calls
+	// it only after a probe, or when the attempt's Verdict said Failing.
 	Success(ctx context.Context, upstream string, probe bool) error
 	// Open opens upstream's circuit for the fleet until until (a replica's
 	// own reason, such as its p99 latency, or a failed probe).
@@ -79,6 +80,9 @@ type Verdict struct {
 	// probe is in flight: half-open, a replica may claim the probe (Probe).
 	Open  bool
 	Until time.Time // the end of the hold or of the open period
+	// Failing, with Taken: a run of failures is in progress, which the
+	// attempt's success should end (State.Success).
+	Failing bool
 }
 
 // stateCounters counts the calls a shared State failed.
@@ -160,6 +164,7 @@ func (r *Router) admitShared(ctx context.Context, a admission, c *candidate, now
 		}
 	}
 	if v.Taken {
+		c.fleetFailing = v.Failing
 		return 0, true, false, true
 	}
 	return max(v.Wait, 1), false, false, true
@@ -256,7 +261,7 @@ func (r *Router) observeShared(t *trip, a *attempt, o outcome, hold, opened time
 			_, ferr := r.s.state.Failure(ctx, name, policy, now)
 			err = errors.Join(err, ferr)
 		}
-	case o == outcomeSuccess:
+	case o == outcomeSuccess && (a.tk.probe || a.cand.fleetProbe || a.cand.fleetFailing):
 		err = errors.Join(err, r.s.state.Success(ctx, name, a.tk.probe || a.cand.fleetProbe))
 	}
 	if err != nil {

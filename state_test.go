@@ -85,7 +85,7 @@ func (m *memState) Admit(_ context.Context, u Limits, tpm int, force bool, now t
 	if t != nil {
 		t.AllowN(now, tpm)
 	}
-	return Verdict{Taken: true}, nil
+	return Verdict{Taken: true, Failing: m.fails[u.Name] > 0}, nil
 }
 
 func (m *memState) Refund(_ context.Context, u Limits, requests, tokens int, now time.Time) error {

@@ -38,7 +38,7 @@ func (s *State) Admit(ctx context.Context, u relay.Limits, tpm int, force bool, 
 	}
 	switch {
 	case len(r) == 2 && r[0] == 0:
-		return relay.Verdict{Taken: true}, nil
+		return relay.Verdict{Taken: true, Failing: r[1] == 1}, nil
 	case len(r) == 2 && r[0] == 1:
 		return relay.Verdict{Open: true, Until: time.UnixMicro(r[1])}, nil
 	case len(r) == 3 && r[0] == 2:

@@ -69,13 +69,14 @@ end
 
 // admitScript is State.Admit: one MGET, and a SET per bucket taken from.
 //
-// KEYS: open, probe, hold, rpm, tpm, reopened (one upstream's).
+// KEYS: open, probe, hold, rpm, tpm, reopened, fails (one upstream's).
 // ARGV: now, force (0 or 1), rpm limit, tpm limit, tpm charge, keep (ms).
-// Returns {0, 0} when taken, {1, until} when the circuit keeps the request
-// out, {2, wait, hold's end or 0} when the hold or the limits do.
+// Returns {0, failing} when taken (failing: 1 while a failure run is in
+// progress), {1, until} when the circuit keeps the request out, {2, wait,
+// hold's end or 0} when the hold or the limits do.
 var admitScript = newScript(luaHelpers + `
 local now = tonumber(ARGV[1])
-local v = redis.call('MGET', KEYS[1], KEYS[3], KEYS[4], KEYS[5])
+local v = redis.call('MGET', KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[7])
 local u = tonumber(v[1])
 if u and ARGV[2] == '0' then
   if now < u then return {1, u} end
@@ -104,6 +105,7 @@ end
 local keep = tonumber(ARGV[6])
 if rtat then store(KEYS[4], rtat, now, keep) end
 if ttat then store(KEYS[5], ttat, now, keep) end
+if v[5] then return {0, 1} end
 return {0, 0}
 `)
 

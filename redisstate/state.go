@@ -186,7 +186,7 @@ func (s *State) ClockOffset(ctx context.Context, now time.Time) (time.Duration, 
 
 // upKeys are the keys of one upstream, all under one hash tag.
 type upKeys struct {
-	admit [6]string // open, probe, hold, rpm, tpm, reopened: the Admit script's KEYS
+	admit [7]string // open, probe, hold, rpm, tpm, reopened, fails: the Admit script's KEYS
 	fails string
 }
 
@@ -208,7 +208,7 @@ func (s *State) keys(name string) *upKeys {
 	}
 	tag := "{relay:" + s.prefix + "u:" + escape(name) + "}:"
 	k := &upKeys{
-		admit: [6]string{tag + "open", tag + "probe", tag + "hold", tag + "rpm", tag + "tpm", tag + "reopened"},
+		admit: [7]string{tag + "open", tag + "probe", tag + "hold", tag + "rpm", tag + "tpm", tag + "reopened", tag + "fails"},
 		fails: tag + "fails",
 	}
 	v, _ := s.ups.LoadOrStore(name, k)
