@@ -264,3 +264,18 @@ func benchCorpora(tb testing.TB) []benchCorpus {
 		benchCorpus{name: "letter", text: strings.Repeat("a", 256<<10), quadratic: true},
 	)
 }
+
+// TestWriteCorpora writes the benchmark corpora as <name>.txt into the
+// directory named by BPE_CORPUS_DIR, to measure other tokenizers on the same
+// texts. It is skipped when the variable is unset.
+func TestWriteCorpora(t *testing.T) {
+	dir := os.Getenv("BPE_CORPUS_DIR")
+	if dir == "" {
+		t.Skip("BPE_CORPUS_DIR not set")
+	}
+	for _, c := range benchCorpora(t) {
+		if err := os.WriteFile(filepath.Join(dir, c.name+".txt"), []byte(c.text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
