@@ -22,6 +22,8 @@ type Encoding struct {
 
 	btOnce sync.Once
 	bt     *backtracker
+
+	cache *pieceCache
 }
 
 var (
@@ -55,7 +57,7 @@ func mustLoad(name string, o200k bool) *Encoding {
 // parse builds an Encoding from a .tiktoken file (lines of "base64 rank").
 func parse(name string, o200k bool, data []byte) (*Encoding, error) {
 	lines := bytes.Count(data, []byte{'\n'}) + 1
-	e := &Encoding{name: name, o200k: o200k, cls: classifier{t: classTable()}}
+	e := &Encoding{name: name, o200k: o200k, cls: classifier{t: classTable()}, cache: newPieceCache(cacheGeometry)}
 	e.pool.New = func() any { return new(scratch) }
 	t := newRankTable(lines)
 	arena := make([]byte, 0, len(data)*3/4)
@@ -158,10 +160,17 @@ func (e *Encoding) count(s string, scp **scratch) int {
 			j = c.nextCL100K(s, i)
 		}
 		piece := s[i:j]
-		if len(piece) > smallPiece && *scp == nil {
-			*scp = e.pool.Get().(*scratch)
+		switch {
+		case len(piece) == 1:
+			total++
+		case len(piece) <= cacheKeyMax:
+			total += e.countCached(s, i, j, scp)
+		default:
+			if len(piece) > smallPiece && *scp == nil {
+				*scp = e.pool.Get().(*scratch)
+			}
+			total += e.countPiece(piece, *scp)
 		}
-		total += e.countPiece(piece, *scp)
 		i = j
 	}
 	return total
