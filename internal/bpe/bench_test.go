@@ -92,8 +92,12 @@ func BenchmarkWorstCase(b *testing.B) {
 //   - letter: 256 KiB of one letter (a single pre-token: the linear
 //     long-piece path, and the worst case of naive byte-pair merging).
 //
-// Counts are checked against tiktoken-go first (for letter, whose reference
-// is quadratic, against tokenizer and the heap merge).
+// relay counts with its piece cache as it is after the first count of the
+// text (a text counted again: a system prompt, a chat history), relay-cold
+// with the cache emptied before each count (a text seen for the first
+// time; pre-tokens that repeat within it still hit). Counts are checked
+// against tiktoken-go first (for letter, whose reference is quadratic,
+// against tokenizer and the heap merge).
 func BenchmarkCorpus(b *testing.B) {
 	for _, c := range benchCorpora(b) {
 		for _, enc := range []struct {
@@ -121,6 +125,16 @@ func BenchmarkCorpus(b *testing.B) {
 				b.SetBytes(int64(len(c.text)))
 				b.ReportAllocs()
 				for b.Loop() {
+					enc.e.Count(c.text)
+				}
+			})
+			b.Run(c.name+"/"+enc.name+"/relay-cold", func(b *testing.B) {
+				b.SetBytes(int64(len(c.text)))
+				b.ReportAllocs()
+				for b.Loop() {
+					b.StopTimer()
+					enc.e.cache.reset()
+					b.StartTimer()
 					enc.e.Count(c.text)
 				}
 			})
