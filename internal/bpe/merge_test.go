@@ -86,3 +86,29 @@ func TestMergeStrategiesAgree(t *testing.T) {
 		}
 	}
 }
+
+// Long pieces go through the heap while the backtracker is not built and
+// the budget lasts, then through the backtracker, with the same counts.
+func TestHeapBudget(t *testing.T) {
+	e := mustLoad("cl100k_base", false)
+	piece := strings.Repeat("ab", 12<<10) // 24 KiB
+	want := e.mergeHeap(piece, new(scratch))
+	for i := range 4 {
+		if got := e.Count(piece); got != want {
+			t.Fatalf("count %d: %d, want %d", i, got, want)
+		}
+		built := e.bt.Load() != nil
+		if wantBuilt := (i+1)*len(piece) > heapBudget; built != wantBuilt {
+			t.Fatalf("after %d pieces of %d bytes: backtracker built %v", i+1, len(piece), built)
+		}
+	}
+	big := mustLoad("cl100k_base", false)
+	if got := big.Count(strings.Repeat("ab", heapBudget)); got != e.Count(strings.Repeat("ab", heapBudget)) || big.bt.Load() == nil {
+		t.Fatal("a piece over the budget is not counted by the backtracker")
+	}
+	warm := mustLoad("cl100k_base", false)
+	warm.Warm()
+	if warm.bt.Load() == nil || warm.Count(piece) != want {
+		t.Fatal("Warm did not build the backtracker")
+	}
+}

@@ -66,26 +66,26 @@ func hashKey(s string, k uint64) uint64 {
 	return h ^ h>>29
 }
 
-func newRankTable(n int) *rankTable {
-	size := 1 << bits.Len(uint(n*2))
-	return &rankTable{
-		slots: make([]slot, size),
+// rankTableSize returns the number of slots of the table of n tokens (a
+// power of two, at most half full).
+func rankTableSize(n int) int { return 1 << bits.Len(uint(n*2)) }
+
+func newRankTable[O any](n int, owner *O) *rankTable {
+	size := rankTableSize(n)
+	t := &rankTable{
 		shift: uint(64 - bits.TrailingZeros(uint(size))),
 		mask:  uint64(size - 1),
 	}
+	t.slots = allocTable[slot](size, owner)
+	return t
 }
 
-// insert adds key (which must already be stored at arena[off:off+len(key)]).
-func (t *rankTable) insert(key string, off int, rank uint32) {
-	k := packKey(key)
-	i := hashKey(key, k) >> t.shift
+// place stores s in the first free slot from its home position i.
+func (t *rankTable) place(s slot, i uint64) {
 	for t.slots[i].m != 0 {
 		i = (i + 1) & t.mask
 	}
-	t.slots[i] = slot{k: k, m: uint64(rank) | uint64(len(key))<<32 | uint64(off)<<40}
-	if len(key) > t.maxLen {
-		t.maxLen = len(key)
-	}
+	t.slots[i] = s
 }
 
 // get returns the rank of s or noRank. s must be non-empty.
