@@ -55,7 +55,7 @@ func (e *Encoding) mergeSmall(p string) int {
 		start[i] = uint8(i)
 	}
 	for i := 0; i+1 < parts; i++ {
-		rank[i] = t.get(p[i : i+2])
+		rank[i] = t.pair(p[i], p[i+1])
 	}
 	rank[parts-1] = noRank
 	for parts > 1 {
@@ -104,7 +104,7 @@ func (e *Encoding) mergeHeap(p string, sc *scratch) int {
 		prev[i] = int32(i - 1)
 		r := noRank
 		if i+1 < n {
-			r = e.ranks.get(p[i : i+2])
+			r = e.ranks.pair(p[i], p[i+1])
 			if r != noRank {
 				h = append(h, uint64(r)<<32|uint64(i))
 			}

@@ -112,3 +112,15 @@ func TestHeapBudget(t *testing.T) {
 		t.Fatal("Warm did not build the backtracker")
 	}
 }
+
+// The two-byte table agrees with the rank table.
+func TestPairTable(t *testing.T) {
+	for _, e := range encodings() {
+		for i := range 1 << 16 {
+			a, b := byte(i), byte(i>>8)
+			if got, want := e.ranks.pair(a, b), e.ranks.get(string([]byte{a, b})); got != want {
+				t.Fatalf("%s: pair(%#x, %#x) = %d, rank %d", e.Name(), a, b, got, want)
+			}
+		}
+	}
+}

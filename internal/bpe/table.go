@@ -19,7 +19,14 @@ type rankTable struct {
 	mask   uint64
 	arena  []byte // concatenated token bytes (for keys longer than 8 bytes)
 	maxLen int
+	// pairs holds the rank of every two-byte string (noRank if none),
+	// indexed by first byte | second byte<<8: the first lookups of every
+	// merge, from a table that stays in the CPU caches.
+	pairs *[1 << 16]uint32
 }
+
+// pair returns the rank of the two-byte string ab, or noRank.
+func (t *rankTable) pair(a, b byte) uint32 { return t.pairs[uint16(a)|uint16(b)<<8] }
 
 type slot struct {
 	k uint64
@@ -77,11 +84,19 @@ func newRankTable[O any](n int, owner *O) *rankTable {
 		mask:  uint64(size - 1),
 	}
 	t.slots = allocTable[slot](size, owner)
+	t.pairs = new([1 << 16]uint32)
+	for i := range t.pairs {
+		t.pairs[i] = noRank
+	}
 	return t
 }
 
-// place stores s in the first free slot from its home position i.
+// place stores s in the first free slot from its home position i (and, for
+// a two-byte key, in pairs).
 func (t *rankTable) place(s slot, i uint64) {
+	if s.m>>32&0xff == 2 {
+		t.pairs[uint16(s.k)] = uint32(s.m)
+	}
 	for t.slots[i].m != 0 {
 		i = (i + 1) & t.mask
 	}
