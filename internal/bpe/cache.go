@@ -59,14 +59,14 @@ type cacheTable struct {
 	slots        []atomic.Uint64
 }
 
-// newPieceCache returns an empty cache whose tables live as long as owner.
-func newPieceCache[O any](geometry [len(cacheGeometry)]tableGeometry, owner *O) *pieceCache {
+// newPieceCache returns an empty cache with the given tables.
+func newPieceCache(geometry [len(cacheGeometry)]tableGeometry) *pieceCache {
 	c := new(pieceCache)
 	for n, g := range geometry {
 		stride := 1 + g.maxLen/8
 		c.tables[n] = cacheTable{
 			ways: g.ways, stride: stride, shift: uint(64 - g.setBits),
-			slots: allocTable[atomic.Uint64](g.ways*stride<<g.setBits, owner),
+			slots: make([]atomic.Uint64, g.ways*stride<<g.setBits),
 		}
 	}
 	return c

@@ -70,7 +70,7 @@ func TestCacheConcurrent(t *testing.T) {
 	for n := range tiny {
 		tiny[n].setBits = 0
 	}
-	e.cache = newPieceCache(tiny, e)
+	e.cache = newPieceCache(tiny)
 	pieces := cachePieces(rand.New(rand.NewPCG(15, 16)), 200)
 	want := make([]int, len(pieces))
 	for n, p := range pieces {

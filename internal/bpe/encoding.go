@@ -48,12 +48,12 @@ func mustLoad(name string, o200k bool) *Encoding {
 		data = o200kRanks
 	}
 	e := &Encoding{name: name, o200k: o200k, cls: classifier{t: classTable()}}
-	t, err := loadRanks(name, data, e)
+	t, err := loadRanks(name, data)
 	if err != nil {
 		panic(err)
 	}
 	e.ranks = *t
-	e.cache = newPieceCache(cacheGeometry, e)
+	e.cache = newPieceCache(cacheGeometry)
 	e.pool.New = func() any { return new(scratch) }
 	return e
 }

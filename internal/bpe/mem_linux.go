@@ -1,46 +1,29 @@
 package bpe
 
 import (
-	"runtime"
 	"syscall"
 	"unsafe"
 )
 
+// hugePage is the size of a transparent huge page on the platforms that
+// matter (x86-64, arm64 with 4 KiB pages).
 const hugePage = 2 << 20
 
-// allocTable returns zeroed memory for n values of type T, which holds no
-// pointers, mapped outside the Go heap: aligned to 2 MiB and advised to use
-// transparent huge pages where the system allows (the tables are read at
-// random, and huge pages spare most TLB misses), and populated at once
-// (MAP_POPULATE or writing one byte a page), which costs a fraction of a
-// page fault per page. The memory is unmapped when owner, which must
-// outlive every use of it, is unreachable.
-func allocTable[T, O any](n int, owner *O) []T {
+// allocTable returns a zeroed slice of n values of type T, which must hold
+// no pointers and have a size dividing the page size. A table of several
+// huge pages is placed on 2 MiB boundaries and advised to use transparent
+// huge pages where the system allows: the rank table is written right after
+// allocation and read at random, and huge pages spare thousands of page
+// faults on loading and most TLB misses later.
+func allocTable[T any](n int) []T {
 	var zero T
-	size := n * int(unsafe.Sizeof(zero))
-	if size == 0 {
-		return nil
-	}
-	if size < hugePage {
-		mem, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE,
-			syscall.MAP_ANON|syscall.MAP_PRIVATE|syscall.MAP_POPULATE)
-		if err != nil {
-			return make([]T, n)
-		}
-		runtime.AddCleanup(owner, func(mem []byte) { syscall.Munmap(mem) }, mem)
-		return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(mem))), n)
-	}
-	mem, err := syscall.Mmap(-1, 0, size+hugePage, syscall.PROT_READ|syscall.PROT_WRITE,
-		syscall.MAP_ANON|syscall.MAP_PRIVATE)
-	if err != nil {
+	size := int(unsafe.Sizeof(zero))
+	if n*size < 2*hugePage {
 		return make([]T, n)
 	}
-	runtime.AddCleanup(owner, func(mem []byte) { syscall.Munmap(mem) }, mem)
-	off := int(-uintptr(unsafe.Pointer(unsafe.SliceData(mem))) & (hugePage - 1))
-	mem = mem[off : off+size]
-	syscall.Madvise(mem, 14) // MADV_HUGEPAGE; an error leaves normal pages
-	for i := 0; i < len(mem); i += 4096 {
-		mem[i] = 0
-	}
-	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(mem))), n)
+	buf := make([]T, n+hugePage/size)
+	off := int(-uintptr(unsafe.Pointer(unsafe.SliceData(buf)))&(hugePage-1)) / size
+	t := buf[off : off+n : off+n]
+	syscall.Madvise(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(t))), n*size), 14) // MADV_HUGEPAGE; on error, normal pages
+	return t
 }

@@ -2,5 +2,5 @@
 
 package bpe
 
-// allocTable returns zeroed memory for n values of type T.
-func allocTable[T, O any](n int, owner *O) []T { return make([]T, n) }
+// allocTable returns a zeroed slice of n values of type T.
+func allocTable[T any](n int) []T { return make([]T, n) }

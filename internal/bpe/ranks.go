@@ -27,9 +27,8 @@ var (
 
 const ranksMagic = "bpe2"
 
-// loadRanks builds the rank table of a compact vocabulary file; its slots
-// live as long as owner.
-func loadRanks[O any](name, data string, owner *O) (*rankTable, error) {
+// loadRanks builds the rank table of a compact vocabulary file.
+func loadRanks(name, data string) (*rankTable, error) {
 	if len(data) < 12 || data[:4] != ranksMagic {
 		return nil, fmt.Errorf("bpe: %s: not a vocabulary file", name)
 	}
@@ -38,7 +37,7 @@ func loadRanks[O any](name, data string, owner *O) (*rankTable, error) {
 	if len(data) >= 1<<24 || n >= 1<<24 || tokens > n {
 		return nil, fmt.Errorf("bpe: %s: bad vocabulary size", name)
 	}
-	t := newRankTable(n, owner)
+	t := newRankTable(n)
 	t.arena = unsafe.Slice(unsafe.StringData(data), len(data))
 	p := 12
 	for range tokens {

@@ -123,12 +123,9 @@ func TestRanksLoaded(t *testing.T) {
 	}
 }
 
-// testOwner owns the tables that tests build outside an Encoding.
-var testOwner int
-
 func TestLoadRanksRejects(t *testing.T) {
 	good := ranksMagic + "\x03\x00\x00\x00\x02\x00\x00\x00" + "\x01\x02\x00\x00a" + "\x02\x00\x00\x00bc"
-	tb, err := loadRanks("x", good, &testOwner)
+	tb, err := loadRanks("x", good)
 	if err != nil {
 		t.Fatalf("good file: %v", err)
 	}
@@ -139,7 +136,7 @@ func TestLoadRanksRejects(t *testing.T) {
 		good[:4] + "\x02" + good[5:], // rank 2 out of range
 		good[:8] + "\x04" + good[9:], // more tokens than ranks
 	} {
-		if _, err := loadRanks("x", bad, &testOwner); err == nil {
+		if _, err := loadRanks("x", bad); err == nil {
 			t.Errorf("loadRanks(%q) accepted", bad)
 		}
 	}

@@ -77,13 +77,13 @@ func hashKey(s string, k uint64) uint64 {
 // power of two, at most half full).
 func rankTableSize(n int) int { return 1 << bits.Len(uint(n*2)) }
 
-func newRankTable[O any](n int, owner *O) *rankTable {
+func newRankTable(n int) *rankTable {
 	size := rankTableSize(n)
 	t := &rankTable{
 		shift: uint(64 - bits.TrailingZeros(uint(size))),
 		mask:  uint64(size - 1),
 	}
-	t.slots = allocTable[slot](size, owner)
+	t.slots = allocTable[slot](size)
 	t.pairs = new([1 << 16]uint32)
 	for i := range t.pairs {
 		t.pairs[i] = noRank
