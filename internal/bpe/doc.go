@@ -40,7 +40,7 @@
 // from the assets of github.com/pkoukk/tiktoken-go-loader (go generate;
 // a test checks that regenerating gives the same bytes): token bytes are
 // used in place and the open-addressing rank table is filled in one nearly
-// sequential pass, with its memory populated in one call where the system
+// sequential pass, on memory advised to use huge pages where the system
 // allows. The first count with an encoding therefore costs a few
 // milliseconds more than the next (BenchmarkFirstCount measures it in a
 // fresh process); nothing is downloaded.

@@ -198,7 +198,7 @@ func heapPush(h []uint64, x uint64) []uint64 {
 // now, instead of when the encoding first counts pre-tokens of 1 KiB or
 // more adding up to over 64 KiB (or one longer than that). It takes about
 // 50 ms for cl100k_base and 100 to 200 ms for o200k_base on a 2-core
-// server, and 20 to 30 MB of memory; loading the encoding itself (CL100K,
+// server, and 10 to 20 MB of memory; loading the encoding itself (CL100K,
 // O200K) takes under 10 ms. Counts are the same with or without it: call it
 // where a pause is harmless (a constructor) if long runs are expected.
 func (e *Encoding) Warm() { e.backtracker() }
