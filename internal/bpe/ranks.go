@@ -52,7 +52,9 @@ func loadRanks(name, data string) (*rankTable, error) {
 		}
 		key := data[p : p+l]
 		k := packKey(key)
-		t.place(slot{k: k, m: rank | uint64(l)<<32 | uint64(p)<<40}, hashKey(key, k)>>t.shift)
+		h := hashKey(key, k)
+		t.addFilter(h)
+		t.place(slot{k: k, m: rank | uint64(l)<<32 | uint64(p)<<40}, h>>t.shift)
 		t.maxLen = max(t.maxLen, l)
 		p += l
 	}

@@ -23,6 +23,23 @@ type rankTable struct {
 	// indexed by first byte | second byte<<8: the first lookups of every
 	// merge, from a table that stays in the CPU caches.
 	pairs *[1 << 16]uint32
+	// filter is a blocked Bloom filter of the tokens in 256 KiB, which stays
+	// in the CPU caches: a token sets two bits of one word (filterMask).
+	// Most non-ASCII strings looked up in a merge (of CJK text, say) are not
+	// tokens, and the filter answers most of those without a random access
+	// into the table (ASCII strings mostly are tokens: they skip it).
+	filter *[1 << 15]uint64
+}
+
+// filterMask returns the filter word and bits of a key with hash h.
+func filterMask(h uint64) (int, uint64) {
+	return int(h & (1<<15 - 1)), 1<<(h>>15&63) | 1<<(h>>21&63)
+}
+
+// addFilter sets the filter bits of a key with hash h.
+func (t *rankTable) addFilter(h uint64) {
+	w, m := filterMask(h)
+	t.filter[w] |= m
 }
 
 // pair returns the rank of the two-byte string ab, or noRank.
@@ -85,6 +102,7 @@ func newRankTable(n int) *rankTable {
 	}
 	t.slots = allocTable[slot](size)
 	t.pairs = new([1 << 16]uint32)
+	t.filter = new([1 << 15]uint64)
 	for i := range t.pairs {
 		t.pairs[i] = noRank
 	}
@@ -106,7 +124,13 @@ func (t *rankTable) place(s slot, i uint64) {
 // get returns the rank of s or noRank. s must be non-empty.
 func (t *rankTable) get(s string) uint32 {
 	k := packKey(s)
-	i := hashKey(s, k) >> t.shift
+	h := hashKey(s, k)
+	if k&0x8080808080808080 != 0 { // non-ASCII: mostly not tokens
+		if w, m := filterMask(h); t.filter[w]&m != m {
+			return noRank
+		}
+	}
+	i := h >> t.shift
 	l := uint64(len(s))
 	slots := t.slots
 	for {
