@@ -53,6 +53,9 @@
 // (pieceCache: 1,792 KiB per encoding, fixed at load), so words, code
 // identifiers and clauses that repeat cost one hash and one table access.
 // The cache stores whole keys: a hit is never another pre-token's count.
+// Pre-tokens seen for the first time are merged with the ranks of byte
+// pairs from a 256 KiB direct table, and a 256 KiB Bloom filter answers
+// most lookups of non-ASCII strings that are not tokens.
 //
 // # Concurrency and allocation
 //
