@@ -118,8 +118,11 @@ func pow2Table(n int) (size int, shift uint) {
 }
 
 func (e *Encoding) backtracker() *backtracker {
-	e.btOnce.Do(func() { e.bt = buildBacktracker(&e.ranks) })
-	return e.bt
+	if bt := e.bt.Load(); bt != nil {
+		return bt
+	}
+	e.btOnce.Do(func() { e.bt.Store(buildBacktracker(&e.ranks)) })
+	return e.bt.Load()
 }
 
 func buildBacktracker(rt *rankTable) *backtracker {

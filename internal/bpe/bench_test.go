@@ -80,3 +80,78 @@ func BenchmarkWorstCase(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkCorpus counts the four corpora of benchCorpora with relay and
+// with github.com/tiktoken-go/tokenizer, side by side:
+//
+//   - prose: 1 MiB of English prose (natural-language prompts; words
+//     repeat with Zipf frequencies);
+//   - gosource: 1 MiB of Go source from GOROOT (code in prompts);
+//   - cjkemoji: 256 KiB of Chinese, Japanese and Korean with emoji (East
+//     Asian chat; long pre-tokens of whole clauses);
+//   - letter: 256 KiB of one letter (a single pre-token: the linear
+//     long-piece path, and the worst case of naive byte-pair merging).
+//
+// relay counts with its piece cache as it is after the first count of the
+// text (a text counted again: a system prompt, a chat history), relay-cold
+// with the cache emptied before each count (a text seen for the first
+// time; pre-tokens that repeat within it still hit). Counts are checked
+// against tiktoken-go first (for letter, whose reference is quadratic,
+// against tokenizer and the heap merge).
+func BenchmarkCorpus(b *testing.B) {
+	for _, c := range benchCorpora(b) {
+		for _, enc := range []struct {
+			name string
+			e    *Encoding
+			tk   tokenizer.Encoding
+		}{{"o200k", O200K(), tokenizer.O200kBase}, {"cl100k", CL100K(), tokenizer.Cl100kBase}} {
+			codec, err := tokenizer.Get(enc.tk)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Run(c.name+"/"+enc.name+"/relay", func(b *testing.B) {
+				checkCorpusCount(b, c, enc.e, codec)
+				b.SetBytes(int64(len(c.text)))
+				b.ReportAllocs()
+				for b.Loop() {
+					enc.e.Count(c.text)
+				}
+			})
+			b.Run(c.name+"/"+enc.name+"/relay-cold", func(b *testing.B) {
+				b.SetBytes(int64(len(c.text)))
+				b.ReportAllocs()
+				for b.Loop() {
+					b.StopTimer()
+					enc.e.cache.reset()
+					b.StartTimer()
+					enc.e.Count(c.text)
+				}
+			})
+			b.Run(c.name+"/"+enc.name+"/tokenizer", func(b *testing.B) {
+				b.SetBytes(int64(len(c.text)))
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := codec.Count(c.text); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// checkCorpusCount fails b unless e counts c exactly.
+func checkCorpusCount(b *testing.B, c benchCorpus, e *Encoding, codec tokenizer.Codec) {
+	got := e.Count(c.text)
+	if c.quadratic {
+		want, err := codec.Count(c.text)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if heap := e.mergeHeap(c.text, new(scratch)); got != want || heap != want {
+			b.Fatalf("%s/%s: Count = %d, heap merge %d, tokenizer %d", c.name, e.Name(), got, heap, want)
+		}
+	} else if want := len(reference(b, e.Name()).EncodeOrdinary(c.text)); got != want {
+		b.Fatalf("%s/%s: Count = %d, tiktoken-go = %d", c.name, e.Name(), got, want)
+	}
+}

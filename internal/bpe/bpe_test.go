@@ -249,3 +249,20 @@ func TestBacktrackerBuildTime(t *testing.T) {
 		t.Logf("%s: backtracker built in %v (%d trie nodes)", e.Name(), time.Since(start), len(bt.trie.nodeTok))
 	}
 }
+
+// The benchmark corpora agree with tiktoken-go (the first 64 KiB of each,
+// to keep the quadratic reference fast); the one-letter corpus, a single
+// 256 KiB pre-token, agrees with the heap merge.
+func TestParityCorpora(t *testing.T) {
+	for _, c := range benchCorpora(t) {
+		if c.quadratic {
+			for _, e := range encodings() {
+				if got, want := e.Count(c.text), e.mergeHeap(c.text, new(scratch)); got != want {
+					t.Errorf("%s/%s: Count = %d, heap merge %d", c.name, e.Name(), got, want)
+				}
+			}
+			continue
+		}
+		checkParity(t, []string{cutRunes(c.text, 64<<10)})
+	}
+}

@@ -44,11 +44,7 @@ var classTable = sync.OnceValue(func() *[tableLimit]uint8 {
 	for _, rt := range []*unicode.RangeTable{unicode.Ll, unicode.Lm, unicode.Lo, unicode.M} {
 		set(rt, cW)
 	}
-	for c := rune(0); c < 0x10000; c++ {
-		if unicode.IsSpace(c) {
-			t[c] |= cS
-		}
-	}
+	set(unicode.White_Space, cS) // unicode.IsSpace, in table form
 	t['\r'] |= cNL
 	t['\n'] |= cNL
 	return t

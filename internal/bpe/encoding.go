@@ -1,15 +1,10 @@
 package bpe
 
 import (
-	"bytes"
-	"encoding/base64"
-	"fmt"
-	"strconv"
 	"sync"
+	"sync/atomic"
 	"unicode/utf8"
 	"unsafe"
-
-	"github.com/pkoukk/tiktoken-go-loader/assets"
 )
 
 // Encoding counts tokens of one tiktoken encoding. Safe for concurrent use.
@@ -21,7 +16,12 @@ type Encoding struct {
 	pool  sync.Pool // *scratch
 
 	btOnce sync.Once
-	bt     *backtracker
+	bt     atomic.Pointer[backtracker]
+	// heapLong counts the bytes of pieces of backtrackPiece bytes or more
+	// merged with the heap while the backtracker is not built.
+	heapLong atomic.Int64
+
+	cache *pieceCache
 }
 
 var (
@@ -30,80 +30,32 @@ var (
 )
 
 // CL100K returns the cl100k_base encoding, loaded lazily once from the
-// assets embedded in github.com/pkoukk/tiktoken-go-loader.
+// vocabulary embedded in the package (generated from the assets of
+// github.com/pkoukk/tiktoken-go-loader).
 func CL100K() *Encoding { return cl100k() }
 
 // O200K returns the o200k_base encoding, loaded lazily once from the
-// assets embedded in github.com/pkoukk/tiktoken-go-loader.
+// vocabulary embedded in the package (generated from the assets of
+// github.com/pkoukk/tiktoken-go-loader).
 func O200K() *Encoding { return o200k() }
 
 // Name returns the encoding name ("cl100k_base" or "o200k_base").
 func (e *Encoding) Name() string { return e.name }
 
 func mustLoad(name string, o200k bool) *Encoding {
-	data, err := assets.Assets.ReadFile(name + ".tiktoken")
-	if err != nil {
-		panic(fmt.Sprintf("bpe: reading %s: %v", name, err))
+	data := cl100kRanks
+	if o200k {
+		data = o200kRanks
 	}
-	e, err := parse(name, o200k, data)
+	e := &Encoding{name: name, o200k: o200k, cls: classifier{t: classTable()}}
+	t, err := loadRanks(name, data)
 	if err != nil {
 		panic(err)
 	}
-	return e
-}
-
-// parse builds an Encoding from a .tiktoken file (lines of "base64 rank").
-func parse(name string, o200k bool, data []byte) (*Encoding, error) {
-	lines := bytes.Count(data, []byte{'\n'}) + 1
-	e := &Encoding{name: name, o200k: o200k, cls: classifier{t: classTable()}}
-	e.pool.New = func() any { return new(scratch) }
-	t := newRankTable(lines)
-	arena := make([]byte, 0, len(data)*3/4)
-	type entry struct {
-		off, n int
-		rank   uint32
-	}
-	entries := make([]entry, 0, lines)
-	for len(data) > 0 {
-		line := data
-		if i := bytes.IndexByte(data, '\n'); i >= 0 {
-			line, data = data[:i], data[i+1:]
-		} else {
-			data = nil
-		}
-		if len(line) == 0 {
-			continue
-		}
-		sp := bytes.IndexByte(line, ' ')
-		if sp < 0 {
-			return nil, fmt.Errorf("bpe: %s: malformed line %q", name, line)
-		}
-		rank, err := strconv.ParseUint(string(line[sp+1:]), 10, 32)
-		if err != nil || rank >= 1<<31 {
-			return nil, fmt.Errorf("bpe: %s: bad rank in %q", name, line)
-		}
-		off := len(arena)
-		arena = arena[:off+base64.StdEncoding.DecodedLen(sp)]
-		n, err := base64.StdEncoding.Decode(arena[off:], line[:sp])
-		if err != nil || n == 0 || n > 255 {
-			return nil, fmt.Errorf("bpe: %s: bad token in %q", name, line)
-		}
-		arena = arena[:off+n]
-		entries = append(entries, entry{off, n, uint32(rank)})
-	}
-	if len(arena) >= 1<<24 {
-		return nil, fmt.Errorf("bpe: %s: vocabulary too large", name)
-	}
-	t.arena = arena
-	for _, en := range entries {
-		key := unsafe.String(&arena[en.off], en.n)
-		if t.get(key) != noRank {
-			return nil, fmt.Errorf("bpe: %s: duplicate token %q", name, key)
-		}
-		t.insert(key, en.off, en.rank)
-	}
 	e.ranks = *t
-	return e, nil
+	e.cache = newPieceCache(cacheGeometry)
+	e.pool.New = func() any { return new(scratch) }
+	return e
 }
 
 // scratch holds per-call buffers, recycled through Encoding.pool.
@@ -158,10 +110,17 @@ func (e *Encoding) count(s string, scp **scratch) int {
 			j = c.nextCL100K(s, i)
 		}
 		piece := s[i:j]
-		if len(piece) > smallPiece && *scp == nil {
-			*scp = e.pool.Get().(*scratch)
+		switch {
+		case len(piece) == 1:
+			total++
+		case len(piece) <= cacheKeyMax:
+			total += e.countCached(s, i, j, scp)
+		default:
+			if len(piece) > smallPiece && *scp == nil {
+				*scp = e.pool.Get().(*scratch)
+			}
+			total += e.countPiece(piece, *scp)
 		}
-		total += e.countPiece(piece, *scp)
 		i = j
 	}
 	return total

@@ -86,3 +86,41 @@ func TestMergeStrategiesAgree(t *testing.T) {
 		}
 	}
 }
+
+// Long pieces go through the heap while the backtracker is not built and
+// the budget lasts, then through the backtracker, with the same counts.
+func TestHeapBudget(t *testing.T) {
+	e := mustLoad("cl100k_base", false)
+	piece := strings.Repeat("ab", 12<<10) // 24 KiB
+	want := e.mergeHeap(piece, new(scratch))
+	for i := range 4 {
+		if got := e.Count(piece); got != want {
+			t.Fatalf("count %d: %d, want %d", i, got, want)
+		}
+		built := e.bt.Load() != nil
+		if wantBuilt := (i+1)*len(piece) > heapBudget; built != wantBuilt {
+			t.Fatalf("after %d pieces of %d bytes: backtracker built %v", i+1, len(piece), built)
+		}
+	}
+	big := mustLoad("cl100k_base", false)
+	if got := big.Count(strings.Repeat("ab", heapBudget)); got != e.Count(strings.Repeat("ab", heapBudget)) || big.bt.Load() == nil {
+		t.Fatal("a piece over the budget is not counted by the backtracker")
+	}
+	warm := mustLoad("cl100k_base", false)
+	warm.Warm()
+	if warm.bt.Load() == nil || warm.Count(piece) != want {
+		t.Fatal("Warm did not build the backtracker")
+	}
+}
+
+// The two-byte table agrees with the rank table.
+func TestPairTable(t *testing.T) {
+	for _, e := range encodings() {
+		for i := range 1 << 16 {
+			a, b := byte(i), byte(i>>8)
+			if got, want := e.ranks.pair(a, b), e.ranks.get(string([]byte{a, b})); got != want {
+				t.Fatalf("%s: pair(%#x, %#x) = %d, rank %d", e.Name(), a, b, got, want)
+			}
+		}
+	}
+}

@@ -89,6 +89,14 @@ func (c classifier) whitespace(s string, i int) int {
 //	(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
 //	 ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
 func (c classifier) nextCL100K(s string, i int) int {
+	if j, ok := c.nextCL100KASCII(s, i); ok {
+		return j
+	}
+	return c.nextCL100KGeneral(s, i)
+}
+
+// nextCL100KGeneral is nextCL100K for any valid UTF-8.
+func (c classifier) nextCL100KGeneral(s string, i int) int {
 	b := s[i]
 	k, n := c.at(s, i)
 	j := i + n
@@ -184,6 +192,14 @@ func (c classifier) upperThenLower(s string, p int) (int, bool) {
 //	[^\r\n\p{L}\p{N}]?[U]+[W]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|
 //	\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
 func (c classifier) nextO200K(s string, i int) int {
+	if j, ok := c.nextO200KASCII(s, i); ok {
+		return j
+	}
+	return c.nextO200KGeneral(s, i)
+}
+
+// nextO200KGeneral is nextO200K for any valid UTF-8.
+func (c classifier) nextO200KGeneral(s string, i int) int {
 	k, n := c.at(s, i)
 	j := i + n
 	if pre := k&(cL|cN|cNL) == 0; pre || k&(cU|cW) != 0 {

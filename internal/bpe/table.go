@@ -19,7 +19,31 @@ type rankTable struct {
 	mask   uint64
 	arena  []byte // concatenated token bytes (for keys longer than 8 bytes)
 	maxLen int
+	// pairs holds the rank of every two-byte string (noRank if none),
+	// indexed by first byte | second byte<<8: the first lookups of every
+	// merge, from a table that stays in the CPU caches.
+	pairs *[1 << 16]uint32
+	// filter is a blocked Bloom filter of the tokens in 256 KiB, which stays
+	// in the CPU caches: a token sets two bits of one word (filterMask).
+	// Most non-ASCII strings looked up in a merge (of CJK text, say) are not
+	// tokens, and the filter answers most of those without a random access
+	// into the table (ASCII strings mostly are tokens: they skip it).
+	filter *[1 << 15]uint64
 }
+
+// filterMask returns the filter word and bits of a key with hash h.
+func filterMask(h uint64) (int, uint64) {
+	return int(h & (1<<15 - 1)), 1<<(h>>15&63) | 1<<(h>>21&63)
+}
+
+// addFilter sets the filter bits of a key with hash h.
+func (t *rankTable) addFilter(h uint64) {
+	w, m := filterMask(h)
+	t.filter[w] |= m
+}
+
+// pair returns the rank of the two-byte string ab, or noRank.
+func (t *rankTable) pair(a, b byte) uint32 { return t.pairs[uint16(a)|uint16(b)<<8] }
 
 type slot struct {
 	k uint64
@@ -66,32 +90,47 @@ func hashKey(s string, k uint64) uint64 {
 	return h ^ h>>29
 }
 
+// rankTableSize returns the number of slots of the table of n tokens (a
+// power of two, at most half full).
+func rankTableSize(n int) int { return 1 << bits.Len(uint(n*2)) }
+
 func newRankTable(n int) *rankTable {
-	size := 1 << bits.Len(uint(n*2))
-	return &rankTable{
-		slots: make([]slot, size),
+	size := rankTableSize(n)
+	t := &rankTable{
 		shift: uint(64 - bits.TrailingZeros(uint(size))),
 		mask:  uint64(size - 1),
 	}
+	t.slots = allocTable[slot](size)
+	t.pairs = new([1 << 16]uint32)
+	t.filter = new([1 << 15]uint64)
+	for i := range t.pairs {
+		t.pairs[i] = noRank
+	}
+	return t
 }
 
-// insert adds key (which must already be stored at arena[off:off+len(key)]).
-func (t *rankTable) insert(key string, off int, rank uint32) {
-	k := packKey(key)
-	i := hashKey(key, k) >> t.shift
+// place stores s in the first free slot from its home position i (and, for
+// a two-byte key, in pairs).
+func (t *rankTable) place(s slot, i uint64) {
+	if s.m>>32&0xff == 2 {
+		t.pairs[uint16(s.k)] = uint32(s.m)
+	}
 	for t.slots[i].m != 0 {
 		i = (i + 1) & t.mask
 	}
-	t.slots[i] = slot{k: k, m: uint64(rank) | uint64(len(key))<<32 | uint64(off)<<40}
-	if len(key) > t.maxLen {
-		t.maxLen = len(key)
-	}
+	t.slots[i] = s
 }
 
 // get returns the rank of s or noRank. s must be non-empty.
 func (t *rankTable) get(s string) uint32 {
 	k := packKey(s)
-	i := hashKey(s, k) >> t.shift
+	h := hashKey(s, k)
+	if k&0x8080808080808080 != 0 { // non-ASCII: mostly not tokens
+		if w, m := filterMask(h); t.filter[w]&m != m {
+			return noRank
+		}
+	}
+	i := h >> t.shift
 	l := uint64(len(s))
 	slots := t.slots
 	for {
