@@ -123,10 +123,13 @@ var modes = []mode{
 	// P95 because one fixed delay cannot suit three model paths of
 	// different speeds; the 3 s floor keeps the 5% budget for the calls
 	// that are slow for no reason of their own (stalls) instead of spending
-	// it on the long prompts that are slow everywhere (see the README).
-	{name: "hedged", about: "cluster-aware + HedgeConfig{P95: true, Delay: 3 s simulated}: a second region once the first is slower than its p95 to headers and 3 s (5% budget)",
+	// it on the long prompts that are slow everywhere. A stream's headers
+	// come at once, so hedging cannot see a stream stall; first-token
+	// failover can (see the README).
+	{name: "hedged", about: "cluster-aware + HedgeConfig{P95: true, Delay: 3 s}: a second region once an answer is slower than its p95 and 3 s (5% budget); Stream.FirstTokenTimeout 5 s: a stream silent 5 s after its headers goes elsewhere",
 		newSender: relayed(relayMode{strategy: relay.StrategyAffinity, policy: clusterPolicy(false),
-			hedge: relay.HedgeConfig{P95: true, Delay: scaled(3 * time.Second)}})},
+			hedge:  relay.HedgeConfig{P95: true, Delay: scaled(3 * time.Second)},
+			stream: relay.StreamConfig{FirstTokenTimeout: scaled(5 * time.Second)}})},
 }
 
 // aboutReal describes the modes against a real endpoint (-base-url).
@@ -139,7 +142,7 @@ var aboutReal = map[string]string{
 	"cluster-busy":  "cluster-aware, WhenBusy",
 	"affinity":      "striped with StrategyAffinity (one endpoint: the same route for every key)",
 	"bounded":       "striped with StrategyBoundedLoad (one endpoint: the same route for every key)",
-	"hedged":        "cluster-aware + P95 hedging (the hedge is a second call to the same endpoint)",
+	"hedged":        "cluster-aware + P95 hedging and first-token failover (the second call goes to the same endpoint)",
 }
 
 // clusterPolicy is the ready-made policy with the fast and cheap models of
@@ -428,6 +431,7 @@ type relayMode struct {
 	strategy relay.Strategy
 	policy   func(e *env) relay.Policy // nil: keep the requested model
 	hedge    relay.HedgeConfig
+	stream   relay.StreamConfig
 }
 
 // relayed sends through one Router over every region and model path, with
@@ -448,6 +452,7 @@ func relayed(rm relayMode) func(e *env) (*sender, error) {
 			Prices:     e.prices,
 			Retry:      retry,
 			Hedge:      rm.hedge,
+			Stream:     rm.stream,
 			// Busy: a recent p99 over 5 s of simulated time. The breaker's
 			// cooldown is on the fleet's clock too: the default 30 s would
 			// be 25 minutes of simulated time, longer than the whole run.

@@ -361,17 +361,25 @@ func targets(o options, results []result) (ts []target, notes []string) {
 	}
 
 	note := func(format string, a ...any) { notes = append(notes, fmt.Sprintf(format, a...)) }
-	if okC && okB && o.workload == "batch" {
-		note("cluster-aware throughput / baseline = %s×", num(ca.ThroughputRPS/bl.ThroughputRPS))
+	if o.workload == "batch" {
+		if okC && okB {
+			note("cluster-aware vs baseline: throughput %s×, success %.2f%% vs %.2f%%, $/1k req %s×",
+				num(ca.ThroughputRPS/bl.ThroughputRPS), ca.SuccessPct, bl.SuccessPct, num(ca.CostPer1kReq/bl.CostPer1kReq))
+		}
+		if okF && okC {
+			note("cluster-aware p99 / floor p99 = %s×", num(ca.P99ms/fl.P99ms))
+		}
 	}
-	if okA && okS && o.workload != "chat" {
-		note("affinity cache hits / striped = %s× (%.1f%% vs %.1f%%)", num(af.CacheHitPct/math.Max(st.CacheHitPct, 0.01)), af.CacheHitPct, st.CacheHitPct)
-	}
-	if okBd && okA {
-		note("bounded vs affinity: cache hits %.1f%% vs %.1f%%, p99 %s×", bd.CacheHitPct, af.CacheHitPct, num(bd.P99ms/af.P99ms))
-	}
-	if okF && okC {
-		note("cluster-aware p99 / floor p99 = %s×", num(ca.P99ms/fl.P99ms))
+	// The cache figures of the two home-keeping strategies against striping.
+	for _, h := range []struct {
+		r  result
+		ok bool
+	}{{af, okA}, {bd, okBd}} {
+		if h.ok && okS && (o.workload != "chat" || h.r.Mode != "affinity" || !faults) {
+			note("%s vs striped: cache hits %.1f%% vs %.1f%% (%s×), input $/1k req %s×, p99 %s×", h.r.Mode,
+				h.r.CacheHitPct, st.CacheHitPct, num(h.r.CacheHitPct/math.Max(st.CacheHitPct, 0.01)),
+				num(h.r.InputPer1kReq/st.InputPer1kReq), num(h.r.P99ms/st.P99ms))
+		}
 	}
 	return ts, notes
 }
