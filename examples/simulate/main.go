@@ -212,6 +212,14 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: simulate [flags]\n\nRuns a seeded workload against a simulated fleet (relaytest.SimFleet) in several modes\nand prints a table (or, with -json, one JSON array) of latency, throughput, cost and cache hits.\n\n")
 		fs.PrintDefaults()
+		fmt.Fprintf(stderr, "\nworkloads (-workload):\n")
+		for _, g := range workloads {
+			fmt.Fprintf(stderr, "  %-7s %s\n", g.name, g.about)
+		}
+		fmt.Fprintf(stderr, "\nscenarios (-scenario):\n")
+		for _, sc := range scenarios {
+			fmt.Fprintf(stderr, "  %-7s %s\n", sc.name, sc.about)
+		}
 	}
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -271,7 +279,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		if set["scenario"] || set["cache-blocks"] {
 			return bad("-scenario and -cache-blocks shape the simulated fleet; they do not apply to -base-url")
 		}
-		o.scenario = scenario{name: "none", about: "none"}
+		o.scenario = scenario{name: "none", about: "no fault"}
 		if o.apiKey == "" {
 			o.apiKey = os.Getenv("OPENAI_API_KEY")
 		}

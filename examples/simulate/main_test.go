@@ -63,6 +63,8 @@ func TestFlagsRejected(t *testing.T) {
 	assert.Equal(t, 0, run([]string{"-h"}, &out, &errb))
 	assert.Contains(t, errb.String(), "-concurrency")
 	assert.Contains(t, errb.String(), "one JSON array")
+	assert.Contains(t, errb.String(), "  chat    conversations of 3–30 turns")
+	assert.Contains(t, errb.String(), "  stalls  in every mode, 1.5% of calls")
 }
 
 // decide returns the router's view of a request body.

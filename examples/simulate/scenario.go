@@ -35,7 +35,7 @@ var scenarios = []scenario{
 			{0.55, func(f *relaytest.SimFleet) { f.SetDark("ap-southeast", false) }},
 			{0.70, func(f *relaytest.SimFleet) { f.Burst429("eu-west", 20, 200*time.Millisecond) }},
 		}},
-	{name: "none", about: "none"},
+	{name: "none", about: "no fault"},
 	{name: "stalls",
 		about:  "in every mode, 1.5% of calls meet a shard 10–50× slower (it stays busy), 0.5% a connection that hangs until the caller gives up",
 		stalls: relaytest.SimStalls{Slow: 0.015, Hang: 0.005, SlowMin: 10, SlowMax: 50}},
