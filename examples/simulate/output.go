@@ -233,9 +233,9 @@ func printTables(out io.Writer, o options, results []result) {
 	}
 	fmt.Fprintln(out)
 	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "mode\tattempts/req\trefused\t429 burst\t429 full\tstalled\tmax queue\thottest shard\tusage missing\t")
+	fmt.Fprintln(tw, "mode\tattempts/req\trefused\t429 burst\t429 full\tstalled\tmax queue\thottest shard\tusage missing")
 	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%.3f\t%d\t%d\t%d\t%d+%d\t%d (%s)\t%.1f%% of calls\t%d\t\n",
+		fmt.Fprintf(tw, "%s\t%.3f\t%d\t%d\t%d\t%d+%d\t%d (%s)\t%.1f%% of calls\t%d\n",
 			r.Mode, r.AttemptsPerReq, r.Refused, r.Throttled, r.QueueFull, r.Slowed, r.Hung, r.MaxQueue, r.MaxQueueShard, r.HotShardPct, r.UsageMissing)
 	}
 	tw.Flush()
