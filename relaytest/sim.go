@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"hash/fnv"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strconv"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/tokenrelay/relay/internal/prompt"
 )
 
 // The fleet simulator: a SimFleet is a set of Servers standing for the
@@ -44,9 +47,11 @@ import (
 //     ever its queue. Nothing fails; the hot shard's queue grows while the
 //     others idle, which is the silent p99 inflation that batch jobs see.
 //   - Each Server has a prefix cache: an LRU of at most CacheBlocks block
-//     hashes. The canonical prompt text (tool definitions, then each
-//     message's role and text, in order; Responses: instructions, then
-//     input; completions: the prompt) is cut into fixed blocks of BlockBytes
+//     hashes. The canonical prompt text, the router's own definition
+//     (internal/prompt.AppendCanonical: leading system and developer
+//     messages, tool definitions, then the other messages with their text,
+//     tool calls and tool outputs; Responses: instructions, tools, input;
+//     completions: the prompt), is cut into fixed blocks of BlockBytes
 //     bytes; block i's hash chains the hash of block i-1, so a block matches
 //     only when the whole prefix up to it matches. The leading blocks found
 //     in the cache are the cached prefix: the answer reports the o200k_base
@@ -60,8 +65,9 @@ import (
 //     connection is closed with no answer, or a 503 when DarkStatus is 503);
 //     Burst429 answers the next calls of a region with 429 and a
 //     retry-after-ms hint; SetSlowFirstToken delays the first token of every
-//     answer of a region. The router's retries and breakers see these as real
-//     failures.
+//     answer of a region; SetStalls makes a random share of all calls meet a
+//     shard that serves them many times slower, or a connection that hangs.
+//     The router's retries, breakers and hedges see these as real failures.
 //
 // Calls that are not chat, Responses or completions calls (models,
 // embeddings) are answered by the Server as usual, with no scheduling.
@@ -176,6 +182,33 @@ type SimFleet struct {
 	byName     map[string]*simPath
 	regions    map[string]*simRegion
 	clustering atomic.Bool
+
+	stallMu sync.Mutex
+	stalls  SimStalls
+	stallRN *rand.Rand
+}
+
+// SimStalls makes a share of a fleet's calls misbehave the way a sick shard
+// or a black-holed connection does (SetStalls). Each call to a chat,
+// Responses or completions endpoint that is not refused by a dark region or
+// a 429 burst draws once: with probability Hang it hangs, with probability
+// Slow it is slowed, otherwise it is served as usual.
+type SimStalls struct {
+	// Slow is the share of calls (0 to 1) served by a shard running
+	// SlowMin to SlowMax times slower than usual (uniformly drawn): the
+	// whole service time (first token and every output token) is
+	// stretched, and the shard stays busy meanwhile, so the calls queued
+	// behind it wait too. A stream's headers still come at once.
+	Slow float64
+	// SlowMin and SlowMax bound the slow-down factor; if both are 0, 10
+	// and 50.
+	SlowMin, SlowMax float64
+	// Hang is the share of calls (0 to 1) whose connection hangs: no
+	// headers, no shard taken, until the client gives up (its attempt
+	// timeout or deadline) or the fleet closes.
+	Hang float64
+	// Seed seeds the draws.
+	Seed uint64
 }
 
 type simRegion struct {
@@ -322,6 +355,40 @@ func (f *SimFleet) Burst429(region string, n int, retryAfter time.Duration) {
 	r.burst.Store(int64(max(n, 0)))
 }
 
+// SetStalls sets the share of calls that meet a slow shard or a hung
+// connection (see SimStalls); the zero SimStalls ends them. It panics on a
+// share outside [0, 1], Slow+Hang over 1, or a factor range that is not
+// 1 <= SlowMin <= SlowMax.
+func (f *SimFleet) SetStalls(s SimStalls) {
+	if s.SlowMin == 0 && s.SlowMax == 0 {
+		s.SlowMin, s.SlowMax = 10, 50
+	}
+	if !(s.Slow >= 0 && s.Hang >= 0 && s.Slow+s.Hang <= 1) || !(1 <= s.SlowMin && s.SlowMin <= s.SlowMax) {
+		panic("relaytest: invalid SimStalls")
+	}
+	f.stallMu.Lock()
+	defer f.stallMu.Unlock()
+	f.stalls = s
+	f.stallRN = rand.New(rand.NewPCG(s.Seed, 0x57a11))
+}
+
+// stall draws a call's fate: hang, or a slow-down factor (1: none).
+func (f *SimFleet) stall() (hang bool, factor float64) {
+	f.stallMu.Lock()
+	defer f.stallMu.Unlock()
+	s := f.stalls
+	if s.Slow == 0 && s.Hang == 0 {
+		return false, 1
+	}
+	switch u := f.stallRN.Float64(); {
+	case u < s.Hang:
+		return true, 1
+	case u < s.Hang+s.Slow:
+		return false, s.SlowMin + f.stallRN.Float64()*(s.SlowMax-s.SlowMin)
+	}
+	return false, 1
+}
+
 // SetSlowFirstToken adds extra (simulated time, scaled by TimeScale) before
 // the first token of every answer of a region (before the headers of a
 // non-streaming answer); 0 ends it. The shard stays busy meanwhile.
@@ -358,8 +425,10 @@ type SimPathStats struct {
 	Name, Region, Model string
 	// Served counts answers given after service; Rejected, calls answered
 	// with FullStatus because the shard queue was full; Refused, calls
-	// refused while the region was dark; Throttled, 429s of a Burst429.
-	Served, Rejected, Refused, Throttled int
+	// refused while the region was dark; Throttled, 429s of a Burst429;
+	// Slowed, calls served by a slow shard and Hung, calls left hanging
+	// (SetStalls).
+	Served, Rejected, Refused, Throttled, Slowed, Hung int
 	// PromptTokens and CachedTokens sum the served calls' usage; CacheHits
 	// counts served calls with cached tokens.
 	PromptTokens, CachedTokens, CacheHits int
@@ -378,7 +447,8 @@ func (f *SimFleet) Stats() SimStats {
 	var s SimStats
 	for _, p := range f.paths {
 		ps := SimPathStats{Name: p.up.Name, Region: p.regionName, Model: p.model.Name,
-			Rejected: int(p.rejected.Load()), Refused: int(p.refused.Load()), Throttled: int(p.throttled.Load())}
+			Rejected: int(p.rejected.Load()), Refused: int(p.refused.Load()), Throttled: int(p.throttled.Load()),
+			Slowed: int(p.slowed.Load()), Hung: int(p.hung.Load())}
 		p.mu.Lock()
 		ps.PromptTokens, ps.CachedTokens, ps.CacheHits = p.prompt, p.cached, p.hits
 		p.mu.Unlock()
@@ -406,7 +476,7 @@ type simPath struct {
 	cache      *prefixCache // nil: none
 	rr         atomic.Uint64
 
-	rejected, refused, throttled atomic.Int64
+	rejected, refused, throttled, slowed, hung atomic.Int64
 
 	mu                   sync.Mutex
 	prompt, cached, hits int
@@ -446,8 +516,16 @@ func (p *simPath) hook(r *http.Request, rec *Recorded, f Fault) (Fault, func()) 
 	if len(rec.Body) == 0 || !gjson.ValidBytes(rec.Body) {
 		return f, nil // the Server answers 400
 	}
+	hang, factor := p.fleet.stall()
+	if hang {
+		p.hung.Add(1)
+		return Fault{Hang: true}, nil
+	}
+	if factor != 1 {
+		p.slowed.Add(1)
+	}
 	root := gjson.ParseBytes(rec.Body)
-	prompt := promptTokens(rec.Endpoint, root)
+	promptToks := promptTokens(rec.Endpoint, root)
 	output := p.model.DefaultOutput
 	for _, k := range []string{"max_completion_tokens", "max_tokens", "max_output_tokens"} {
 		if m := root.Get(k).Int(); m > 0 {
@@ -456,7 +534,7 @@ func (p *simPath) hook(r *http.Request, rec *Recorded, f Fault) (Fault, func()) 
 		}
 	}
 
-	sh := p.pick(prompt)
+	sh := p.pick(promptToks)
 	if !sh.enqueue(r.Context(), p.srv.closing) {
 		p.rejected.Add(1)
 		st := p.fleet.cfg.FullStatus
@@ -471,13 +549,13 @@ func (p *simPath) hook(r *http.Request, rec *Recorded, f Fault) (Fault, func()) 
 
 	cached := 0
 	if p.cache != nil {
-		text := canonicalPrompt(rec.Endpoint, root)
+		text := string(prompt.AppendCanonical(nil, rec.Endpoint, string(rec.Body), math.MaxInt))
 		if n := p.cache.touch(text, p.fleet.cfg.BlockBytes); n > 0 {
-			cached = min(countTokens(text[:n]), prompt)
+			cached = min(countTokens(text[:n]), promptToks)
 		}
 	}
 	p.mu.Lock()
-	p.prompt += prompt
+	p.prompt += promptToks
 	p.cached += cached
 	if cached > 0 {
 		p.hits++
@@ -485,13 +563,14 @@ func (p *simPath) hook(r *http.Request, rec *Recorded, f Fault) (Fault, func()) 
 	p.mu.Unlock()
 
 	m := p.model
-	first := p.fleet.scale(m.firstToken(prompt, cached)) + time.Duration(p.region.slowFirst.Load())
+	stretch := func(d time.Duration) time.Duration { return time.Duration(float64(d) * factor) }
+	first := stretch(p.fleet.scale(m.firstToken(promptToks, cached))) + time.Duration(p.region.slowFirst.Load())
 	g := Fault{CachedTokens: cached, completion: output}
 	if rec.Stream {
 		g.FirstTokenDelay = first
-		g.pace = p.fleet.scale(m.DecodePerToken)
+		g.pace = stretch(p.fleet.scale(m.DecodePerToken))
 	} else {
-		g.Delay = first + p.fleet.scale(time.Duration(output)*m.DecodePerToken)
+		g.Delay = first + stretch(p.fleet.scale(time.Duration(output)*m.DecodePerToken))
 	}
 	return g, done
 }
@@ -591,66 +670,6 @@ func (s *simShard) release(served bool, busy time.Duration) {
 		return
 	}
 	s.busy = false
-}
-
-// canonicalPrompt is the text whose blocks the prefix cache hashes: tool
-// definitions, then each message's role and text, in order (Responses:
-// instructions, then input; completions: the prompt).
-func canonicalPrompt(ep string, root gjson.Result) string {
-	var b []byte
-	addMsg := func(m gjson.Result) {
-		if !m.IsObject() {
-			b = append(b, m.Raw...)
-			return
-		}
-		b = append(b, m.Get("role").Str...)
-		b = append(b, '\n')
-		c := m.Get("content")
-		if c.Type == gjson.String {
-			b = append(b, c.Str...)
-		} else {
-			c.ForEach(func(_, part gjson.Result) bool {
-				b = append(b, part.Get("text").Str...)
-				return true
-			})
-		}
-		b = append(b, 0)
-	}
-	switch ep {
-	case epChat:
-		if t := root.Get("tools"); t.Exists() {
-			b = append(b, t.Raw...)
-			b = append(b, 0)
-		}
-		root.Get("messages").ForEach(func(_, m gjson.Result) bool {
-			addMsg(m)
-			return true
-		})
-	case epResponses:
-		if t := root.Get("tools"); t.Exists() {
-			b = append(b, t.Raw...)
-			b = append(b, 0)
-		}
-		b = append(b, root.Get("instructions").Str...)
-		b = append(b, 0)
-		in := root.Get("input")
-		if in.Type == gjson.String {
-			b = append(b, in.Str...)
-		} else {
-			in.ForEach(func(_, m gjson.Result) bool {
-				addMsg(m)
-				return true
-			})
-		}
-	case epCompletions:
-		pr := root.Get("prompt")
-		if pr.Type == gjson.String {
-			b = append(b, pr.Str...)
-		} else {
-			b = append(b, pr.Raw...)
-		}
-	}
-	return string(b)
 }
 
 // prefixCache is a bounded LRU of chained prefix-block hashes. Safe for

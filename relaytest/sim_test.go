@@ -3,6 +3,7 @@ package relaytest
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
@@ -11,6 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/tidwall/gjson"
+
+	"github.com/tokenrelay/relay/internal/prompt"
 )
 
 // newSim starts a SimFleet closed at the end of the test. Its time scale is
@@ -300,5 +303,88 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not reached")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestSimCacheKeysOnRouterCanonical checks that the prefix cache hashes the
+// router's canonical prompt (internal/prompt): a chat request and the
+// Responses request with the same instructions and input have the same
+// canonical prompt, so the second finds the first one's blocks, and the
+// cached tokens are those of the canonical text's leading full blocks.
+func TestSimCacheKeysOnRouterCanonical(t *testing.T) {
+	f := newSim(t, SimConfig{Regions: []string{"us-east"}})
+	srv := f.Server("us-east", "gpt-5.5-codex")
+	sys := strings.Repeat("You answer questions about the billing system. ", 20)
+	q := strings.TrimSpace(strings.Repeat(" word", 60))
+	chat := simChat("gpt-5.5-codex", sys, 60, 2, false)
+	resp, _ := post(t, srv, "/chat/completions", chat)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	body, _ := json.Marshal(map[string]any{"model": "gpt-5.5-codex", "instructions": sys, "input": q, "max_output_tokens": 2})
+	resp, b := post(t, srv, "/responses", string(body))
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
+	canon := string(prompt.AppendCanonical(nil, prompt.Responses, string(body), math.MaxInt))
+	require.Equal(t, canon, string(prompt.AppendCanonical(nil, prompt.Chat, chat, math.MaxInt)), "one canonical prompt")
+	full := len(canon) / 64 * 64
+	assert.Equal(t, int64(min(countTokens(canon[:full]), promptTokens(epResponses, gjson.Parse(string(body))))),
+		gjson.GetBytes(b, "usage.input_tokens_details.cached_tokens").Int(), "every full block of the chat call's prompt is cached")
+}
+
+func TestSimStalls(t *testing.T) {
+	f := newSim(t, SimConfig{Regions: []string{"us-east"}, TimeScale: 0.001})
+	srv := f.Server("us-east", "gemini-2.5-flash")
+	body := simChat("gemini-2.5-flash", "", 5, 10, false)
+	m, _ := f.Model("gemini-2.5-flash")
+	normal := time.Duration(float64(m.ServiceTime(simPromptTokens(body), 0, 10)) * 0.001)
+
+	// Every call slowed 20 times: the answer takes at least 20 service times.
+	f.SetStalls(SimStalls{Slow: 1, SlowMin: 20, SlowMax: 20})
+	start := time.Now()
+	resp, _ := post(t, srv, "/chat/completions", body)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.GreaterOrEqual(t, time.Since(start), 20*normal)
+
+	// Every call hangs until the client gives up; no shard is taken.
+	f.SetStalls(SimStalls{Hang: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/chat/completions", strings.NewReader(body))
+	require.NoError(t, err)
+	_, err = srv.Client().Do(req)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+
+	// The zero SimStalls ends them.
+	f.SetStalls(SimStalls{})
+	resp, _ = post(t, srv, "/chat/completions", body)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+
+	st := pathStats(t, f.Stats(), "us-east/gemini-2.5-flash")
+	assert.Equal(t, 1, st.Slowed)
+	assert.Equal(t, 1, st.Hung)
+	assert.Equal(t, 2, st.Served)
+
+	// A share draws about that share of calls, reproducibly for a seed.
+	draw := func(seed uint64) (hung, slow int) {
+		f.SetStalls(SimStalls{Slow: 0.1, Hang: 0.05, Seed: seed})
+		for range 2000 {
+			h, factor := f.stall()
+			switch {
+			case h:
+				hung++
+			case factor != 1:
+				slow++
+				assert.True(t, factor >= 10 && factor <= 50, factor)
+			}
+		}
+		return hung, slow
+	}
+	h1, s1 := draw(3)
+	assert.InDelta(t, 100, h1, 40)
+	assert.InDelta(t, 200, s1, 60)
+	h2, s2 := draw(3)
+	assert.Equal(t, []int{h1, s1}, []int{h2, s2})
+
+	for _, bad := range []SimStalls{{Slow: -0.1}, {Slow: 0.6, Hang: 0.5}, {Slow: 0.1, SlowMin: 0.5, SlowMax: 2}, {SlowMin: 5, SlowMax: 4}} {
+		assert.Panics(t, func() { f.SetStalls(bad) }, "%+v", bad)
 	}
 }

@@ -1,21 +1,26 @@
 // Command simulate sends one seeded workload to a simulated fleet of
-// OpenAI-compatible upstreams in several modes, straight to one clustering
-// upstream and through the relay router, and prints p50, p99, throughput,
-// success, cost and cache hits side by side.
+// OpenAI-compatible upstreams in several modes — straight to one upstream,
+// round-robin over the whole fleet, and through the relay router with
+// several strategies — and prints p50, p99, throughput, success, cost and
+// cache hits side by side, with the targets each run is held to.
 //
 // The fleet is simulated: relaytest.SimFleet runs on loopback, no key and no
 // network needed. Its model (regions of FIFO shards with bounded queues,
 // service time = prefill + decode on a 1:50 clock, the clustering of 150–220
 // token prompts onto one shard, prefix caches per region and model path, a
-// region going dark, 429 bursts) is documented on relaytest.SimFleet; the
-// numbers show how routing changes queueing in that model, not what any
-// provider measures.
+// region going dark, 429 bursts, slow shards and hung connections) is
+// documented on relaytest.SimFleet; the numbers show how routing changes
+// queueing and caching in that model, not what any provider measures.
 //
-// With -replay FILE it replays a JSONL file of recorded requests instead of
-// the generated workload (see replay.go), against the simulated fleet or,
-// with -base-url, against a real OpenAI-compatible endpoint.
+// -workload picks the traffic (batch, chat, agent; workload.go), -scenario
+// the trouble it meets (outage, none, stalls; scenario.go). With -replay
+// FILE it replays a JSONL file of recorded requests instead (see
+// replay.go), against the simulated fleet or, with -base-url, against a
+// real OpenAI-compatible endpoint.
 //
 //	go run ./examples/simulate
+//	go run ./examples/simulate -workload chat
+//	go run ./examples/simulate -scenario stalls -modes cluster-aware,hedged
 //	go run ./examples/simulate -requests 500 -concurrency 16 -modes direct,cluster-aware -json
 //	go run ./examples/simulate -replay examples/simulate/testdata/sample.jsonl -speed 2
 //	OPENAI_API_KEY=... go run ./examples/simulate -replay my.jsonl -base-url https://api.openai.com/v1
@@ -29,21 +34,17 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"os"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"text/tabwriter"
 	"time"
 
 	"github.com/tokenrelay/relay"
-	"github.com/tokenrelay/relay/internal/bpe"
 	"github.com/tokenrelay/relay/relaytest"
 )
 
@@ -62,8 +63,39 @@ const timeScale = 0.02
 // scaled converts a simulated duration to wall-clock time.
 func scaled(d time.Duration) time.Duration { return time.Duration(float64(d) * timeScale) }
 
-// mode is one row of the table. Adding a mode (hedging, affinity striping)
-// is one entry here.
+// Time limits, in simulated time. Every request's context has a deadline of
+// callerDeadline, as a caller's would (it only matters for a hung
+// connection in the modes that do not retry); the relay modes bound each
+// attempt's wait for response headers by attemptTimeout and try elsewhere.
+// Both are far above the slowest legitimate answer of any workload.
+const (
+	callerDeadline = 5 * time.Minute
+	attemptTimeout = time.Minute
+)
+
+// simCacheBlocks is the prefix cache of each (region, model) of the fleet:
+// 8192 blocks of 64 bytes, 512 KB of canonical prompt text (about 80k
+// tokens of the workloads' text). The README's tuning table shows why:
+// it holds what one region's share of the chat and agent sessions needs,
+// not every session's history in every region.
+const simCacheBlocks = 8192
+
+// flagshipInput is the input price the simulation gives the flagship,
+// whose input price relay.DefaultPrices leaves unpublished (0): without
+// one, cache hits would show in latency but never in cost.
+var flagshipInput = relay.Price{InputPerMTok: 1.25, CachedInputPerMTok: 0.125}
+
+// simPrices are the fleet's prices: relay.DefaultPrices with the flagship's
+// input priced at flagshipInput.
+func simPrices() map[string]relay.Price {
+	p := relay.DefaultPrices()
+	f := p[flagship]
+	f.InputPerMTok, f.CachedInputPerMTok = flagshipInput.InputPerMTok, flagshipInput.CachedInputPerMTok
+	p[flagship] = f
+	return p
+}
+
+// mode is one row of the table. Adding a mode is one entry here.
 type mode struct {
 	name  string
 	about string
@@ -75,31 +107,42 @@ type mode struct {
 
 var modes = []mode{
 	{name: "floor", about: "direct, one request at a time (unloaded baseline)", floor: true, newSender: direct},
-	{name: "direct", about: "one upstream (us-east " + flagship + "), clustering on, no retries", newSender: direct},
+	{name: "direct", about: "one upstream (us-east " + flagship + "), no retries: the \"before\" row", newSender: direct},
+	{name: "baseline", about: "no router: the 12 upstreams in turn, each asked for its own model, no retries (capacity-matched)",
+		newSender: baseline},
 	{name: "striped", about: "relay over 4 regions, StrategyWeighted (random first region), retries elsewhere",
-		newSender: relayed(relay.StrategyWeighted, nil)},
-	{name: "affinity", about: "relay over 4 regions, StrategyAffinity (prompt-prefix home region + jitter), retries elsewhere",
-		newSender: relayed(relay.StrategyAffinity, nil)},
+		newSender: relayed(relayMode{strategy: relay.StrategyWeighted})},
+	{name: "affinity", about: "relay over 4 regions, StrategyAffinity (prompt-prefix home region + 12.5% jitter), retries elsewhere",
+		newSender: relayed(relayMode{strategy: relay.StrategyAffinity})},
+	{name: "bounded", about: "relay over 4 regions, StrategyBoundedLoad (the home region unless it holds over ⌈LoadFactor·average⌉ in flight)",
+		newSender: relayed(relayMode{strategy: relay.StrategyBoundedLoad})},
 	{name: "cluster-aware", about: "affinity + ClusterPolicy: 80–260 tokens → " + fast + ", other mid → " + cheap,
-		newSender: relayed(relay.StrategyAffinity, clusterPolicy(false))},
+		newSender: relayed(relayMode{strategy: relay.StrategyAffinity, policy: clusterPolicy(false)})},
 	{name: "cluster-busy", about: "cluster-aware, WhenBusy: the window moves only while " + flagship + " is busy",
-		newSender: relayed(relay.StrategyAffinity, clusterPolicy(true))},
-	// A fixed delay alone (HedgeConfig{Delay: scaled(time.Second)}) measured
-	// the same as P95 here (see the README); P95 is kept because one fixed
-	// delay cannot suit three model paths of different speeds.
-	{name: "hedged", about: "cluster-aware + HedgeConfig{P95: true, Delay: 1 s simulated}: a second region after the first one's p95 to headers (5% budget)",
-		newSender: relayedHedge(relay.StrategyAffinity, clusterPolicy(false), relay.HedgeConfig{P95: true, Delay: scaled(time.Second)})},
+		newSender: relayed(relayMode{strategy: relay.StrategyAffinity, policy: clusterPolicy(true)})},
+	// P95 because one fixed delay cannot suit three model paths of
+	// different speeds; the 3 s floor keeps the 5% budget for the calls
+	// that are slow for no reason of their own (stalls) instead of spending
+	// it on the long prompts that are slow everywhere. A stream's headers
+	// come at once, so hedging cannot see a stream stall; first-token
+	// failover can (see the README).
+	{name: "hedged", about: "cluster-aware + HedgeConfig{P95: true, Delay: 3 s}: a second region once an answer is slower than its p95 and 3 s (5% budget); Stream.FirstTokenTimeout 5 s: a stream silent 5 s after its headers goes elsewhere",
+		newSender: relayed(relayMode{strategy: relay.StrategyAffinity, policy: clusterPolicy(false),
+			hedge:  relay.HedgeConfig{P95: true, Delay: scaled(3 * time.Second)},
+			stream: relay.StreamConfig{FirstTokenTimeout: scaled(5 * time.Second)}})},
 }
 
 // aboutReal describes the modes against a real endpoint (-base-url).
 var aboutReal = map[string]string{
 	"floor":         "direct, one request at a time",
 	"direct":        "a Router with the one endpoint, no policy, no retries",
+	"baseline":      "the one endpoint, no router, no retries",
 	"striped":       "a Router with the one endpoint, retries and breaker (no other region to stripe over)",
 	"cluster-aware": "striped + ClusterPolicy with -fast and -cheap",
 	"cluster-busy":  "cluster-aware, WhenBusy",
 	"affinity":      "striped with StrategyAffinity (one endpoint: the same route for every key)",
-	"hedged":        "cluster-aware + P95 hedging (the hedge is a second call to the same endpoint)",
+	"bounded":       "striped with StrategyBoundedLoad (one endpoint: the same route for every key)",
+	"hedged":        "cluster-aware + P95 hedging and first-token failover (the second call goes to the same endpoint)",
 }
 
 // clusterPolicy is the ready-made policy with the fast and cheap models of
@@ -128,6 +171,11 @@ type options struct {
 	modes       []mode
 	json        bool
 	floorSample int
+	workload    string   // a generated workload's name
+	scenario    scenario // the fleet's trouble
+	loadFactor  float64  // Config.LoadFactor of the bounded mode; 0: relay's default
+	cacheBlocks int      // SimConfig.CacheBlocks; 0: the fleet's default
+	tty         bool     // stderr is a terminal: progress redraws one line
 
 	// Replay (replay.go).
 	replay      string  // JSONL file of recorded requests; "": the generated workload
@@ -142,15 +190,19 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var o options
-	var window, modeList string
+	var window, modeList, scenarioName string
 	var seed int64
 	fs.IntVar(&o.requests, "requests", 1200, "requests per mode")
 	fs.IntVar(&o.concurrency, "concurrency", 24, "requests in flight at once (the floor mode sends one at a time)")
 	fs.Int64Var(&seed, "seed", 1, "workload seed")
+	fs.StringVar(&o.workload, "workload", "batch", "the generated traffic: "+strings.Join(workloadNames(), ", "))
+	fs.StringVar(&scenarioName, "scenario", "outage", "the fleet's trouble: "+strings.Join(scenarioNames(), ", "))
 	fs.StringVar(&window, "window", "150-220", "the fleet's clustered prompt-token window, MIN-MAX")
 	fs.StringVar(&modeList, "modes", strings.Join(modeNames(), ","), "comma-separated modes: "+strings.Join(modeNames(), ", "))
-	fs.BoolVar(&o.json, "json", false, "print one JSON object per mode instead of the table")
-	fs.IntVar(&o.floorSample, "floor-sample", 100, "requests the floor mode sends (an evenly spaced sample of the workload)")
+	fs.BoolVar(&o.json, "json", false, "print one JSON array, an object per mode, instead of the tables")
+	fs.IntVar(&o.floorSample, "floor-sample", 100, "requests the floor mode sends (whole sessions evenly spaced over the workload)")
+	fs.Float64Var(&o.loadFactor, "load-factor", 0, "Config.LoadFactor of the bounded mode (0: relay's default, 1.25)")
+	fs.IntVar(&o.cacheBlocks, "cache-blocks", simCacheBlocks, "prefix-cache blocks (64 bytes each) per (region, model) of the simulated fleet")
 	fs.StringVar(&o.replay, "replay", "", "replay this JSONL file of recorded chat-completions or responses bodies instead of the generated workload")
 	fs.StringVar(&o.baseURL, "base-url", "", "with -replay: send to this real OpenAI-compatible API root (e.g. https://api.openai.com/v1) instead of the simulated fleet")
 	fs.StringVar(&o.apiKey, "api-key", "", "API key for -base-url (default $OPENAI_API_KEY)")
@@ -158,8 +210,16 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.fast, "fast", fast, "the cluster-aware modes' fast model (ClusterPolicy.Fast)")
 	fs.StringVar(&o.cheap, "cheap", cheap, "the cluster-aware modes' cheap model (ClusterPolicy.Cheap)")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: simulate [flags]\n\nRuns a seeded workload against a simulated fleet (relaytest.SimFleet) in several modes.\n\n")
+		fmt.Fprintf(stderr, "usage: simulate [flags]\n\nRuns a seeded workload against a simulated fleet (relaytest.SimFleet) in several modes\nand prints a table (or, with -json, one JSON array) of latency, throughput, cost and cache hits.\n\n")
 		fs.PrintDefaults()
+		fmt.Fprintf(stderr, "\nworkloads (-workload):\n")
+		for _, g := range workloads {
+			fmt.Fprintf(stderr, "  %-7s %s\n", g.name, g.about)
+		}
+		fmt.Fprintf(stderr, "\nscenarios (-scenario):\n")
+		for _, sc := range scenarios {
+			fmt.Fprintf(stderr, "  %-7s %s\n", sc.name, sc.about)
+		}
 	}
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -189,6 +249,23 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	o.requestsSet = set["requests"]
+	if !slices.Contains(workloadNames(), o.workload) {
+		return bad("unknown workload %q (workloads: %s)", o.workload, strings.Join(workloadNames(), ", "))
+	}
+	i := slices.IndexFunc(scenarios, func(s scenario) bool { return s.name == scenarioName })
+	if i < 0 {
+		return bad("unknown scenario %q (scenarios: %s)", scenarioName, strings.Join(scenarioNames(), ", "))
+	}
+	o.scenario = scenarios[i]
+	if o.replay != "" && set["workload"] {
+		return bad("-workload and -replay exclude each other: a replay is its own workload")
+	}
+	if o.loadFactor != 0 && !(o.loadFactor >= 1 && !math.IsInf(o.loadFactor, 0)) {
+		return bad("-load-factor must be at least 1, got %g", o.loadFactor)
+	}
+	if o.cacheBlocks <= 0 {
+		return bad("-cache-blocks must be positive, got %d", o.cacheBlocks)
+	}
 	if !(o.speed > 0) || math.IsInf(o.speed, 0) {
 		return bad("-speed must be a positive number, got %g", o.speed)
 	}
@@ -199,6 +276,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		if u, err := url.Parse(o.baseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return bad("-base-url must be an http or https URL, got %q", o.baseURL)
 		}
+		if set["scenario"] || set["cache-blocks"] {
+			return bad("-scenario and -cache-blocks shape the simulated fleet; they do not apply to -base-url")
+		}
+		o.scenario = scenario{name: "none", about: "no fault"}
 		if o.apiKey == "" {
 			o.apiKey = os.Getenv("OPENAI_API_KEY")
 		}
@@ -237,6 +318,16 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	return o, nil
 }
 
+// isTerminal reports whether w is a terminal (a character device).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
 // run is the command: it returns the exit code (2 for bad flags).
 func run(args []string, stdout, stderr io.Writer) int {
 	o, err := parseFlags(args, stderr)
@@ -246,6 +337,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return 2
 	}
+	o.tty = isTerminal(stderr)
 	var w *workload
 	if o.replay != "" {
 		var models []string
@@ -258,7 +350,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 	} else {
-		w = newWorkload(o.seed, o.requests)
+		i := slices.IndexFunc(workloads, func(g generator) bool { return g.name == o.workload })
+		w = workloads[i].gen(o.seed, o.requests, o.concurrency)
 	}
 	var results []result
 	var cfg relaytest.SimConfig
@@ -268,6 +361,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			fmt.Fprintf(stderr, "simulate: mode %s: %v\n", m.name, err)
 			return 1
+		}
+		res.Workload, res.Scenario = w.name, o.scenario.name
+		if o.replay != "" {
+			res.Workload = "replay"
 		}
 		results = append(results, res)
 	}
@@ -289,24 +386,25 @@ type env struct {
 	fleet *relaytest.SimFleet // nil against a real endpoint
 	// direct is the upstream of the direct modes; all, every upstream of
 	// the relay modes (against a real endpoint, both are that endpoint).
-	direct   relay.Upstream
-	all      []relay.Upstream
-	fast     string
-	cheap    string
-	base     *http.Transport
-	onReport func(relay.Report)
+	direct     relay.Upstream
+	all        []relay.Upstream
+	fast       string
+	cheap      string
+	prices     map[string]relay.Price // nil: relay.DefaultPrices
+	loadFactor float64
+	base       *http.Transport
+	onReport   func(relay.Report)
 }
 
-// sender sends one request of the workload: it picks the Router for it.
+// sender sends one request of the workload and reads its answer to the end.
 type sender struct {
-	routers []*relay.Router
-	pick    func(q *request) int
+	do    func(ctx context.Context, q *request) error
+	close func()
 }
 
-func (s *sender) close() {
-	for _, r := range s.routers {
-		r.CloseIdleConnections()
-	}
+// routed sends through r.
+func routed(r *relay.Router) *sender {
+	return &sender{do: func(ctx context.Context, q *request) error { return send(ctx, r, q) }, close: r.CloseIdleConnections}
 }
 
 // retry is the routers' retry configuration, on the fleet's time scale: the
@@ -316,44 +414,53 @@ var retry = relay.RetryConfig{
 	InitialInterval: scaled(200 * time.Millisecond),
 	MaxInterval:     scaled(2 * time.Second),
 	MaxRetryAfter:   scaled(10 * time.Second),
+	AttemptTimeout:  scaled(attemptTimeout),
 }
 
-// direct sends every request to us-east's flagship, once.
+// direct sends every request to us-east's flagship, once: a Router with
+// one upstream and no retries, so cost and cache hits come from the same
+// OnReport as the relay modes.
 func direct(e *env) (*sender, error) {
 	r, err := relay.New(relay.Config{
 		Upstreams: []relay.Upstream{e.direct},
 		Base:      e.base,
 		OnReport:  e.onReport,
+		Prices:    e.prices,
 		Retry:     relay.RetryConfig{MaxAttempts: 1},
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &sender{routers: []*relay.Router{r}, pick: func(*request) int { return 0 }}, nil
+	return routed(r), nil
+}
+
+// relayMode is the router configuration of a relay mode.
+type relayMode struct {
+	strategy relay.Strategy
+	policy   func(e *env) relay.Policy // nil: keep the requested model
+	hedge    relay.HedgeConfig
+	stream   relay.StreamConfig
 }
 
 // relayed sends through one Router over every region and model path, with
-// retries, ordering the upstreams of a model by strategy, under policy (nil:
-// keep the requested model).
-func relayed(strategy relay.Strategy, policy func(e *env) relay.Policy) func(e *env) (*sender, error) {
-	return relayedHedge(strategy, policy, relay.HedgeConfig{})
-}
-
-// relayedHedge is relayed with hedging.
-func relayedHedge(strategy relay.Strategy, policy func(e *env) relay.Policy, hedge relay.HedgeConfig) func(e *env) (*sender, error) {
+// retries, ordering the upstreams of a model by the mode's strategy.
+func relayed(rm relayMode) func(e *env) (*sender, error) {
 	return func(e *env) (*sender, error) {
 		var p relay.Policy
-		if policy != nil {
-			p = policy(e)
+		if rm.policy != nil {
+			p = rm.policy(e)
 		}
 		r, err := relay.New(relay.Config{
-			Upstreams: e.all,
-			Policy:    p,
-			Strategy:  strategy,
-			Base:      e.base,
-			OnReport:  e.onReport,
-			Retry:     retry,
-			Hedge:     hedge,
+			Upstreams:  e.all,
+			Policy:     p,
+			Strategy:   rm.strategy,
+			LoadFactor: e.loadFactor,
+			Base:       e.base,
+			OnReport:   e.onReport,
+			Prices:     e.prices,
+			Retry:      retry,
+			Hedge:      rm.hedge,
+			Stream:     rm.stream,
 			// Busy: a recent p99 over 5 s of simulated time. The breaker's
 			// cooldown is on the fleet's clock too: the default 30 s would
 			// be 25 minutes of simulated time, longer than the whole run.
@@ -362,71 +469,32 @@ func relayedHedge(strategy relay.Strategy, policy func(e *env) relay.Policy, hed
 		if err != nil {
 			return nil, err
 		}
-		return &sender{routers: []*relay.Router{r}, pick: func(*request) int { return 0 }}, nil
+		return routed(r), nil
 	}
 }
 
-// result is one mode's row; the JSON field names are part of the output.
-type result struct {
-	Mode            string             `json:"mode"`
-	About           string             `json:"about"`
-	Requests        int                `json:"requests"`
-	Concurrency     int                `json:"concurrency"`
-	ModelPaths      map[string]float64 `json:"model_paths_pct"`
-	P50ms           float64            `json:"p50_ms"`
-	P99ms           float64            `json:"p99_ms"`
-	MaxMs           float64            `json:"max_ms"`
-	ThroughputRPS   float64            `json:"throughput_rps"`
-	SuccessPct      float64            `json:"success_pct"`
-	Failed          int                `json:"failed"`
-	CostUSD         float64            `json:"cost_usd"`
-	CostPer1kReq    float64            `json:"cost_per_1k_requests_usd"`
-	CostPer1MOutput float64            `json:"cost_per_1m_output_tokens_usd"`
-	PromptTokens    int                `json:"prompt_tokens"`
-	OutputTokens    int                `json:"output_tokens"`
-	CachedTokens    int                `json:"cached_tokens"`
-	CacheHitPct     float64            `json:"cache_hit_pct"`
-	UsageMissing    int                `json:"usage_missing"`
-	HedgesPct       float64            `json:"hedges_pct"`
-	AttemptsPerReq  float64            `json:"attempts_per_request"`
-	WallMs          float64            `json:"wall_ms"`
-	MaxQueue        int                `json:"max_queue"`
-	MaxQueueShard   string             `json:"max_queue_shard"`
-	HotShardPct     float64            `json:"hot_shard_pct"`
-	Refused         int                `json:"refused"`
-	Throttled       int                `json:"throttled"`
-}
-
-// faults are the default run's failures, by share of the mode's requests
-// sent: ap-southeast dark from 25% to 55%, a burst of 429s (hint 200 ms)
-// from eu-west at 70%. The direct and floor modes use us-east only, so they
-// never meet them.
-type fault struct {
-	at    float64
-	apply func(f *relaytest.SimFleet)
-}
-
-var faults = []fault{
-	{0.25, func(f *relaytest.SimFleet) { f.SetDark("ap-southeast", true) }},
-	{0.55, func(f *relaytest.SimFleet) { f.SetDark("ap-southeast", false) }},
-	{0.70, func(f *relaytest.SimFleet) { f.Burst429("eu-west", 20, 200*time.Millisecond) }},
-}
-
 func runMode(o options, m mode, w *workload, stderr io.Writer) (result, relaytest.SimConfig, error) {
-	e := &env{fast: o.fast, cheap: o.cheap}
+	e := &env{fast: o.fast, cheap: o.cheap, loadFactor: o.loadFactor}
 	var fleet *relaytest.SimFleet
 	if o.baseURL == "" {
 		fleet = relaytest.NewSimFleet(relaytest.SimConfig{
-			TimeScale:  timeScale,
-			ClusterMin: o.windowMin,
-			ClusterMax: o.windowMax,
+			TimeScale:   timeScale,
+			ClusterMin:  o.windowMin,
+			ClusterMax:  o.windowMax,
+			CacheBlocks: o.cacheBlocks,
 		})
 		defer fleet.Close()
 		e.fleet = fleet
+		e.prices = simPrices()
 		up, _ := fleet.Upstream("us-east", flagship)
 		e.direct = relay.Upstream{Name: up.Name, BaseURL: up.URL, Models: []string{flagship}}
 		for _, u := range fleet.Upstreams() {
 			e.all = append(e.all, relay.Upstream{Name: u.Name, BaseURL: u.URL, Models: []string{u.Model}})
+		}
+		if o.scenario.stalls != (relaytest.SimStalls{}) {
+			st := o.scenario.stalls
+			st.Seed = o.seed
+			fleet.SetStalls(st)
 		}
 	} else {
 		e.direct = relay.Upstream{Name: "remote", BaseURL: strings.TrimSuffix(o.baseURL, "/"), APIKey: o.apiKey}
@@ -434,7 +502,7 @@ func runMode(o options, m mode, w *workload, stderr io.Writer) (result, relaytes
 	}
 	base := &http.Transport{
 		MaxIdleConns:        0,
-		MaxIdleConnsPerHost: o.concurrency + 8,
+		MaxIdleConnsPerHost: 2*o.concurrency + 8,
 		IdleConnTimeout:     30 * time.Second,
 	}
 	defer base.CloseIdleConnections()
@@ -447,88 +515,112 @@ func runMode(o options, m mode, w *workload, stderr io.Writer) (result, relaytes
 		reports = append(reports, r)
 		mu.Unlock()
 	}
-	s, err := m.newSender(e)
+	snd, err := m.newSender(e)
 	if err != nil {
 		return result{}, relaytest.SimConfig{}, err
 	}
-	defer s.close()
+	defer snd.close()
 
-	reqs := w.reqs
-	conc := o.concurrency
+	sessions := w.sessions
+	conc, users := o.concurrency, w.users
 	if m.floor {
-		reqs = w.sample(o.floorSample)
-		conc = 1
+		sessions = w.sample(o.floorSample)
+		conc, users = 1, 1
 	}
-	var next, done atomic.Int64
-	var sendErrs atomic.Int64
-	var firstErr atomic.Value
-	total := len(reqs)
-	stopProgress := progress(stderr, m.name, total, &done)
+	if users <= 0 {
+		users = len(sessions)
+	}
+	total := 0
+	for _, s := range sessions {
+		total += len(s)
+	}
+	faults := o.scenario.faults
+	if m.floor || fleet == nil {
+		faults = nil
+	}
+
+	// The open sessions wait in ready; a worker takes the one at the front,
+	// sends its next request, and puts it back at the end (or, when it is
+	// over, opens the next session). The last request closes ready.
+	type open struct {
+		reqs []request
+		next int
+	}
+	ready := make(chan *open, len(sessions))
+	var qmu sync.Mutex
+	opened, remaining := 0, total
+	for ; opened < min(users, len(sessions)); opened++ {
+		ready <- &open{reqs: sessions[opened]}
+	}
+	if total == 0 {
+		close(ready)
+	}
+	var sent, done atomic.Int64
 	nextFault := 0
-	var faultMu sync.Mutex
+	stopProgress := progress(stderr, o.tty, m.name, total, &done)
 	start := time.Now()
 	var wg sync.WaitGroup
 	for range conc {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= total {
-					return
-				}
+			for s := range ready {
+				q := &s.reqs[s.next]
+				i := int(sent.Add(1)) - 1
 				if w.timed && !m.floor {
 					// Recorded traffic: wait for the request's time.
-					if d := time.Until(start.Add(reqs[i].at)); d > 0 {
+					if d := time.Until(start.Add(q.at)); d > 0 {
 						time.Sleep(d)
 					}
 				}
-				if !m.floor && fleet != nil {
-					faultMu.Lock()
-					for nextFault < len(faults) && float64(i) >= faults[nextFault].at*float64(total) {
-						faults[nextFault].apply(fleet)
-						nextFault++
-					}
-					faultMu.Unlock()
+				qmu.Lock()
+				for nextFault < len(faults) && float64(i) >= faults[nextFault].at*float64(total) {
+					faults[nextFault].apply(fleet)
+					nextFault++
 				}
-				q := &reqs[i]
-				if err := send(s.routers[s.pick(q)], q); err != nil {
-					sendErrs.Add(1)
-					firstErr.CompareAndSwap(nil, err)
-				}
+				qmu.Unlock()
+				ctx, cancel := context.WithTimeout(context.Background(), scaled(callerDeadline))
+				_ = snd.do(ctx, q) // failures are in the reports
+				cancel()
 				done.Add(1)
+				qmu.Lock()
+				s.next++
+				switch {
+				case s.next < len(s.reqs):
+					ready <- s
+				case opened < len(sessions):
+					ready <- &open{reqs: sessions[opened]}
+					opened++
+				}
+				if remaining--; remaining == 0 {
+					close(ready)
+				}
+				qmu.Unlock()
 			}
 		}()
 	}
 	wg.Wait()
 	wall := time.Since(start)
 	stopProgress()
-	if fleet == nil {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(reports) != total {
-			return result{}, relaytest.SimConfig{}, fmt.Errorf("%d reports for %d requests", len(reports), total)
-		}
-		return summarize(m, reports, wall, conc, relaytest.SimStats{}), relaytest.SimConfig{}, nil
-	}
-	fleet.SetDark("ap-southeast", false)
 
 	mu.Lock()
 	defer mu.Unlock()
 	if len(reports) != total {
 		return result{}, relaytest.SimConfig{}, fmt.Errorf("%d reports for %d requests", len(reports), total)
 	}
-	res := summarize(m, reports, wall, conc, fleet.Stats())
-	return res, fleet.Config(), nil
+	if fleet == nil {
+		return summarize(m, o, reports, wall, conc, nil, relaytest.SimStats{}), relaytest.SimConfig{}, nil
+	}
+	return summarize(m, o, reports, wall, conc, e.prices, fleet.Stats()), fleet.Config(), nil
 }
 
 // send makes one request through rt and reads the answer to its end.
-func send(rt *relay.Router, q *request) error {
+func send(ctx context.Context, rt *relay.Router, q *request) error {
 	ep := q.endpoint
 	if ep == "" {
 		ep = relay.EndpointChat
 	}
-	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost,
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost,
 		"http://relay.invalid/v1/"+ep, strings.NewReader(q.body))
 	if err != nil {
 		return err
@@ -543,395 +635,39 @@ func send(rt *relay.Router, q *request) error {
 	return err
 }
 
-// progress prints a progress line on w until stop is called.
-func progress(w io.Writer, name string, total int, done *atomic.Int64) (stop func()) {
+// progress reports a mode's progress on w until stop is called: on a
+// terminal one line redrawn four times a second; otherwise (a file, a
+// pipe, CI) whole lines only, one every 5 s and one at the end.
+func progress(w io.Writer, tty bool, name string, total int, done *atomic.Int64) (stop func()) {
 	quit := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
+	start := time.Now()
 	go func() {
 		defer wg.Done()
-		t := time.NewTicker(250 * time.Millisecond)
+		every := 5 * time.Second
+		if tty {
+			every = 250 * time.Millisecond
+		}
+		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {
 			case <-t.C:
-				fmt.Fprintf(w, "\rsimulate: %-14s %5d/%d", name, done.Load(), total)
+				if tty {
+					fmt.Fprintf(w, "\rsimulate: %-14s %5d/%d", name, done.Load(), total)
+				} else {
+					fmt.Fprintf(w, "simulate: %-14s %5d/%d\n", name, done.Load(), total)
+				}
 			case <-quit:
-				fmt.Fprintf(w, "\rsimulate: %-14s %5d/%d done\n", name, done.Load(), total)
+				cr := ""
+				if tty {
+					cr = "\r"
+				}
+				fmt.Fprintf(w, "%ssimulate: %-14s %5d/%d done in %.1f s\n", cr, name, done.Load(), total, time.Since(start).Seconds())
 				return
 			}
 		}
 	}()
 	return func() { close(quit); wg.Wait() }
-}
-
-func summarize(m mode, reports []relay.Report, wall time.Duration, conc int, st relaytest.SimStats) result {
-	res := result{Mode: m.name, About: m.about, Requests: len(reports), Concurrency: conc,
-		ModelPaths: map[string]float64{}, WallMs: ms(wall)}
-	var lat []time.Duration
-	var ok, hedged, attempts int
-	for _, r := range reports {
-		lat = append(lat, r.Latency)
-		attempts += r.Attempts
-		if r.Hedged {
-			hedged++
-		}
-		if r.Err != nil || r.StatusCode != http.StatusOK {
-			res.Failed++
-			continue
-		}
-		ok++
-		res.ModelPaths[r.Model]++
-		res.CostUSD += r.CostUSD
-		if r.Usage == (relay.Usage{}) {
-			res.UsageMissing++ // no usage in the answer the router saw (e.g. streams, until stream usage lands)
-			continue
-		}
-		res.PromptTokens += r.Usage.PromptTokens
-		res.OutputTokens += r.Usage.CompletionTokens
-		res.CachedTokens += r.Usage.CachedTokens
-	}
-	n := float64(len(reports))
-	for k, v := range res.ModelPaths {
-		res.ModelPaths[k] = round(100*v/float64(max(ok, 1)), 1)
-	}
-	slices.Sort(lat)
-	res.P50ms, res.P99ms, res.MaxMs = ms(quantile(lat, 0.50)), ms(quantile(lat, 0.99)), ms(lat[len(lat)-1])
-	res.ThroughputRPS = round(n/wall.Seconds(), 1)
-	res.SuccessPct = round(100*float64(ok)/n, 2)
-	res.CostPer1kReq = 1000 * res.CostUSD / n
-	if res.OutputTokens > 0 {
-		res.CostPer1MOutput = 1e6 * res.CostUSD / float64(res.OutputTokens)
-	}
-	if res.PromptTokens > 0 {
-		res.CacheHitPct = round(100*float64(res.CachedTokens)/float64(res.PromptTokens), 1)
-	}
-	res.HedgesPct = round(100*float64(hedged)/n, 2)
-	res.AttemptsPerReq = round(float64(attempts)/n, 3)
-	served := 0
-	hot := 0
-	for _, p := range st.Paths {
-		res.Refused += p.Refused
-		res.Throttled += p.Throttled
-		for i, sh := range p.Shards {
-			served += sh.Served
-			hot = max(hot, sh.Served)
-			if sh.MaxQueue > res.MaxQueue {
-				res.MaxQueue, res.MaxQueueShard = sh.MaxQueue, fmt.Sprintf("%s#%d", p.Name, i)
-			}
-		}
-	}
-	if served > 0 {
-		res.HotShardPct = round(100*float64(hot)/float64(served), 1)
-	}
-	return res
-}
-
-func quantile(sorted []time.Duration, q float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(math.Ceil(q*float64(len(sorted)))) - 1
-	return sorted[min(max(i, 0), len(sorted)-1)]
-}
-
-func ms(d time.Duration) float64 { return round(float64(d)/float64(time.Millisecond), 2) }
-
-func round(x float64, places int) float64 {
-	p := math.Pow(10, float64(places))
-	return math.Round(x*p) / p
-}
-
-var shortNames = map[string]string{flagship: "codex", fast: "flash", cheap: "deepseek"}
-
-func paths(m map[string]float64) string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] || m[keys[i]] == m[keys[j]] && keys[i] < keys[j] })
-	var parts []string
-	for _, k := range keys {
-		name := shortNames[k]
-		if name == "" {
-			name = k
-		}
-		parts = append(parts, fmt.Sprintf("%s %.0f%%", name, m[k]))
-	}
-	return strings.Join(parts, " · ")
-}
-
-func printReport(out io.Writer, o options, cfg relaytest.SimConfig, w *workload, results []result) {
-	if o.baseURL != "" {
-		fmt.Fprintf(out, "REAL ENDPOINT %s — every request was sent to it and billed by it.\n", o.baseURL)
-		fmt.Fprintf(out, "Workload: %s\n\n", w.describe())
-	} else {
-		printFleet(out, o, cfg, w)
-	}
-	printTables(out, o, results)
-}
-
-func printFleet(out io.Writer, o options, cfg relaytest.SimConfig, w *workload) {
-	fmt.Fprintf(out, "SIMULATED FLEET — no real provider is called. relaytest.SimFleet on loopback:\n")
-	fmt.Fprintf(out, "  %d regions (%s) × %d model paths, %d FIFO shards each (queue %d, full → 429 + retry-after-ms)\n",
-		len(cfg.Regions), strings.Join(cfg.Regions, ", "), len(cfg.Models), cfg.Models[0].Shards, cfg.Models[0].QueueLimit)
-	for _, m := range cfg.Models {
-		fmt.Fprintf(out, "  %-17s service = %v + %v/prompt token (%v cached) + %v/output token\n",
-			m.Name, m.Base, m.PrefillPerToken, m.CachedPerToken, m.DecodePerToken)
-	}
-	fmt.Fprintf(out, "  wall clock = simulated time × %g; clustering: prompts of %d–%d tokens pinned to shard 0 of their path;\n",
-		timeScale, o.windowMin, o.windowMax)
-	fmt.Fprintf(out, "  prefix cache per path: LRU of %d blocks of %d bytes; faults: ap-southeast dark 25%%–55%% of each relay run,\n", cfg.CacheBlocks, cfg.BlockBytes)
-	fmt.Fprintf(out, "  20 × 429 (retry-after-ms) from eu-west at 70%%. Latencies below are wall-clock ms (×%g for simulated).\n", 1/timeScale)
-	fmt.Fprintf(out, "Workload: %s\n\n", w.describe())
-}
-
-func printTables(out io.Writer, o options, results []result) {
-	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tmodel paths\tp50 ms\tp99 ms\treq/s\tsuccess %\t$/1k req\t$/1M out\tcache-hit %\thedges %\t")
-	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%s\t%.1f\t%.1f\t%.0f\t%.2f\t%.4f\t%.2f\t%.1f\t%.1f\t\n",
-			r.Mode, paths(r.ModelPaths), r.P50ms, r.P99ms, r.ThroughputRPS, r.SuccessPct,
-			r.CostPer1kReq, r.CostPer1MOutput, r.CacheHitPct, r.HedgesPct)
-	}
-	tw.Flush()
-	fmt.Fprintln(out)
-	if o.baseURL != "" {
-		for _, m := range o.modes {
-			about := aboutReal[m.name]
-			if about == "" {
-				about = m.about
-			}
-			fmt.Fprintf(out, "  %-14s %s\n", m.name, about)
-		}
-		ratios(out, results)
-		return
-	}
-	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "mode\trequests\tconcurrency\tattempts/req\trefused\t429 burst\tmax queue\thottest shard\tusage missing\t")
-	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.3f\t%d\t%d\t%d (%s)\t%.1f%% of calls\t%d\t\n",
-			r.Mode, r.Requests, r.Concurrency, r.AttemptsPerReq, r.Refused, r.Throttled, r.MaxQueue, r.MaxQueueShard, r.HotShardPct, r.UsageMissing)
-	}
-	tw.Flush()
-	for _, m := range o.modes {
-		fmt.Fprintf(out, "  %-14s %s\n", m.name, m.about)
-	}
-
-	ratios(out, results)
-	if o.baseURL == "" {
-		projection(out)
-	}
-}
-
-// ratios prints the issue's targets as measured.
-func ratios(out io.Writer, results []result) {
-	get := func(name string) (result, bool) {
-		i := slices.IndexFunc(results, func(r result) bool { return r.Mode == name })
-		if i < 0 {
-			return result{}, false
-		}
-		return results[i], true
-	}
-	fl, okF := get("floor")
-	di, okD := get("direct")
-	ca, okC := get("cluster-aware")
-	st, okS := get("striped")
-	af, okA := get("affinity")
-	fmt.Fprintln(out)
-	if okS && okA && st.CacheHitPct > 0 {
-		fmt.Fprintf(out, "affinity cache hits / striped = %.1f (target ≥ 2)\n", af.CacheHitPct/st.CacheHitPct)
-	}
-	if okD && okC {
-		fmt.Fprintf(out, "cluster-aware p99 / direct p99 = %.2f (target ≤ 0.5); throughput × %.1f vs direct (target ≥ 2)\n",
-			ca.P99ms/di.P99ms, ca.ThroughputRPS/di.ThroughputRPS)
-	}
-	if okF && okC {
-		fmt.Fprintf(out, "cluster-aware p99 / floor p99 = %.2f (target ≤ 1.3)\n", ca.P99ms/fl.P99ms)
-	}
-	relayModes, under := 0, 0
-	for _, r := range results {
-		if r.Mode == "floor" || r.Mode == "direct" {
-			continue
-		}
-		relayModes++
-		if r.SuccessPct < 99.9 {
-			under++
-			fmt.Fprintf(out, "mode %s: success %.2f%% is under the 99.9%% target\n", r.Mode, r.SuccessPct)
-		}
-	}
-	if relayModes > 0 && under == 0 {
-		fmt.Fprintf(out, "success ≥ 99.9%% in every relay mode (target ≥ 99.9%%)\n")
-	}
-}
-
-// projection prints a month's cost at 50M output tokens with the default
-// prices, split 60/30/10 over the three model paths, at list price and with
-// an upstream price factor of 0.147.
-func projection(out io.Writer) {
-	prices := relay.DefaultPrices()
-	const month = 50_000_000
-	split := []struct {
-		model string
-		share float64
-	}{{flagship, 0.6}, {fast, 0.3}, {cheap, 0.1}}
-	list, all := 0.0, 0.0
-	for _, s := range split {
-		list += prices[s.model].Cost(relay.Usage{CompletionTokens: int(month * s.share)})
-	}
-	all = prices[flagship].Cost(relay.Usage{CompletionTokens: month})
-	fmt.Fprintf(out, "\nMonthly projection, 50M output tokens (output prices of relay.DefaultPrices; input not included):\n")
-	fmt.Fprintf(out, "  all on %s: list $%.2f, with price factor 0.147 $%.2f\n", flagship, all, all*0.147)
-	fmt.Fprintf(out, "  60/30/10 over %s / %s / %s: list $%.2f, with price factor 0.147 $%.2f\n",
-		flagship, fast, cheap, list, list*0.147)
-}
-
-// request is one request of the workload.
-type request struct {
-	body     string
-	endpoint string // "": chat/completions
-	prompt   int    // approximate prompt tokens (the router counts exactly)
-	output   int
-	stream   bool
-	kind     string
-	at       time.Duration // send offset from the start (timed replays)
-}
-
-// workload is the request list, the same in every mode: seeded, or read
-// from a replay file.
-type workload struct {
-	reqs  []request
-	timed bool      // send each request at its offset
-	bad   []badLine // malformed lines of a replay file
-	desc  string    // a replay's description
-}
-
-var vocab = strings.Fields(`index file function return value error type struct field method
-package import module build test case check parse token count route model region shard cache
-prefix request response stream chunk usage cost price latency queue worker batch job agent
-summary symbol reference comment line block scope name path config option default limit retry
-backoff header body json schema table column row key hash map list set string number bool`)
-
-// sharedContexts is the number of repository contexts (shared system
-// prompts of about 500 tokens) the mid and long requests start with.
-const sharedContexts = 48
-
-// newWorkload builds n requests shaped like an agent or batch-indexing job:
-// 5% short (30–80 prompt tokens), 70% in the 80–260 band IDE completions and
-// indexing fill, 20% mid (520–900), 5% long (900–2400). Mid and long
-// requests start with one of 48 shared repository contexts (a system prompt
-// of about 500 tokens), so prefix caches matter and requests sharing a
-// context share an affinity key (the router keys on the first 256 tokens);
-// band requests carry a one-line instruction, shorter than a cache block,
-// and code of their own. Output tokens: 12–48 (short, band), 24–96 (mid),
-// 48–160 (long), sent as max_tokens, which the fleet answers exactly. 30%
-// stream (with stream_options.include_usage).
-func newWorkload(seed uint64, n int) *workload {
-	rng := rand.New(rand.NewPCG(seed, 0x5eed))
-	enc := bpe.O200K()
-	contexts := make([]string, sharedContexts)
-	for i := range contexts {
-		contexts[i] = fmt.Sprintf("You are indexing agent %d for repository project-%d. Repository map: ", i, i*11+5) + words(rng, 480) + "."
-	}
-	w := &workload{}
-	for range n {
-		q := request{stream: rng.Float64() < 0.3}
-		sys := ""
-		switch x := rng.Float64(); {
-		case x < 0.05:
-			q.kind, q.prompt, q.output = "short", 30+rng.IntN(50), 12+rng.IntN(37)
-		case x < 0.75:
-			q.kind, q.prompt, q.output = "band", 80+rng.IntN(181), 12+rng.IntN(37)
-		case x < 0.95:
-			q.kind, q.prompt, q.output = "mid", 520+rng.IntN(380), 24+rng.IntN(73)
-		default:
-			q.kind, q.prompt, q.output = "long", 900+rng.IntN(1501), 48+rng.IntN(113)
-		}
-		switch q.kind {
-		case "band":
-			sys = fmt.Sprintf("Complete code in project-%d.", rng.IntN(8))
-		case "mid", "long":
-			sys = contexts[rng.IntN(len(contexts))]
-		}
-		// chat formula: 3 per message + role + content, 3 for the reply.
-		need := q.prompt - 3 - 1 - 3
-		msgs := []map[string]string{}
-		if sys != "" {
-			msgs = append(msgs, map[string]string{"role": "system", "content": sys})
-			need -= 3 + 1 + enc.Count(sys)
-		}
-		user := fmt.Sprintf("File src/%s/%s_%d.go:", vocab[rng.IntN(len(vocab))], vocab[rng.IntN(len(vocab))], rng.IntN(1000))
-		// Space-separated words are pre-tokens of their own, so the count of
-		// the text is the sum of the counts of " word".
-		have := enc.Count(user)
-		var ub strings.Builder
-		ub.WriteString(user)
-		for have < need {
-			word := vocab[rng.IntN(len(vocab))]
-			ub.WriteString(" " + word)
-			have += wordTokens[word]
-		}
-		user = ub.String()
-		msgs = append(msgs, map[string]string{"role": "user", "content": user})
-		body := map[string]any{"model": flagship, "messages": msgs, "max_tokens": q.output}
-		if q.stream {
-			body["stream"] = true
-			body["stream_options"] = map[string]any{"include_usage": true}
-		}
-		b, _ := json.Marshal(body)
-		q.body = string(b)
-		w.reqs = append(w.reqs, q)
-	}
-	return w
-}
-
-// wordTokens are the o200k_base tokens of " word" for each vocab word.
-var wordTokens = func() map[string]int {
-	m := make(map[string]int, len(vocab))
-	for _, w := range vocab {
-		m[w] = bpe.O200K().Count(" " + w)
-	}
-	return m
-}()
-
-func words(rng *rand.Rand, n int) string {
-	var b strings.Builder
-	for i := range n {
-		if i > 0 {
-			b.WriteByte(' ')
-		}
-		b.WriteString(vocab[rng.IntN(len(vocab))])
-	}
-	return b.String()
-}
-
-// sample returns k requests evenly spaced over the workload (all when k is
-// at least its size).
-func (w *workload) sample(k int) []request {
-	if k >= len(w.reqs) {
-		return w.reqs
-	}
-	out := make([]request, k)
-	for i := range out {
-		out[i] = w.reqs[i*len(w.reqs)/k]
-	}
-	return out
-}
-
-func (w *workload) describe() string {
-	if w.desc != "" {
-		return w.desc
-	}
-	count := map[string]int{}
-	streams := 0
-	for _, q := range w.reqs {
-		count[q.kind]++
-		if q.stream {
-			streams++
-		}
-	}
-	n := float64(len(w.reqs))
-	return fmt.Sprintf("%d requests to %s: %.0f%% 30–80 tokens, %.0f%% 80–260, %.0f%% 520–900, %.0f%% 900–2400; mid and long behind %d shared ~500-token contexts; %.0f%% streamed",
-		len(w.reqs), flagship, 100*float64(count["short"])/n, 100*float64(count["band"])/n,
-		100*float64(count["mid"])/n, 100*float64(count["long"])/n, sharedContexts, 100*float64(streams)/n)
 }

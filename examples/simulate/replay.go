@@ -298,7 +298,8 @@ func replayWorkload(o options, models []string, stderr io.Writer) (*workload, er
 	if len(rf.reqs) == 0 {
 		return nil, fmt.Errorf("%s: no request to replay (%d lines, %d malformed)", o.replay, rf.lines, len(rf.bad))
 	}
-	w := &workload{reqs: rf.reqs, timed: rf.timed, bad: rf.bad}
+	w := &workload{name: "replay", reqs: rf.reqs, timed: rf.timed, bad: rf.bad}
+	w.singles()
 	var streams, responses int
 	for _, q := range rf.reqs {
 		if q.stream {

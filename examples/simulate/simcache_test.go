@@ -40,7 +40,7 @@ func TestSimCacheEvictsTail(t *testing.T) {
 		require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
 		return out.Usage.Details.Cached
 	}
-	a := strings.Repeat("alpha ", 41) + "alph" // canonical "user\n" + 250 bytes + "\x00": 4 blocks
+	a := strings.Repeat("alpha ", 41) + "alph" // canonical "user\n" + 250 bytes + "\n": 4 blocks
 	b := strings.Repeat("beta ", 37) + "b"     // 3 blocks
 	assert.Zero(t, cached(a))
 	assert.Zero(t, cached(b)) // 7 blocks for 6 places: a's last block goes
