@@ -1,7 +1,9 @@
 package relay
 
 import (
+	"cmp"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -54,6 +56,78 @@ func (e encCounter) Tools(tools gjson.Result) int {
 	return n
 }
 
+// countReader counts the strings a prompt.Reader read, through the memo:
+// a string without escapes is keyed by its text (as count keys it), one
+// with escapes by its text as written, so that a memo hit needs no
+// decoding. A string the memo does not know is counted from the affinity
+// key's work where that covers it (see reuse), else on its own.
+type countReader struct {
+	c   *counter
+	enc tokens.Encoding
+	sc  *scratch
+}
+
+func (e countReader) Str(i int) int {
+	rd := &e.sc.rd
+	s := rd.Strs[i]
+	raw := rd.Raw(s)
+	kind := kindText
+	if s.Esc {
+		kind = kindEscText
+	}
+	memo := len(raw) >= memoMin && e.c.memo != nil
+	if memo {
+		if n, ok := e.c.memo.get(e.enc, kind, raw); ok {
+			return n
+		}
+	}
+	text := raw
+	if s.Esc {
+		e.sc.dec = rd.AppendStr(e.sc.dec[:0], s)
+		text = unsafe.String(unsafe.SliceData(e.sc.dec), len(e.sc.dec))
+	}
+	n := e.reuse(i, text)
+	if memo {
+		e.c.memo.put(e.enc, kind, raw, n)
+	}
+	return n
+}
+
+// reuse counts text, the decoded Strs[i], with the counts the affinity key
+// gathered where they cover it. The key's shards and the pieces counted to
+// find them end at pre-token boundaries of the canonical prompt, where
+// counts add up; the prompt holds text at canon.At[i], so a boundary inside
+// text is one of text too, and
+//
+//	count(text) = count(head) + (cum(k2) - cum(k1)) + count(tail)
+//
+// with k1 and k2 the first and the last boundary inside text whose
+// cumulative count is known, head the text before k1 and tail the text
+// after k2. Only head and tail are counted.
+func (e countReader) reuse(i int, text string) int {
+	sc := e.sc
+	if i >= len(sc.canon.At) || sc.canon.At[i] < 0 || len(sc.known) < 2 {
+		return e.enc.Count(text)
+	}
+	at := int(sc.canon.At[i])
+	end := at + len(text)
+	k := sc.known
+	a, _ := slices.BinarySearchFunc(k, at, func(p known, at int) int { return cmp.Compare(p.pos, at) })
+	b, found := slices.BinarySearchFunc(k, end, func(p known, at int) int { return cmp.Compare(p.pos, at) })
+	if !found {
+		b-- // the last at or before end
+	}
+	if a >= b {
+		return e.enc.Count(text)
+	}
+	k1, k2 := k[a], k[b]
+	return e.enc.Count(text[:k1.pos-at]) + k2.cum - k1.cum + e.enc.Count(text[k2.pos-at:])
+}
+
+func (e countReader) Tools(raw string) int {
+	return encCounter{e.c, e.enc}.Tools(gjson.Result{Type: gjson.JSON, Raw: raw})
+}
+
 // completion counts the answer text of a non-streaming response, when the
 // upstream sent no usage: chat choices' content, tool-call names and
 // arguments, completions' text, and the Responses API's output text.
@@ -93,6 +167,7 @@ const memoMin = 64
 const (
 	kindText     uint8 = iota
 	kindTools                 // a tools block
+	kindEscText               // a JSON string with escapes, keyed as written
 	kindBlock    uint8 = 0xB1 // a prefix shard's end, from a window that stops short of the text's end
 	kindBlockEnd uint8 = 0xB2 // the same, from a window that reaches it
 )

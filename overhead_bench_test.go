@@ -18,12 +18,12 @@ import (
 )
 
 // overheadBody is a 4 KB chat request of four messages (system, user,
-// assistant, user) whose contents each start with a nine-digit number, so
-// that a request can be made new by rewriting the numbers in place. marks
-// are the offsets of the numbers.
+// assistant, user) whose contents are lines of 80 bytes, each starting
+// with a nine-digit number, so that a request can be made new throughout
+// by rewriting the numbers in place. marks are the offsets of the numbers.
 type overheadBody struct {
 	b     []byte
-	marks [4]int
+	marks []int
 }
 
 func newOverheadBody(tb testing.TB) *overheadBody {
@@ -31,19 +31,19 @@ func newOverheadBody(tb testing.TB) *overheadBody {
 	msg := func(role string, from, n int) map[string]string {
 		// Newlines make the contents carry JSON escapes, as real prompts do.
 		s := text[from : from+n]
-		s = s[:len(s)-len(s)%80]
 		var b []byte
-		for len(s) > 0 {
-			b = append(b, s[:80]...)
+		for len(s) >= 70 {
+			b = append(b, "000000000 "...)
+			b = append(b, s[:70]...)
 			b = append(b, '\n')
-			s = s[80:]
+			s = s[70:]
 		}
-		return map[string]string{"role": role, "content": "000000000 " + string(b)}
+		return map[string]string{"role": role, "content": string(b)}
 	}
 	body, err := json.Marshal(map[string]any{
 		"model": "gpt-4.1",
 		"messages": []map[string]string{
-			msg("system", 0, 1600), msg("user", 2000, 1040), msg("assistant", 4000, 880), msg("user", 6000, 400),
+			msg("system", 0, 1400), msg("user", 2000, 840), msg("assistant", 4000, 700), msg("user", 6000, 420),
 		},
 		"max_tokens": 256,
 	})
@@ -51,20 +51,19 @@ func newOverheadBody(tb testing.TB) *overheadBody {
 		tb.Fatal(err)
 	}
 	ob := &overheadBody{b: body}
-	at := 0
-	for i := range ob.marks {
-		j := bytes.Index(body[at:], []byte(`"000000000 `))
+	for at := 0; ; {
+		j := bytes.Index(body[at:], []byte("000000000 "))
 		if j < 0 {
-			tb.Fatal("no mark")
+			break
 		}
-		ob.marks[i] = at + j + 1
-		at = ob.marks[i] + 9
+		ob.marks = append(ob.marks, at+j)
+		at += j + 10
 	}
 	return ob
 }
 
-// renew writes n into every message, so that no message has been seen
-// before (for n not used before).
+// renew writes n into every line, so that no line of any message has been
+// seen before (for n not used before).
 func (ob *overheadBody) renew(n uint64) {
 	for _, m := range ob.marks {
 		v := n

@@ -60,25 +60,47 @@ const (
 // prompt when it has no full shard. It is 0 when there is no prompt (a body
 // that is not a JSON object, an unknown endpoint, an empty prompt) and when
 // nothing uses the key (the strategy does not hash, and PromptCacheKey is
-// off).
+// off). classify computes it, in the same pass as the prompt's count.
+func (r *Router) keyOf(c *classified) uint64 { return c.key }
+
+// wantsKey reports whether something uses the affinity key.
+func (r *Router) wantsKey() bool {
+	st := r.s.strategy
+	return st == StrategyAffinity || st == StrategyBoundedLoad || r.s.cacheKey
+}
+
+// prefixKey computes the affinity key of the body sc.rd read, in encoding
+// enc. It leaves in sc the canonical prompt (only its first 16×256 bytes
+// are built) and the cumulative token counts it learned at pre-token
+// boundaries of it (sc.known), for the prompt's count to reuse.
 //
-// Cost: only the first 16×256 bytes of canonical text are built, from a
-// pooled buffer; with a warm token memo each shard end is one memo lookup,
-// so the key of a 4 KB chat prompt costs a few microseconds.
-func (r *Router) keyOf(c *classified) uint64 {
-	if !c.json || c.req.Endpoint == "" {
+// Cost: with a warm token memo each shard end is one memo lookup, so the
+// key of a 4 KB chat prompt costs a few microseconds; with a cold one, the
+// pieces of the first 256 tokens are counted, and the prompt's count does
+// not count them again.
+func (r *Router) prefixKey(enc tokens.Encoding, sc *scratch) uint64 {
+	sc.canon.Buf, sc.canon.Limit = sc.canon.Buf[:0], prefixLimit+1
+	sc.rd.AppendCanonical(&sc.canon)
+	sc.known = sc.known[:0]
+	if len(sc.canon.Buf) == 0 {
 		return 0
 	}
-	if st := r.s.strategy; st != StrategyAffinity && st != StrategyBoundedLoad && !r.s.cacheKey {
-		return 0
-	}
+	t := prefixCut(unsafe.String(unsafe.SliceData(sc.canon.Buf), len(sc.canon.Buf)))
+	var arr [prefixTokens/shardTokens + 2]uint64
+	hs := prefixShards(r.counter.memo, enc, t, arr[:0], &sc.known)
+	return hs[len(hs)-1]
+}
+
+// keyRef is the reference computation of the key of c: the canonical
+// prompt built by prompt.AppendCanonical.
+func (r *Router) keyRef(c *classified) uint64 {
 	bp := canonPool.Get().(*[]byte)
 	buf := prompt.AppendCanonical((*bp)[:0], c.req.Endpoint, c.body, prefixLimit+1)
 	var key uint64
 	if len(buf) > 0 {
 		t := prefixCut(unsafe.String(unsafe.SliceData(buf), len(buf)))
 		var arr [prefixTokens/shardTokens + 2]uint64
-		hs := prefixShards(r.counter.memo, c.enc, t, arr[:0])
+		hs := prefixShards(r.counter.memo, c.enc, t, arr[:0], nil)
 		key = hs[len(hs)-1]
 	}
 	*bp = buf[:0]
@@ -90,6 +112,10 @@ var canonPool = sync.Pool{New: func() any {
 	b := make([]byte, 0, prefixLimit+64)
 	return &b
 }}
+
+// known is a pre-token boundary of a text and the count of the text up to
+// it.
+type known struct{ pos, cum int }
 
 // prefixCut cuts text to the bytes the shards cover (step 1).
 func prefixCut(text string) string {
@@ -105,15 +131,20 @@ func prefixCut(text string) string {
 }
 
 // prefixShards appends the shard hashes of t (already cut by prefixCut) to
-// dst. m, when not nil, memoizes shard ends.
-func prefixShards(m *memo, enc tokens.Encoding, t string, dst []uint64) []uint64 {
+// dst. m, when not nil, memoizes shard ends. kn, when not nil, gets
+// every boundary of t whose cumulative count was learned (shard ends and
+// the ends of the pieces counted to find them), in order, from (0, 0).
+func prefixShards(m *memo, enc tokens.Encoding, t string, dst []uint64, kn *[]known) []uint64 {
 	if t == "" {
 		return dst
+	}
+	if kn != nil {
+		*kn = append(*kn, known{})
 	}
 	seed := prefixSeeds[enc]
 	h, start, covered, n0 := seed, 0, 0, len(dst)
 	for covered < prefixTokens {
-		end, n, ok := nextShard(m, enc, t, start)
+		end, n, ok := nextShard(m, enc, t, start, covered, kn)
 		if !ok {
 			break
 		}
@@ -130,8 +161,9 @@ func prefixShards(m *memo, enc tokens.Encoding, t string, dst []uint64) []uint64
 // nextShard returns the end and token count of the shard of t starting at
 // start, looking it up in m first. A memo entry is keyed by the window of
 // shardWindow bytes from start (or the rest of t, under another kind), and
-// only stored when the window determines the answer.
-func nextShard(m *memo, enc tokens.Encoding, t string, start int) (end, n int, ok bool) {
+// only stored when the window determines the answer. covered is the count
+// of t[:start], for kn (see prefixShards).
+func nextShard(m *memo, enc tokens.Encoding, t string, start, covered int, kn *[]known) (end, n int, ok bool) {
 	w, kind := t[start:], kindBlockEnd
 	if len(w) > shardWindow {
 		w, kind = w[:shardWindow], kindBlock
@@ -140,9 +172,13 @@ func nextShard(m *memo, enc tokens.Encoding, t string, start int) (end, n int, o
 		if v < 0 {
 			return 0, 0, false
 		}
-		return start + v&0xFFFF, v >> 16, true
+		end, n = start+v&0xFFFF, v>>16
+		if kn != nil {
+			*kn = append(*kn, known{end, covered + n})
+		}
+		return end, n, true
 	}
-	end, n, ok = scanShard(enc, t, start)
+	end, n, ok = scanShard(enc, t, start, covered, kn)
 	switch {
 	case ok:
 		if end < len(t) {
@@ -158,7 +194,8 @@ func nextShard(m *memo, enc tokens.Encoding, t string, start int) (end, n int, o
 
 // scanShard finds the shard starting at start by counting the pieces
 // between consecutive pre-token boundaries, whose counts add up exactly.
-func scanShard(enc tokens.Encoding, t string, start int) (end, n int, ok bool) {
+// Each piece's end goes to kn, with covered plus the count up to it.
+func scanShard(enc tokens.Encoding, t string, start, covered int, kn *[]known) (end, n int, ok bool) {
 	sum, piece := 0, start
 	prev := tokens.ClassNone
 	for p := start; p < len(t); {
@@ -166,6 +203,9 @@ func scanShard(enc tokens.Encoding, t string, start int) (end, n int, ok bool) {
 		if p > start && tokens.SafeCut(prev, cur) {
 			sum += enc.Count(t[piece:p])
 			piece = p
+			if kn != nil {
+				*kn = append(*kn, known{p, covered + sum})
+			}
 			if sum >= shardTokens {
 				return p, sum, true
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenrelay/relay/internal/jsonscan"
+	"github.com/tokenrelay/relay/internal/prompt"
 	"github.com/tokenrelay/relay/internal/tokens"
 )
 
@@ -57,7 +58,7 @@ func affKeyOf(r *Router, path, body string) uint64 {
 // prefixHashes returns the prefix shard hashes of text in the encoding of
 // model, without a memo.
 func prefixHashes(text, model string) []uint64 {
-	return prefixShards(nil, tokens.ForModel(model), prefixCut(text), nil)
+	return prefixShards(nil, tokens.ForModel(model), prefixCut(text), nil, nil)
 }
 
 func TestPrefixShardsDefinition(t *testing.T) {
@@ -200,28 +201,35 @@ func affJSON(s string) string {
 	return string(b)
 }
 
+// BenchmarkAffinityKey measures the affinity key of a 4 KB chat prompt
+// alone (the canonical prompt and its shards, from a body already read),
+// with a warm token memo: each shard end is a memo hit.
 func BenchmarkAffinityKey(b *testing.B) {
 	r := shardRouter(b)
+	benchKey(b, r)
+}
+
+// BenchmarkAffinityKeyCold is BenchmarkAffinityKey without a memo: the
+// pieces of the first 256 tokens are counted every time.
+func BenchmarkAffinityKeyCold(b *testing.B) {
+	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1"}}, MemoEntries: -1})
+	require.NoError(b, err)
+	benchKey(b, r)
+}
+
+func benchKey(b *testing.B, r *Router) {
 	body := []byte(chatBody("gpt-4.1", benchPrompt(4<<10)))
-	c := r.classify("POST", "/v1/chat/completions", nil, body) // warms the token memo
-	want := r.keyOf(&c)
+	want := r.classify("POST", "/v1/chat/completions", nil, body).key // warms the token memo
+	sc := getScratch()
+	defer sc.release()
+	sc.rd.Read(prompt.Chat, string(body))
+	enc := tokens.ForModel("gpt-4.1")
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
-		if r.keyOf(&c) != want {
+		if r.prefixKey(enc, sc) != want {
 			b.Fatal("key changed")
 		}
-	}
-}
-
-func BenchmarkAffinityKeyCold(b *testing.B) {
-	body := []byte(chatBody("gpt-4.1", benchPrompt(4<<10)))
-	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1"}}, MemoEntries: -1})
-	require.NoError(b, err)
-	c := r.classify("POST", "/v1/chat/completions", nil, body)
-	b.ReportAllocs()
-	for b.Loop() {
-		r.keyOf(&c)
 	}
 }
 
@@ -243,7 +251,7 @@ func FuzzPrefixShards(f *testing.F) {
 		}
 		require.NotEmpty(t, want)
 		for range 2 { // cold memo, then warm
-			require.Equal(t, want, prefixShards(m, tokens.O200K, prefixCut(text), nil))
+			require.Equal(t, want, prefixShards(m, tokens.O200K, prefixCut(text), nil, nil))
 		}
 	})
 }
