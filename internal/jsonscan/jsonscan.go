@@ -151,7 +151,7 @@ func ValidString(s string, i int) (end int, esc, ok bool) {
 	for {
 		// Eight bytes at a time while none is a quote, a backslash or a
 		// control character, then byte by byte to the one that is.
-		for i+8 <= len(s) && special8(le64(s, i)) == 0 {
+		for b := unsafe.Slice(unsafe.StringData(s), len(s)); i+8 <= len(b) && special8(binary.LittleEndian.Uint64(b[i:i+8])) == 0; {
 			i += 8
 		}
 		for i < len(s) && s[i] != '"' && s[i] != '\\' && s[i] >= 0x20 {
@@ -187,11 +187,6 @@ func ValidString(s string, i int) (end int, esc, ok bool) {
 
 func isHex(c byte) bool {
 	return c-'0' < 10 || (c|0x20)-'a' < 6
-}
-
-// le64 loads the eight bytes at s[i:] as a little-endian word.
-func le64(s string, i int) uint64 {
-	return binary.LittleEndian.Uint64(unsafe.Slice(unsafe.StringData(s[i:]), 8))
 }
 
 const (
