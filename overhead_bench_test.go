@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -154,7 +155,10 @@ var overheadCases = []overheadCase{
 //
 // The -parallel16 rows send from 16 goroutines (8 per core on 2 cores),
 // each with its own body, to show contention. Every row reads and closes
-// the response body.
+// the response body. The serial rows also report cpu-ns/op, the CPU time of
+// the sending thread per request (Linux): on a machine shared with other
+// work it moves less than ns/op, which counts the waits for a core too
+// (but it leaves out the garbage collector's background work).
 func BenchmarkOverhead(b *testing.B) {
 	answer := fixture(b, "chat_response_default.json")
 	var reports atomic.Int64
@@ -176,11 +180,19 @@ func BenchmarkOverhead(b *testing.B) {
 			ob := newOverheadBody(b)
 			b.ReportAllocs()
 			b.SetBytes(int64(len(ob.b)))
+			runtime.LockOSThread() // for threadCPU
+			defer runtime.UnlockOSThread()
+			cpu0, cpuOK := threadCPU()
+			n := 0
 			for b.Loop() {
 				if c.renew {
 					ob.renew(seq.Add(1))
 				}
 				send(b, rt, ob.b)
+				n++
+			}
+			if cpu1, ok := threadCPU(); ok && cpuOK && n > 0 {
+				b.ReportMetric(float64(cpu1-cpu0)/float64(n), "cpu-ns/op")
 			}
 		})
 	}
