@@ -211,6 +211,11 @@ func refRouters(t testing.TB) (fast, ref *Router) {
 // escapes, emoji, CJK and invalid UTF-8, whose affinity key's shards fall
 // across message boundaries and across the 16×256-byte cut.
 func TestClassifyMatchesReference(t *testing.T) {
+	// A huge string, and nesting past jsonscan.MaxDepth (not JSON, read
+	// without recursion) and up to it.
+	huge := chatBody("gpt-4o", strings.Repeat(`h\u00e9llo \n w\u00f6rld \"q\" `, 1<<16))
+	tooDeep := `{"messages":[{"role":"user","content":"x"}],"x":` + strings.Repeat("[", 1<<20) + strings.Repeat("]", 1<<20) + `}`
+	deep := `{"messages":[{"role":"user","content":"x"}],"x":` + strings.Repeat("[", 511) + strings.Repeat("]", 511) + `}`
 	files, err := filepath.Glob("testdata/openai-wire/*.json")
 	require.NoError(t, err)
 	var bodies []string
@@ -221,10 +226,18 @@ func TestClassifyMatchesReference(t *testing.T) {
 		string(newOverheadBody(t).b), `{"model":"gpt-4","model":1}`, `{"model":"gpt\u002d4","messages":[{"role":"user","content":"x"}]}`,
 		`{"mod\u0065l":"gpt-4","messages":[{"role":"user","content":"x"}]}`, `{"max_tokens":5,"max_output_tokens":7.9,"max_completion_tokens":-1,"stream":true}`,
 		`{"max_tokens":1e300}`, `{"messages":[{"ro\u006ce":"system","content":"S"}]}`,
-		// A huge string, and nesting past jsonscan.MaxDepth (not JSON, read without recursion).
-		chatBody("gpt-4o", strings.Repeat(`h\u00e9llo \n w\u00f6rld \"q\" `, 1<<16)),
-		`{"messages":[{"role":"user","content":"x"}],"x":`+strings.Repeat("[", 1<<20)+strings.Repeat("]", 1<<20)+`}`,
-		`{"messages":[{"role":"user","content":"x"}],"x":`+strings.Repeat("[", 511)+strings.Repeat("]", 511)+`}`)
+		huge, tooDeep, deep)
+	// Shards past the first 2048 canonical bytes (runs of few tokens), and
+	// prompts sharing a system prompt (shard ends warm, the key cold).
+	for _, run := range []string{strings.Repeat(" ", 3000), strings.Repeat("a", 5000), strings.Repeat("QUJD", 900), strings.Repeat("!", 2500), strings.Repeat("\\n", 1500)} {
+		bodies = append(bodies, `{"model":"gpt-4o","messages":[{"role":"system","content":"S `+run+` E"},{"role":"user","content":"Q"}]}`,
+			`{"model":"gpt-4","prompt":"`+run+`"}`)
+	}
+	system := randText(rand.New(rand.NewPCG(5, 6)), 1500)
+	for i := range 20 {
+		bodies = append(bodies, `{"model":"gpt-4o","messages":[{"role":"system","content":"`+system+`"},{"role":"user","content":"`+
+			randText(rand.New(rand.NewPCG(uint64(i), 0)), 400*(i%4))+`"}]}`)
+	}
 	rng := rand.New(rand.NewPCG(7, 8))
 	n := 300
 	if testing.Short() {
@@ -239,10 +252,9 @@ func TestClassifyMatchesReference(t *testing.T) {
 			checkClassify(t, fast, ref, path, body)
 		}
 	}
-	huge := fast.classify("POST", classifyPaths[0], nil, []byte(bodies[len(bodies)-n-3]))
-	assert.Greater(t, huge.req.PromptTokens, 1<<18, "the huge body is JSON")
-	assert.False(t, fast.classify("POST", classifyPaths[0], nil, []byte(bodies[len(bodies)-n-2])).json, "deeper than MaxDepth")
-	assert.True(t, fast.classify("POST", classifyPaths[0], nil, []byte(bodies[len(bodies)-n-1])).json, "MaxDepth deep")
+	assert.Greater(t, fast.classify("POST", classifyPaths[0], nil, []byte(huge)).req.PromptTokens, 1<<18, "the huge body is JSON")
+	assert.False(t, fast.classify("POST", classifyPaths[0], nil, []byte(tooDeep)).json, "deeper than MaxDepth")
+	assert.True(t, fast.classify("POST", classifyPaths[0], nil, []byte(deep)).json, "MaxDepth deep")
 }
 
 func FuzzClassifyMatchesReference(f *testing.F) {

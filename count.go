@@ -170,6 +170,7 @@ const (
 	kindEscText               // a JSON string with escapes, keyed as written
 	kindBlock    uint8 = 0xB1 // a prefix shard's end, from a window that stops short of the text's end
 	kindBlockEnd uint8 = 0xB2 // the same, from a window that reaches it
+	kindKey      uint8 = 0xB3 // an affinity key, from the canonical prompt's first prefixFirst bytes
 )
 
 // count returns the tokens of s, from the memo when s is long enough.
@@ -186,11 +187,13 @@ func (c *counter) count(enc tokens.Encoding, s string) int {
 }
 
 // memo is a bounded, concurrency-safe map from (encoding, kind, string) to
-// a number. Each shard keeps two generations: when the current one is full
-// it becomes the old one and the previous old one is dropped; a hit in the
-// old generation moves the entry back. Entries are keyed by a 64-bit hash of
-// the string, so the memo holds no reference to request bodies. A nil
-// *memo remembers nothing.
+// a 64-bit word (a count, a shard end, an affinity key). Each shard keeps
+// two generations: when the current one is full it becomes the old one and
+// the previous old one is dropped; a hit in the old generation moves the
+// entry back. So it holds at most entries+2×memoShards entries of 16 bytes
+// in map slots (about 256 KB with the default 8192 entries), whatever the
+// traffic. Entries are keyed by a 64-bit hash of the string, so the memo
+// holds no reference to request bodies. A nil *memo remembers nothing.
 type memo struct {
 	seed   maphash.Seed
 	per    int
@@ -201,14 +204,14 @@ const memoShards = 16
 
 type memoShard struct {
 	mu       sync.Mutex
-	cur, old map[uint64]int32
+	cur, old map[uint64]uint64
 	_        [40]byte // keep shards on separate cache lines
 }
 
 func newMemo(entries int) *memo {
 	m := &memo{seed: maphash.MakeSeed(), per: max(1, entries/(2*memoShards))}
 	for i := range m.shards {
-		m.shards[i].cur = make(map[uint64]int32, m.per)
+		m.shards[i].cur = make(map[uint64]uint64, m.per)
 	}
 	return m
 }
@@ -217,7 +220,18 @@ func (m *memo) key(enc tokens.Encoding, kind uint8, s string) uint64 {
 	return maphash.String(m.seed, s) ^ uint64(enc)<<56 ^ uint64(kind)<<48
 }
 
+// get returns the count (or shard end) stored for s.
 func (m *memo) get(enc tokens.Encoding, kind uint8, s string) (int, bool) {
+	v, ok := m.getWord(enc, kind, s)
+	return int(int32(v)), ok
+}
+
+// put stores a count (or shard end) for s.
+func (m *memo) put(enc tokens.Encoding, kind uint8, s string, n int) {
+	m.putWord(enc, kind, s, uint64(uint32(int32(min(n, 1<<31-1)))))
+}
+
+func (m *memo) getWord(enc tokens.Encoding, kind uint8, s string) (uint64, bool) {
 	if m == nil {
 		return 0, false
 	}
@@ -231,23 +245,23 @@ func (m *memo) get(enc tokens.Encoding, kind uint8, s string) (int, bool) {
 		}
 	}
 	sh.mu.Unlock()
-	return int(v), ok
+	return v, ok
 }
 
-func (m *memo) put(enc tokens.Encoding, kind uint8, s string, n int) {
+func (m *memo) putWord(enc tokens.Encoding, kind uint8, s string, v uint64) {
 	if m == nil {
 		return
 	}
 	k := m.key(enc, kind, s)
 	sh := &m.shards[k%memoShards]
 	sh.mu.Lock()
-	sh.insert(k, int32(min(n, 1<<31-1)), m.per)
+	sh.insert(k, v, m.per)
 	sh.mu.Unlock()
 }
 
-func (sh *memoShard) insert(k uint64, v int32, per int) {
+func (sh *memoShard) insert(k uint64, v uint64, per int) {
 	if len(sh.cur) >= per {
-		sh.old, sh.cur = sh.cur, make(map[uint64]int32, per)
+		sh.old, sh.cur = sh.cur, make(map[uint64]uint64, per)
 	}
 	sh.cur[k] = v
 }
