@@ -3,6 +3,7 @@ package relay
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
@@ -61,22 +62,19 @@ func prefixHashes(text, model string) []uint64 {
 	return prefixShards(nil, tokens.ForModel(model), prefixCut(text), nil, nil)
 }
 
-func TestPrefixShardsDefinition(t *testing.T) {
-	text := affWords("alpha", 400)
-	hs := prefixHashes(text, "gpt-4o")
-	require.NotEmpty(t, hs)
-	// Blocks cover the first 256 tokens: at least 256/16 blocks minus the
-	// overshoot, and every block has at least 16 tokens.
-	assert.GreaterOrEqual(t, len(hs), 12)
-	assert.LessOrEqual(t, len(hs), prefixTokens/shardTokens)
-	// Recompute from the definition.
+// definitionShards computes the shard hashes of text straight from the
+// definition (shard.go), counting every candidate prefix of every shard.
+func definitionShards(text string, enc tokens.Encoding) []uint64 {
 	t0 := prefixCut(text)
-	h, start, covered := prefixSeeds[tokens.O200K], 0, 0
-	var want []uint64
+	if t0 == "" {
+		return nil
+	}
+	h, start, covered := prefixSeeds[enc], 0, 0
+	var hs []uint64
 	for covered < prefixTokens {
 		end := -1
 		for b := start + 1; b < len(t0); b++ {
-			if tokens.SafeAt(t0, b) && tokens.O200K.Count(t0[start:b]) >= shardTokens {
+			if tokens.SafeAt(t0, b) && enc.Count(t0[start:b]) >= shardTokens {
 				end = b
 				break
 			}
@@ -85,11 +83,33 @@ func TestPrefixShardsDefinition(t *testing.T) {
 			break
 		}
 		h = fmix64(fnv1a(h, t0[start:end]))
-		want = append(want, h)
-		covered += tokens.O200K.Count(t0[start:end])
+		hs = append(hs, h)
+		covered += enc.Count(t0[start:end])
 		start = end
 	}
-	assert.Equal(t, want, hs)
+	if len(hs) == 0 {
+		hs = append(hs, fmix64(fnv1a(prefixSeeds[enc], t0)))
+	}
+	return hs
+}
+
+func TestPrefixShardsDefinition(t *testing.T) {
+	text := affWords("alpha", 400)
+	hs := prefixHashes(text, "gpt-4o")
+	require.NotEmpty(t, hs)
+	// Blocks cover the first 256 tokens: at least 256/16 blocks minus the
+	// overshoot, and every block has at least 16 tokens.
+	assert.GreaterOrEqual(t, len(hs), 12)
+	assert.LessOrEqual(t, len(hs), prefixTokens/shardTokens)
+	// Recompute from the definition, here and on random texts.
+	assert.Equal(t, definitionShards(text, tokens.O200K), hs)
+	rng := rand.New(rand.NewPCG(11, 12))
+	for range 100 {
+		r := randText(rng, rng.IntN(2048))
+		for _, enc := range []tokens.Encoding{tokens.O200K, tokens.CL100K} {
+			require.Equal(t, definitionShards(r, enc), prefixShards(nil, enc, prefixCut(r), nil, nil), "%q", r)
+		}
+	}
 	// Stable across processes and releases: a golden value.
 	assert.Equal(t, "relay-"+fmt.Sprintf("%016x", hs[0]), cacheKeyString(hs[0]))
 	assert.Equal(t, uint64(0x48a0357a2b3e9668), prefixHashes("The quick brown fox jumps over the lazy dog, again and again and again.", "gpt-4o")[0])
@@ -233,8 +253,9 @@ func benchKey(b *testing.B, r *Router) {
 	}
 }
 
-// FuzzPrefixShards checks that prefix shard hashes are deterministic and
-// the same with and without the memo of shard ends.
+// FuzzPrefixShards checks that prefix shard hashes follow the definition
+// (for texts short enough to count every candidate prefix), are
+// deterministic, and are the same with and without the memo of shard ends.
 func FuzzPrefixShards(f *testing.F) {
 	f.Add("The quick brown fox jumps over the lazy dog. " + affWords("x", 300))
 	f.Add("x\r\n\r\n  /y's 'll\u0301. \u00a0\u3000z")
@@ -250,6 +271,9 @@ func FuzzPrefixShards(f *testing.F) {
 			return
 		}
 		require.NotEmpty(t, want)
+		if len(text) <= 2048 {
+			require.Equal(t, definitionShards(text, tokens.O200K), want, "the definition")
+		}
 		for range 2 { // cold memo, then warm
 			require.Equal(t, want, prefixShards(m, tokens.O200K, prefixCut(text), nil, nil))
 		}
