@@ -76,7 +76,8 @@ func (r *Router) classify(method string, path string, h http.Header, body []byte
 	if r.wantsKey() {
 		c.key = r.prefixKey(c.enc, sc)
 	}
-	c.req.PromptTokens = rd.Tokens(countReader{c: r.counter, enc: c.enc, sc: sc}, r.counter.imageTokens)
+	sc.cr = countReader{c: r.counter, enc: c.enc, sc: sc}
+	c.req.PromptTokens = rd.Tokens(&sc.cr, r.counter.imageTokens)
 	c.req.Bucket = r.s.buckets.Bucket(c.req.PromptTokens)
 	return c
 }
@@ -142,6 +143,7 @@ type scratch struct {
 	canon prompt.Canon
 	known []known
 	dec   []byte
+	cr    countReader // passed by pointer: no allocation for the interface
 }
 
 const scratchMax = 256 << 10
@@ -156,5 +158,6 @@ func (sc *scratch) release() {
 	}
 	sc.rd.Forget()
 	sc.canon.Buf, sc.canon.At, sc.known = sc.canon.Buf[:0], sc.canon.At[:0], sc.known[:0]
+	sc.cr = countReader{}
 	scratchPool.Put(sc)
 }

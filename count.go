@@ -67,7 +67,7 @@ type countReader struct {
 	sc  *scratch
 }
 
-func (e countReader) Str(i int) int {
+func (e *countReader) Str(i int) int {
 	rd := &e.sc.rd
 	s := rd.Strs[i]
 	raw := rd.Raw(s)
@@ -104,7 +104,7 @@ func (e countReader) Str(i int) int {
 // with k1 and k2 the first and the last boundary inside text whose
 // cumulative count is known, head the text before k1 and tail the text
 // after k2. Only head and tail are counted.
-func (e countReader) reuse(i int, text string) int {
+func (e *countReader) reuse(i int, text string) int {
 	sc := e.sc
 	if i >= len(sc.canon.At) || sc.canon.At[i] < 0 || len(sc.known) < 2 {
 		return e.enc.Count(text)
@@ -124,7 +124,7 @@ func (e countReader) reuse(i int, text string) int {
 	return e.enc.Count(text[:k1.pos-at]) + k2.cum - k1.cum + e.enc.Count(text[k2.pos-at:])
 }
 
-func (e countReader) Tools(raw string) int {
+func (e *countReader) Tools(raw string) int {
 	return encCounter{e.c, e.enc}.Tools(gjson.Result{Type: gjson.JSON, Raw: raw})
 }
 
