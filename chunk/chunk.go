@@ -86,13 +86,13 @@ const boundFactor = 4
 // over the counts of the segment's prefixes, O(segment·log segment).
 // Overall O(n) for prose and O(n log n) at worst; nothing is re-counted from
 // the start of the text. Measured against counting the same text
-// (BenchmarkSplit1MiB), natural text costs 1.2–3.5× a count (code the
-// most: its lines meet at newlines before indentation, where counts do not
-// add up, so each segment is counted again); a run without pre-token
-// boundaries the splitter knows (one letter, one long word, digits,
-// newlines) 12–35×, since each of its segments is counted several times on
-// its own, and the counter is slower on pieces of such a run (33 to 1023
-// bytes) than on the whole run.
+// (BenchmarkSplit1MiB, 16-token segments), natural text costs 1.5–4.3× a
+// count (CJK and code the most: their sentences meet where counts do not
+// add up, after a full stop before a letter or a newline before
+// indentation, so each segment is counted again); a run without pre-token
+// boundaries the splitter knows (one letter, digits, newlines) up to 54×,
+// since each of its segments is counted several times on its own, and the
+// counter is slower on short pieces of such a run than on the whole run.
 func Split(text string, size int, model string) []string {
 	if text == "" {
 		return nil
