@@ -86,10 +86,11 @@ func BenchmarkRoundTrip(b *testing.B) {
 }
 
 // BenchmarkCount measures prompt-token counting of the router (classify and
-// count, memo off) on prose-and-code prompts of 1 KB, 16 KB and 128 KB, and on
-// the pathological 1 MiB run of one letter.
+// count, memo off, no affinity key: StrategyPriority) on prose-and-code
+// prompts of 1 KB, 16 KB and 128 KB, and on the pathological 1 MiB run of one
+// letter.
 func BenchmarkCount(b *testing.B) {
-	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1"}}, MemoEntries: -1})
+	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1"}}, MemoEntries: -1, Strategy: StrategyPriority})
 	if err != nil {
 		b.Fatal(err)
 	}

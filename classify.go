@@ -2,6 +2,8 @@ package relay
 
 import (
 	"net/http"
+	"strings"
+	"sync"
 	"unsafe"
 
 	"github.com/tidwall/gjson"
@@ -17,6 +19,7 @@ type classified struct {
 	enc  tokens.Encoding
 	json bool   // the body is a JSON object the router may edit
 	body string // the body, viewed as a string (no copy)
+	key  uint64 // the affinity key (see keyOf)
 }
 
 // topFields are the top-level fields of a request body the router reads.
@@ -28,8 +31,14 @@ type topFields struct {
 // classify reads what a policy needs from a request without decoding the
 // whole body: the endpoint (POSTs only, by path suffix), model, stream flag,
 // max tokens and the prompt's token count, and the bucket that follows from
-// it. A body that is not a JSON object, or that has an unexpected shape,
-// yields zero tokens and is never an error.
+// it; and, when something uses it, the affinity key (keyOf). A body that is
+// not a JSON object, or that has an unexpected shape, yields zero tokens and
+// is never an error.
+//
+// The body is read once, by a prompt.Reader: validation, the top-level
+// fields and the prompt's strings in one pass. The affinity key is computed
+// first, and the prompt strings it covers are counted from its shards'
+// counts (see countReader), so no text is counted twice.
 func (r *Router) classify(method string, path string, h http.Header, body []byte) classified {
 	c := classified{req: Request{Header: h, Load: r, Budget: noBudgets{}, Priority: priorityOf(h)}}
 	if method == http.MethodPost {
@@ -40,15 +49,45 @@ func (r *Router) classify(method string, path string, h http.Header, body []byte
 		return c
 	}
 	c.body = unsafe.String(unsafe.SliceData(body), len(body))
-	if !jsonscan.Valid(c.body) {
-		return c
-	}
-	root := gjson.Parse(c.body)
-	if !root.IsObject() {
+	sc := getScratch()
+	defer sc.release()
+	rd := &sc.rd
+	rd.Read(c.req.Endpoint, c.body)
+	if !rd.JSON {
 		return c
 	}
 	c.json = true
-	f := readTop(root)
+	if rd.Fallback {
+		r.classifyRef(&c)
+		return c
+	}
+	if v := rd.Model; v.Kind == '"' {
+		c.req.Model = rd.Body[v.Start+1 : v.End-1]
+		if strings.IndexByte(c.req.Model, '\\') >= 0 {
+			c.req.Model = string(jsonscan.AppendUnescaped(nil, c.req.Model, len(c.req.Model)))
+		}
+	}
+	c.req.Stream = rd.Stream.Kind == 't'
+	if rd.HasMaxTokens {
+		c.req.MaxTokens = int(min(rd.MaxTokens, 1<<31-1))
+	}
+	c.enc = tokens.ForModel(c.req.Model)
+	c.req.MaxInputTokens, c.req.MaxOutputTokens = r.s.window(c.req.Model)
+	if r.wantsKey() {
+		c.key = r.prefixKey(c.enc, sc)
+	}
+	sc.cr = countReader{c: r.counter, enc: c.enc, sc: sc}
+	c.req.PromptTokens = rd.Tokens(&sc.cr, r.counter.imageTokens)
+	c.req.Bucket = r.s.buckets.Bucket(c.req.PromptTokens)
+	return c
+}
+
+// classifyRef is the reference reader: what classify finds in a body that
+// is a JSON object, read with gjson (the prompt-token count) and jsonscan
+// (the canonical prompt of the key). classify falls back to it for the
+// bodies a prompt.Reader leaves to it, and tests compare the two.
+func (r *Router) classifyRef(c *classified) {
+	f := readTop(gjson.Parse(c.body))
 	if f.model.Type == gjson.String {
 		c.req.Model = f.model.Str
 	}
@@ -60,11 +99,13 @@ func (r *Router) classify(method string, path string, h http.Header, body []byte
 	c.req.MaxInputTokens, c.req.MaxOutputTokens = r.s.window(c.req.Model)
 	c.req.PromptTokens = r.counter.prompt(c.enc, c.req.Endpoint, &f.Fields)
 	c.req.Bucket = r.s.buckets.Bucket(c.req.PromptTokens)
-	return c
+	if r.wantsKey() {
+		c.key = r.keyRef(c)
+	}
 }
 
-// readTop picks every field the router reads in one pass over the top
-// level, so the (possibly large) prompt is not scanned again to find it.
+// readTop picks every field the reference reader reads in one pass over
+// the top level: gjson's ForEach, the last of a repeated member winning.
 func readTop(root gjson.Result) topFields {
 	var f topFields
 	root.ForEach(func(k, v gjson.Result) bool {
@@ -91,4 +132,32 @@ func readTop(root gjson.Result) topFields {
 		return true
 	})
 	return f
+}
+
+// scratch is the working memory of one classify: the body's reader, the
+// canonical prompt, the shards' counts and a buffer to decode strings in.
+// It is pooled; one that grew past scratchMax bytes is dropped, so the
+// pool holds at most a few small ones per P.
+type scratch struct {
+	rd    prompt.Reader
+	canon prompt.Canon
+	known []known
+	dec   []byte
+	cr    countReader // passed by pointer: no allocation for the interface
+}
+
+const scratchMax = 256 << 10
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+func getScratch() *scratch { return scratchPool.Get().(*scratch) }
+
+func (sc *scratch) release() {
+	if sc.rd.Cap()+cap(sc.canon.Buf)+4*cap(sc.canon.At)+16*cap(sc.known)+cap(sc.dec) > scratchMax {
+		return
+	}
+	sc.rd.Forget()
+	sc.canon.Buf, sc.canon.At, sc.known = sc.canon.Buf[:0], sc.canon.At[:0], sc.known[:0]
+	sc.cr = countReader{}
+	scratchPool.Put(sc)
 }

@@ -2,13 +2,20 @@ package relay
 
 import (
 	"encoding/json"
+	"math/rand/v2"
 	"net/http"
+	"path/filepath"
+	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
 
+	"github.com/tokenrelay/relay/internal/jsonscan"
+	"github.com/tokenrelay/relay/internal/prompt"
 	"github.com/tokenrelay/relay/internal/tokens"
 )
 
@@ -152,4 +159,184 @@ func FuzzClassify(f *testing.F) {
 			t.Fatalf("invalid JSON counted %d tokens", q.req.PromptTokens)
 		}
 	})
+}
+
+// classifyReference is what classify found before it read bodies in one
+// pass: jsonscan.Valid, then gjson for the fields and the count, and the
+// key from prompt.AppendCanonical.
+func classifyReference(r *Router, path string, body []byte) classified {
+	c := classified{req: Request{Load: r, Endpoint: prompt.Endpoint(path), Budget: noBudgets{}, Priority: priorityOf(nil)}}
+	c.req.Bucket = r.s.buckets.Bucket(0)
+	if c.req.Endpoint == "" || len(body) == 0 || !jsonscan.Valid(body) || !gjson.ParseBytes(body).IsObject() {
+		return c
+	}
+	c.json = true
+	c.body = string(body)
+	r.classifyRef(&c)
+	return c
+}
+
+// checkClassify asserts that classify (cold, then warm memo) and the
+// reference agree on body.
+func checkClassify(t *testing.T, fast, ref *Router, path, body string) {
+	t.Helper()
+	want := classifyReference(ref, path, []byte(body))
+	for _, pass := range []string{"cold", "warm"} {
+		got := fast.classify("POST", path, nil, []byte(body))
+		got.body, want.body = "", ""
+		got.req.Load, want.req.Load = nil, nil
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s %s: classify\n got %+v\nwant %+v\nbody %q", pass, path, got, want, body)
+		}
+	}
+}
+
+var classifyPaths = []string{"/v1/chat/completions", "/v1/responses", "/v1/completions", "/v1/embeddings"}
+
+// refRouters returns a router for classify (a fresh memo: the first read of
+// a body is cold) and one without memo for the reference, both computing
+// affinity keys.
+func refRouters(t testing.TB) (fast, ref *Router) {
+	var err error
+	fast, err = New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1"}}})
+	require.NoError(t, err)
+	ref, err = New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1"}}, MemoEntries: -1})
+	require.NoError(t, err)
+	return fast, ref
+}
+
+// TestClassifyMatchesReference compares classify with the reference
+// readers on the wire fixtures, the shapes the readers disagree on, and
+// random chat and Responses bodies of real text: long strings with
+// escapes, emoji, CJK and invalid UTF-8, whose affinity key's shards fall
+// across message boundaries and across the 16×256-byte cut.
+func TestClassifyMatchesReference(t *testing.T) {
+	// A huge string, and nesting past jsonscan.MaxDepth (not JSON, read
+	// without recursion) and up to it.
+	huge := chatBody("gpt-4o", strings.Repeat(`h\u00e9llo \n w\u00f6rld \"q\" `, 1<<16))
+	tooDeep := `{"messages":[{"role":"user","content":"x"}],"x":` + strings.Repeat("[", 1<<20) + strings.Repeat("]", 1<<20) + `}`
+	deep := `{"messages":[{"role":"user","content":"x"}],"x":` + strings.Repeat("[", 511) + strings.Repeat("]", 511) + `}`
+	files, err := filepath.Glob("testdata/openai-wire/*.json")
+	require.NoError(t, err)
+	var bodies []string
+	for _, f := range files {
+		bodies = append(bodies, string(fixture(t, filepath.Base(f))))
+	}
+	bodies = append(bodies, cookbookBody("gpt-4o"), cookbookBody("gpt-4"), chatBody("gpt-4.1", benchPrompt(4<<10)),
+		string(newOverheadBody(t).b), `{"model":"gpt-4","model":1}`, `{"model":"gpt\u002d4","messages":[{"role":"user","content":"x"}]}`,
+		`{"mod\u0065l":"gpt-4","messages":[{"role":"user","content":"x"}]}`, `{"max_tokens":5,"max_output_tokens":7.9,"max_completion_tokens":-1,"stream":true}`,
+		`{"max_tokens":1e300}`, `{"messages":[{"ro\u006ce":"system","content":"S"}]}`,
+		huge, tooDeep, deep)
+	// Shards past the first 2048 canonical bytes (runs of few tokens), and
+	// prompts sharing a system prompt (shard ends warm, the key cold).
+	for _, run := range []string{strings.Repeat(" ", 3000), strings.Repeat("a", 5000), strings.Repeat("QUJD", 900), strings.Repeat("!", 2500), strings.Repeat("\\n", 1500)} {
+		bodies = append(bodies, `{"model":"gpt-4o","messages":[{"role":"system","content":"S `+run+` E"},{"role":"user","content":"Q"}]}`,
+			`{"model":"gpt-4","prompt":"`+run+`"}`)
+	}
+	system := randText(rand.New(rand.NewPCG(5, 6)), 1500)
+	for i := range 20 {
+		bodies = append(bodies, `{"model":"gpt-4o","messages":[{"role":"system","content":"`+system+`"},{"role":"user","content":"`+
+			randText(rand.New(rand.NewPCG(uint64(i), 0)), 400*(i%4))+`"}]}`)
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	n := 300
+	if testing.Short() {
+		n = 50
+	}
+	for range n {
+		bodies = append(bodies, randRequest(rng))
+	}
+	fast, ref := refRouters(t)
+	for _, body := range bodies {
+		for _, path := range classifyPaths {
+			checkClassify(t, fast, ref, path, body)
+		}
+	}
+	assert.Greater(t, fast.classify("POST", classifyPaths[0], nil, []byte(huge)).req.PromptTokens, 1<<18, "the huge body is JSON")
+	assert.False(t, fast.classify("POST", classifyPaths[0], nil, []byte(tooDeep)).json, "deeper than MaxDepth")
+	assert.True(t, fast.classify("POST", classifyPaths[0], nil, []byte(deep)).json, "MaxDepth deep")
+}
+
+func FuzzClassifyMatchesReference(f *testing.F) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	for range 20 {
+		f.Add(uint8(0), randRequest(rng))
+	}
+	f.Add(uint8(1), `{"instructions":"Be brief.","input":[{"role":"user","content":[{"type":"input_text","text":"Hi"}]}]}`)
+	f.Add(uint8(2), `{"prompt":["a b","c\nd"]}`)
+	fast, ref := refRouters(f)
+	f.Fuzz(func(t *testing.T, ep uint8, body string) {
+		if len(body) > 1<<15 {
+			return
+		}
+		checkClassify(t, fast, ref, classifyPaths[int(ep)%len(classifyPaths)], body)
+	})
+}
+
+func cookbookBody(model string) string {
+	return `{"model":"` + model + `","messages":` + cookbookMessages + `}`
+}
+
+// randText returns JSON string contents (escaped as JSON writes them, or
+// not) of up to about n bytes.
+func randText(rng *rand.Rand, n int) string {
+	frags := []string{"The quick brown fox", " jumps", " over the lazy dog.", " It's", " they'll", "\\n", "\\n\\n", "\\t", "  ", " 42", "3.14",
+		" 東京 の 天気", "。", " 😀", "\\ud83d\\ude00", "\\u00e9t\\u00e9", "\\ud800", "\\\"quoted\\\"", "\\\\", "\\/", "/", " x/y",
+		"\xff", "\xe4\xbd", " don't", "!!!", " ---", "func f() {}", " Überprüfen", "\\r\\n", " ", "a", "A", "ABC", "'s"}
+	var b strings.Builder
+	for b.Len() < n {
+		b.WriteString(frags[rng.IntN(len(frags))])
+	}
+	return b.String()
+}
+
+// randRequest returns a random chat or Responses body of real text.
+func randRequest(rng *rand.Rand) string {
+	models := []string{"gpt-4o", "gpt-4", "gpt-4.1", "text-embedding-3-small"}
+	size := func() int { return []int{0, 10, 60, 300, 1500, 5000}[rng.IntN(6)] }
+	str := func() string { return `"` + randText(rng, size()) + `"` }
+	content := func() string {
+		if rng.IntN(3) > 0 {
+			return str()
+		}
+		var parts []string
+		for range rng.IntN(4) {
+			switch rng.IntN(4) {
+			case 0:
+				parts = append(parts, `{"type":"image_url","image_url":{"url":"https://x/y.png"}}`)
+			case 1:
+				parts = append(parts, `{"type":"refusal","refusal":`+str()+`}`)
+			default:
+				parts = append(parts, `{"type":"text","text":`+str()+`}`)
+			}
+		}
+		return "[" + strings.Join(parts, ",") + "]"
+	}
+	roles := []string{"system", "developer", "user", "assistant", "tool"}
+	var msgs []string
+	for range rng.IntN(6) {
+		m := `{"role":"` + roles[rng.IntN(len(roles))] + `","content":` + content()
+		if rng.IntN(5) == 0 {
+			m += `,"name":"n` + strconv.Itoa(rng.IntN(9)) + `"`
+		}
+		if rng.IntN(5) == 0 {
+			m += `,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":` + str() + `}}]`
+		}
+		if rng.IntN(6) == 0 {
+			m += `,"content":` + content() // a repeated member
+		}
+		msgs = append(msgs, m+"}")
+	}
+	tools := ""
+	if rng.IntN(3) == 0 {
+		tools = `,"tools":[{"type":"function","function":{"name":"lookup","description":` + str() + `,"parameters":{"type":"object","properties":{"q":{"type":"string","enum":["a","b"]}}}}}]`
+	}
+	model := `"model":"` + models[rng.IntN(len(models))] + `"`
+	switch rng.IntN(4) {
+	case 0:
+		return `{` + model + `,"instructions":` + str() + `,"input":[` + strings.Join(msgs, ",") + `]` + tools + `}`
+	case 1:
+		return `{` + model + `,"input":` + str() + `,"prompt":[` + str() + `,1,` + str() + `]}`
+	}
+	return `{` + model + `,"messages":[` + strings.Join(msgs, ", ") + `]` + tools + `,"max_tokens":` + strconv.Itoa(rng.IntN(3)*100) + `}`
 }

@@ -1,7 +1,9 @@
 package relay
 
 import (
+	"cmp"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -54,6 +56,78 @@ func (e encCounter) Tools(tools gjson.Result) int {
 	return n
 }
 
+// countReader counts the strings a prompt.Reader read, through the memo:
+// a string without escapes is keyed by its text (as count keys it), one
+// with escapes by its text as written, so that a memo hit needs no
+// decoding. A string the memo does not know is counted from the affinity
+// key's work where that covers it (see reuse), else on its own.
+type countReader struct {
+	c   *counter
+	enc tokens.Encoding
+	sc  *scratch
+}
+
+func (e *countReader) Str(i int) int {
+	rd := &e.sc.rd
+	s := rd.Strs[i]
+	raw := rd.Raw(s)
+	kind := kindText
+	if s.Esc {
+		kind = kindEscText
+	}
+	memo := len(raw) >= memoMin && e.c.memo != nil
+	if memo {
+		if n, ok := e.c.memo.get(e.enc, kind, raw); ok {
+			return n
+		}
+	}
+	text := raw
+	if s.Esc {
+		e.sc.dec = rd.AppendStr(e.sc.dec[:0], s)
+		text = unsafe.String(unsafe.SliceData(e.sc.dec), len(e.sc.dec))
+	}
+	n := e.reuse(i, text)
+	if memo {
+		e.c.memo.put(e.enc, kind, raw, n)
+	}
+	return n
+}
+
+// reuse counts text, the decoded Strs[i], with the counts the affinity key
+// gathered where they cover it. The key's shards and the pieces counted to
+// find them end at pre-token boundaries of the canonical prompt, where
+// counts add up; the prompt holds text at canon.At[i], so a boundary inside
+// text is one of text too, and
+//
+//	count(text) = count(head) + (cum(k2) - cum(k1)) + count(tail)
+//
+// with k1 and k2 the first and the last boundary inside text whose
+// cumulative count is known, head the text before k1 and tail the text
+// after k2. Only head and tail are counted.
+func (e *countReader) reuse(i int, text string) int {
+	sc := e.sc
+	if i >= len(sc.canon.At) || sc.canon.At[i] < 0 || len(sc.known) < 2 {
+		return e.enc.Count(text)
+	}
+	at := int(sc.canon.At[i])
+	end := at + len(text)
+	k := sc.known
+	a, _ := slices.BinarySearchFunc(k, at, func(p known, at int) int { return cmp.Compare(p.pos, at) })
+	b, found := slices.BinarySearchFunc(k, end, func(p known, at int) int { return cmp.Compare(p.pos, at) })
+	if !found {
+		b-- // the last at or before end
+	}
+	if a >= b {
+		return e.enc.Count(text)
+	}
+	k1, k2 := k[a], k[b]
+	return e.enc.Count(text[:k1.pos-at]) + k2.cum - k1.cum + e.enc.Count(text[k2.pos-at:])
+}
+
+func (e *countReader) Tools(raw string) int {
+	return encCounter{e.c, e.enc}.Tools(gjson.Result{Type: gjson.JSON, Raw: raw})
+}
+
 // completion counts the answer text of a non-streaming response, when the
 // upstream sent no usage: chat choices' content, tool-call names and
 // arguments, completions' text, and the Responses API's output text.
@@ -93,8 +167,10 @@ const memoMin = 64
 const (
 	kindText     uint8 = iota
 	kindTools                 // a tools block
+	kindEscText               // a JSON string with escapes, keyed as written
 	kindBlock    uint8 = 0xB1 // a prefix shard's end, from a window that stops short of the text's end
 	kindBlockEnd uint8 = 0xB2 // the same, from a window that reaches it
+	kindKey      uint8 = 0xB3 // an affinity key, from the canonical prompt's first prefixFirst bytes
 )
 
 // count returns the tokens of s, from the memo when s is long enough.
@@ -111,11 +187,13 @@ func (c *counter) count(enc tokens.Encoding, s string) int {
 }
 
 // memo is a bounded, concurrency-safe map from (encoding, kind, string) to
-// a number. Each shard keeps two generations: when the current one is full
-// it becomes the old one and the previous old one is dropped; a hit in the
-// old generation moves the entry back. Entries are keyed by a 64-bit hash of
-// the string, so the memo holds no reference to request bodies. A nil
-// *memo remembers nothing.
+// a 64-bit word (a count, a shard end, an affinity key). Each shard keeps
+// two generations: when the current one is full it becomes the old one and
+// the previous old one is dropped; a hit in the old generation moves the
+// entry back. So it holds at most entries+2×memoShards entries of 16 bytes
+// in map slots (about 256 KB with the default 8192 entries), whatever the
+// traffic. Entries are keyed by a 64-bit hash of the string, so the memo
+// holds no reference to request bodies. A nil *memo remembers nothing.
 type memo struct {
 	seed   maphash.Seed
 	per    int
@@ -126,14 +204,14 @@ const memoShards = 16
 
 type memoShard struct {
 	mu       sync.Mutex
-	cur, old map[uint64]int32
+	cur, old map[uint64]uint64
 	_        [40]byte // keep shards on separate cache lines
 }
 
 func newMemo(entries int) *memo {
 	m := &memo{seed: maphash.MakeSeed(), per: max(1, entries/(2*memoShards))}
 	for i := range m.shards {
-		m.shards[i].cur = make(map[uint64]int32, m.per)
+		m.shards[i].cur = make(map[uint64]uint64, m.per)
 	}
 	return m
 }
@@ -142,7 +220,18 @@ func (m *memo) key(enc tokens.Encoding, kind uint8, s string) uint64 {
 	return maphash.String(m.seed, s) ^ uint64(enc)<<56 ^ uint64(kind)<<48
 }
 
+// get returns the count (or shard end) stored for s.
 func (m *memo) get(enc tokens.Encoding, kind uint8, s string) (int, bool) {
+	v, ok := m.getWord(enc, kind, s)
+	return int(int32(v)), ok
+}
+
+// put stores a count (or shard end) for s.
+func (m *memo) put(enc tokens.Encoding, kind uint8, s string, n int) {
+	m.putWord(enc, kind, s, uint64(uint32(int32(min(n, 1<<31-1)))))
+}
+
+func (m *memo) getWord(enc tokens.Encoding, kind uint8, s string) (uint64, bool) {
 	if m == nil {
 		return 0, false
 	}
@@ -156,23 +245,23 @@ func (m *memo) get(enc tokens.Encoding, kind uint8, s string) (int, bool) {
 		}
 	}
 	sh.mu.Unlock()
-	return int(v), ok
+	return v, ok
 }
 
-func (m *memo) put(enc tokens.Encoding, kind uint8, s string, n int) {
+func (m *memo) putWord(enc tokens.Encoding, kind uint8, s string, v uint64) {
 	if m == nil {
 		return
 	}
 	k := m.key(enc, kind, s)
 	sh := &m.shards[k%memoShards]
 	sh.mu.Lock()
-	sh.insert(k, int32(min(n, 1<<31-1)), m.per)
+	sh.insert(k, v, m.per)
 	sh.mu.Unlock()
 }
 
-func (sh *memoShard) insert(k uint64, v int32, per int) {
+func (sh *memoShard) insert(k uint64, v uint64, per int) {
 	if len(sh.cur) >= per {
-		sh.old, sh.cur = sh.cur, make(map[uint64]int32, per)
+		sh.old, sh.cur = sh.cur, make(map[uint64]uint64, per)
 	}
 	sh.cur[k] = v
 }

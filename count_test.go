@@ -1,11 +1,17 @@
 package relay
 
 import (
+	"bytes"
 	"fmt"
+	"io"
+	"net/http"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/tokenrelay/relay/internal/tokens"
 )
@@ -81,4 +87,44 @@ func TestMemoBoundedAndResendPaysOnlyNew(t *testing.T) {
 		}
 		assert.Equal(t, 1, calls, "turn %d", turn)
 	}
+}
+
+// TestHeapBoundedOverDistinctPrompts sends 10,000 distinct 4 KB prompts
+// through a router (every line of every message new, as in BenchmarkOverhead)
+// and checks that what stays on the heap afterwards grows by less than
+// 64 MB: the token memo, the key memo and the pooled scratch are bounded,
+// whatever the traffic.
+func TestHeapBoundedOverDistinctPrompts(t *testing.T) {
+	answer := fixture(t, "chat_response_default.json")
+	var reports atomic.Int64
+	r := overheadTransports(t, memBase(answer), &reports)["relay"]
+	ob := newOverheadBody(t)
+	send := func(i int) {
+		ob.renew(uint64(i))
+		req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", bytes.NewReader(ob.b))
+		resp, err := r.RoundTrip(req)
+		require.NoError(t, err)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	send(0) // load the encodings
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	const n = 10_000
+	for i := 1; i <= n; i++ {
+		send(i)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	growth := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("heap after %d distinct prompts: %+.1f MB (%.1f MB in use)", n, float64(growth)/(1<<20), float64(after.HeapAlloc)/(1<<20))
+	assert.Less(t, growth, int64(64<<20))
+	assert.Equal(t, int64(n+1), reports.Load())
+	entries := 0
+	mm := r.(*Router).counter.memo
+	for i := range mm.shards {
+		entries += len(mm.shards[i].cur) + len(mm.shards[i].old)
+	}
+	assert.LessOrEqual(t, entries, 8192+2*memoShards, "the memo holds at most MemoEntries")
 }

@@ -60,25 +60,73 @@ const (
 // prompt when it has no full shard. It is 0 when there is no prompt (a body
 // that is not a JSON object, an unknown endpoint, an empty prompt) and when
 // nothing uses the key (the strategy does not hash, and PromptCacheKey is
-// off).
+// off). classify computes it, in the same pass as the prompt's count.
+func (r *Router) keyOf(c *classified) uint64 { return c.key }
+
+// wantsKey reports whether something uses the affinity key.
+func (r *Router) wantsKey() bool {
+	st := r.s.strategy
+	return st == StrategyAffinity || st == StrategyBoundedLoad || r.s.cacheKey
+}
+
+// prefixKey computes the affinity key of the body sc.rd read, in encoding
+// enc. It leaves in sc the cumulative token counts it learned at pre-token
+// boundaries of the canonical prompt (sc.known) and where each string sits
+// in it (sc.canon.At), for the prompt's count to reuse.
 //
-// Cost: only the first 16×256 bytes of canonical text are built, from a
-// pooled buffer; with a warm token memo each shard end is one memo lookup,
-// so the key of a 4 KB chat prompt costs a few microseconds.
-func (r *Router) keyOf(c *classified) uint64 {
-	if !c.json || c.req.Endpoint == "" {
+// Only as much canonical prompt is built as the shards need: its first
+// prefixFirst bytes, and the rest up to 16×256 bytes when a shard reaches
+// past them. When the key depended on those first bytes alone, it is
+// memoized under them, so a prompt seen before costs one build of at most
+// prefixFirst bytes, one hash of them and one memo lookup. Otherwise each
+// shard end is a memo lookup (warm) or the pieces of the shard are counted
+// (cold), and the prompt's count does not count them again.
+func (r *Router) prefixKey(enc tokens.Encoding, sc *scratch) uint64 {
+	m := r.counter.memo
+	sc.known = sc.known[:0]
+	sc.canon.Buf, sc.canon.Limit = sc.canon.Buf[:0], prefixFirst
+	sc.rd.AppendCanonical(&sc.canon)
+	if len(sc.canon.Buf) == 0 {
 		return 0
 	}
-	if st := r.s.strategy; st != StrategyAffinity && st != StrategyBoundedLoad && !r.s.cacheKey {
-		return 0
+	x := shardText{t: unsafe.String(unsafe.SliceData(sc.canon.Buf), len(sc.canon.Buf))}
+	if len(x.t) == prefixFirst { // there may be more
+		x.more = func() string {
+			sc.canon.Buf, sc.canon.Limit = sc.canon.Buf[:0], prefixLimit+1
+			sc.rd.AppendCanonical(&sc.canon)
+			return prefixCut(unsafe.String(unsafe.SliceData(sc.canon.Buf), len(sc.canon.Buf)))
+		}
 	}
+	first, all := x.t, x.more == nil
+	if v, ok := m.getWord(enc, kindKey, first); ok {
+		return v
+	}
+	sc.known = append(sc.known, known{})
+	var buf [prefixTokens/shardTokens + 1]int
+	ends := shardEnds(m, enc, &x, buf[:0], &sc.known)
+	var arr [prefixTokens/shardTokens + 2]uint64
+	hs := shardHashes(enc, x.whole(len(ends) == 0), ends, arr[:0])
+	key := hs[len(hs)-1]
+	if all || x.need <= len(first) {
+		m.putWord(enc, kindKey, first, key)
+	}
+	return key
+}
+
+// prefixFirst is how much canonical prompt prefixKey builds first: enough
+// for the 256 tokens of most prompts.
+const prefixFirst = 2048
+
+// keyRef is the reference computation of the key of c: the canonical
+// prompt built by prompt.AppendCanonical.
+func (r *Router) keyRef(c *classified) uint64 {
 	bp := canonPool.Get().(*[]byte)
 	buf := prompt.AppendCanonical((*bp)[:0], c.req.Endpoint, c.body, prefixLimit+1)
 	var key uint64
 	if len(buf) > 0 {
 		t := prefixCut(unsafe.String(unsafe.SliceData(buf), len(buf)))
 		var arr [prefixTokens/shardTokens + 2]uint64
-		hs := prefixShards(r.counter.memo, c.enc, t, arr[:0])
+		hs := prefixShards(r.counter.memo, c.enc, t, arr[:0], nil)
 		key = hs[len(hs)-1]
 	}
 	*bp = buf[:0]
@@ -90,6 +138,10 @@ var canonPool = sync.Pool{New: func() any {
 	b := make([]byte, 0, prefixLimit+64)
 	return &b
 }}
+
+// known is a pre-token boundary of a text and the count of the text up to
+// it.
+type known struct{ pos, cum int }
 
 // prefixCut cuts text to the bytes the shards cover (step 1).
 func prefixCut(text string) string {
@@ -104,49 +156,107 @@ func prefixCut(text string) string {
 	return text[:prefixLimit]
 }
 
+// shardText is the text the shards tile: t holds all of it, or a prefix
+// of it and more builds the rest. need is how much of the text the shards
+// looked at: they depend on text[:need] alone.
+type shardText struct {
+	t    string
+	more func() string // nil once t holds all the text
+	need int
+}
+
+// has reports whether the text has at least n bytes, building the rest of
+// it when t holds fewer.
+func (x *shardText) has(n int) bool {
+	x.need = max(x.need, n)
+	if n > len(x.t) && x.more != nil {
+		x.t, x.more = x.more(), nil
+	}
+	return n <= len(x.t)
+}
+
+// whole returns t, all of the text when all is set.
+func (x *shardText) whole(all bool) string {
+	if all {
+		x.has(prefixLimit + 1)
+	}
+	return x.t
+}
+
 // prefixShards appends the shard hashes of t (already cut by prefixCut) to
-// dst. m, when not nil, memoizes shard ends.
-func prefixShards(m *memo, enc tokens.Encoding, t string, dst []uint64) []uint64 {
+// dst. m, when not nil, memoizes shard ends. kn, when not nil, gets every
+// boundary of t whose cumulative count was learned (shard ends and the ends
+// of the pieces counted to find them), in order, from (0, 0).
+func prefixShards(m *memo, enc tokens.Encoding, t string, dst []uint64, kn *[]known) []uint64 {
 	if t == "" {
 		return dst
 	}
-	seed := prefixSeeds[enc]
-	h, start, covered, n0 := seed, 0, 0, len(dst)
+	if kn != nil {
+		*kn = append(*kn, known{})
+	}
+	var buf [prefixTokens/shardTokens + 1]int
+	ends := shardEnds(m, enc, &shardText{t: t}, buf[:0], kn)
+	return shardHashes(enc, t, ends, dst)
+}
+
+// shardEnds appends the ends of the full shards of x's text to ends
+// (steps 2 and 3).
+func shardEnds(m *memo, enc tokens.Encoding, x *shardText, ends []int, kn *[]known) []int {
+	start, covered := 0, 0
 	for covered < prefixTokens {
-		end, n, ok := nextShard(m, enc, t, start)
+		end, n, ok := nextShard(m, enc, x, start, covered, kn)
 		if !ok {
 			break
 		}
-		h = fmix64(fnv1a(h, t[start:end]))
-		dst = append(dst, h)
+		ends = append(ends, end)
 		start, covered = end, covered+n
 	}
-	if len(dst) == n0 {
-		dst = append(dst, fmix64(fnv1a(seed, t)))
+	return ends
+}
+
+// shardHashes appends the hashes of the shards of t that end at ends to
+// dst, or the hash of t when there is none (steps 4 and 5).
+func shardHashes(enc tokens.Encoding, t string, ends []int, dst []uint64) []uint64 {
+	seed := prefixSeeds[enc]
+	if len(ends) == 0 {
+		return append(dst, fmix64(fnv1a(seed, t)))
+	}
+	h, start := seed, 0
+	for _, end := range ends {
+		h = fmix64(fnv1a(h, t[start:end]))
+		dst = append(dst, h)
+		start = end
 	}
 	return dst
 }
 
-// nextShard returns the end and token count of the shard of t starting at
-// start, looking it up in m first. A memo entry is keyed by the window of
-// shardWindow bytes from start (or the rest of t, under another kind), and
-// only stored when the window determines the answer.
-func nextShard(m *memo, enc tokens.Encoding, t string, start int) (end, n int, ok bool) {
-	w, kind := t[start:], kindBlockEnd
-	if len(w) > shardWindow {
-		w, kind = w[:shardWindow], kindBlock
+// nextShard returns the end and token count of the shard of x's text
+// starting at start, looking it up in m first. A memo entry is keyed by the
+// window of shardWindow bytes from start (or the rest of the text, under
+// another kind), and only stored when the window determines the answer.
+// covered is the count of the text before start, for kn (see
+// prefixShards).
+func nextShard(m *memo, enc tokens.Encoding, x *shardText, start, covered int, kn *[]known) (end, n int, ok bool) {
+	kind := kindBlockEnd
+	if x.has(start + shardWindow + 1) {
+		kind = kindBlock
 	}
+	w := x.t[start:min(len(x.t), start+shardWindow)]
 	if v, hit := m.get(enc, kind, w); hit {
 		if v < 0 {
 			return 0, 0, false
 		}
-		return start + v&0xFFFF, v >> 16, true
+		end, n = start+v&0xFFFF, v>>16
+		if kn != nil {
+			*kn = append(*kn, known{end, covered + n})
+		}
+		return end, n, true
 	}
-	end, n, ok = scanShard(enc, t, start)
+	end, n, ok = scanShard(enc, x, start, covered, kn)
 	switch {
 	case ok:
-		if end < len(t) {
-			if _, size := tokens.ClassAt(t, end); end+size <= start+len(w) {
+		if x.has(end+utf8.UTFMax) || end < len(x.t) {
+			if _, size := tokens.ClassAt(x.t, end); end+size <= start+len(w) {
 				m.put(enc, kind, w, (end-start)|n<<16)
 			}
 		}
@@ -158,14 +268,19 @@ func nextShard(m *memo, enc tokens.Encoding, t string, start int) (end, n int, o
 
 // scanShard finds the shard starting at start by counting the pieces
 // between consecutive pre-token boundaries, whose counts add up exactly.
-func scanShard(enc tokens.Encoding, t string, start int) (end, n int, ok bool) {
+// Each piece's end goes to kn, with covered plus the count up to it.
+func scanShard(enc tokens.Encoding, x *shardText, start, covered int, kn *[]known) (end, n int, ok bool) {
 	sum, piece := 0, start
 	prev := tokens.ClassNone
-	for p := start; p < len(t); {
+	for p := start; x.has(p+utf8.UTFMax) || p < len(x.t); {
+		t := x.t
 		cur, size := tokens.ClassAt(t, p)
 		if p > start && tokens.SafeCut(prev, cur) {
 			sum += enc.Count(t[piece:p])
 			piece = p
+			if kn != nil {
+				*kn = append(*kn, known{p, covered + sum})
+			}
 			if sum >= shardTokens {
 				return p, sum, true
 			}

@@ -3,6 +3,7 @@ package relay
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenrelay/relay/internal/jsonscan"
+	"github.com/tokenrelay/relay/internal/prompt"
 	"github.com/tokenrelay/relay/internal/tokens"
 )
 
@@ -57,7 +59,38 @@ func affKeyOf(r *Router, path, body string) uint64 {
 // prefixHashes returns the prefix shard hashes of text in the encoding of
 // model, without a memo.
 func prefixHashes(text, model string) []uint64 {
-	return prefixShards(nil, tokens.ForModel(model), prefixCut(text), nil)
+	return prefixShards(nil, tokens.ForModel(model), prefixCut(text), nil, nil)
+}
+
+// definitionShards computes the shard hashes of text straight from the
+// definition (shard.go), counting every candidate prefix of every shard.
+func definitionShards(text string, enc tokens.Encoding) []uint64 {
+	t0 := prefixCut(text)
+	if t0 == "" {
+		return nil
+	}
+	h, start, covered := prefixSeeds[enc], 0, 0
+	var hs []uint64
+	for covered < prefixTokens {
+		end := -1
+		for b := start + 1; b < len(t0); b++ {
+			if tokens.SafeAt(t0, b) && enc.Count(t0[start:b]) >= shardTokens {
+				end = b
+				break
+			}
+		}
+		if end < 0 {
+			break
+		}
+		h = fmix64(fnv1a(h, t0[start:end]))
+		hs = append(hs, h)
+		covered += enc.Count(t0[start:end])
+		start = end
+	}
+	if len(hs) == 0 {
+		hs = append(hs, fmix64(fnv1a(prefixSeeds[enc], t0)))
+	}
+	return hs
 }
 
 func TestPrefixShardsDefinition(t *testing.T) {
@@ -68,27 +101,15 @@ func TestPrefixShardsDefinition(t *testing.T) {
 	// overshoot, and every block has at least 16 tokens.
 	assert.GreaterOrEqual(t, len(hs), 12)
 	assert.LessOrEqual(t, len(hs), prefixTokens/shardTokens)
-	// Recompute from the definition.
-	t0 := prefixCut(text)
-	h, start, covered := prefixSeeds[tokens.O200K], 0, 0
-	var want []uint64
-	for covered < prefixTokens {
-		end := -1
-		for b := start + 1; b < len(t0); b++ {
-			if tokens.SafeAt(t0, b) && tokens.O200K.Count(t0[start:b]) >= shardTokens {
-				end = b
-				break
-			}
+	// Recompute from the definition, here and on random texts.
+	assert.Equal(t, definitionShards(text, tokens.O200K), hs)
+	rng := rand.New(rand.NewPCG(11, 12))
+	for range 100 {
+		r := randText(rng, rng.IntN(2048))
+		for _, enc := range []tokens.Encoding{tokens.O200K, tokens.CL100K} {
+			require.Equal(t, definitionShards(r, enc), prefixShards(nil, enc, prefixCut(r), nil, nil), "%q", r)
 		}
-		if end < 0 {
-			break
-		}
-		h = fmix64(fnv1a(h, t0[start:end]))
-		want = append(want, h)
-		covered += tokens.O200K.Count(t0[start:end])
-		start = end
 	}
-	assert.Equal(t, want, hs)
 	// Stable across processes and releases: a golden value.
 	assert.Equal(t, "relay-"+fmt.Sprintf("%016x", hs[0]), cacheKeyString(hs[0]))
 	assert.Equal(t, uint64(0x48a0357a2b3e9668), prefixHashes("The quick brown fox jumps over the lazy dog, again and again and again.", "gpt-4o")[0])
@@ -200,33 +221,41 @@ func affJSON(s string) string {
 	return string(b)
 }
 
+// BenchmarkAffinityKey measures the affinity key of a 4 KB chat prompt
+// alone (the canonical prompt and its shards, from a body already read),
+// with a warm token memo: each shard end is a memo hit.
 func BenchmarkAffinityKey(b *testing.B) {
 	r := shardRouter(b)
+	benchKey(b, r)
+}
+
+// BenchmarkAffinityKeyCold is BenchmarkAffinityKey without a memo: the
+// pieces of the first 256 tokens are counted every time.
+func BenchmarkAffinityKeyCold(b *testing.B) {
+	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1"}}, MemoEntries: -1})
+	require.NoError(b, err)
+	benchKey(b, r)
+}
+
+func benchKey(b *testing.B, r *Router) {
 	body := []byte(chatBody("gpt-4.1", benchPrompt(4<<10)))
-	c := r.classify("POST", "/v1/chat/completions", nil, body) // warms the token memo
-	want := r.keyOf(&c)
+	want := r.classify("POST", "/v1/chat/completions", nil, body).key // warms the token memo
+	sc := getScratch()
+	defer sc.release()
+	sc.rd.Read(prompt.Chat, string(body))
+	enc := tokens.ForModel("gpt-4.1")
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
-		if r.keyOf(&c) != want {
+		if r.prefixKey(enc, sc) != want {
 			b.Fatal("key changed")
 		}
 	}
 }
 
-func BenchmarkAffinityKeyCold(b *testing.B) {
-	body := []byte(chatBody("gpt-4.1", benchPrompt(4<<10)))
-	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1"}}, MemoEntries: -1})
-	require.NoError(b, err)
-	c := r.classify("POST", "/v1/chat/completions", nil, body)
-	b.ReportAllocs()
-	for b.Loop() {
-		r.keyOf(&c)
-	}
-}
-
-// FuzzPrefixShards checks that prefix shard hashes are deterministic and
-// the same with and without the memo of shard ends.
+// FuzzPrefixShards checks that prefix shard hashes follow the definition
+// (for texts short enough to count every candidate prefix), are
+// deterministic, and are the same with and without the memo of shard ends.
 func FuzzPrefixShards(f *testing.F) {
 	f.Add("The quick brown fox jumps over the lazy dog. " + affWords("x", 300))
 	f.Add("x\r\n\r\n  /y's 'll\u0301. \u00a0\u3000z")
@@ -242,8 +271,11 @@ func FuzzPrefixShards(f *testing.F) {
 			return
 		}
 		require.NotEmpty(t, want)
+		if len(text) <= 2048 {
+			require.Equal(t, definitionShards(text, tokens.O200K), want, "the definition")
+		}
 		for range 2 { // cold memo, then warm
-			require.Equal(t, want, prefixShards(m, tokens.O200K, prefixCut(text), nil))
+			require.Equal(t, want, prefixShards(m, tokens.O200K, prefixCut(text), nil, nil))
 		}
 	})
 }

@@ -1,12 +1,15 @@
 package chunk
 
 import (
+	"bytes"
+	"encoding/base64"
 	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
+	"github.com/pkoukk/tiktoken-go-loader/assets"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -254,6 +257,7 @@ func FuzzSplit(f *testing.F) {
 		}
 		size = size%64 - 8 // include size <= 0
 		segs := Split(text, size, "gpt-4o")
+		require.Equal(t, splitRef(text, size, "gpt-4o"), segs)
 		require.Equal(t, text, strings.Join(segs, ""))
 		if text == "" {
 			require.Empty(t, segs)
@@ -288,5 +292,65 @@ func BenchmarkSplit(b *testing.B) {
 	b.SetBytes(int64(len(text)))
 	for b.Loop() {
 		Split(text, 16, "gpt-4o")
+	}
+}
+
+// TestSplitMatchesReference checks that Split cuts where the splitter cut
+// before it skipped needless counts (ref_test.go): on the corpus, in both
+// encodings, at several sizes, and on random texts.
+func TestSplitMatchesReference(t *testing.T) {
+	for name, text := range corpus() {
+		if len(text) > 40000 {
+			text = text[:40000]
+		}
+		for _, size := range []int{0, 1, 5, 16, 64} {
+			for _, model := range []string{"gpt-4o", "gpt-4"} {
+				require.Equal(t, splitRef(text, size, model), Split(text, size, model), "%s/%d/%s", name, size, model)
+			}
+		}
+	}
+}
+
+// TestMaxTokenBytes checks maxTokenBytes against both vocabularies.
+func TestMaxTokenBytes(t *testing.T) {
+	for _, name := range []string{"o200k_base", "cl100k_base"} {
+		data, err := assets.Assets.ReadFile(name + ".tiktoken")
+		require.NoError(t, err)
+		longest := 0
+		for line := range bytes.Lines(data) {
+			tok, _, ok := bytes.Cut(line, []byte(" "))
+			if !ok {
+				continue
+			}
+			b, err := base64.StdEncoding.DecodeString(string(tok))
+			require.NoError(t, err)
+			longest = max(longest, len(b))
+		}
+		assert.Equal(t, maxTokenBytes, longest, name)
+	}
+}
+
+// BenchmarkSplit1MiB compares splitting 1 MiB of text into 16-token
+// segments with counting the same text, side by side: prose and code (the
+// common case), CJK prose, and runs without a pre-token boundary the
+// splitter knows (one letter, a long word repeated, digits, newlines),
+// where every segment is cut hard by a search over prefix counts.
+func BenchmarkSplit1MiB(b *testing.B) {
+	tokens.O200K.Count(strings.Repeat("a", 1<<20)) // builds the tables long pieces need
+	for _, name := range []string{"prose", "code", "cjk", "one-letter", "long-word", "digits", "newlines"} {
+		src := corpus()[name]
+		text := strings.Repeat(src, (1<<20)/len(src)+1)[:1<<20]
+		b.Run(name+"/split", func(b *testing.B) {
+			b.SetBytes(int64(len(text)))
+			for b.Loop() {
+				Split(text, 16, "gpt-4o")
+			}
+		})
+		b.Run(name+"/count", func(b *testing.B) {
+			b.SetBytes(int64(len(text)))
+			for b.Loop() {
+				tokens.O200K.Count(text)
+			}
+		})
 	}
 }

@@ -8,12 +8,11 @@
 package jsonscan
 
 import (
+	"encoding/binary"
 	"strconv"
 	"strings"
 	"unicode/utf8"
 	"unsafe"
-
-	"github.com/tidwall/gjson"
 )
 
 // Text is JSON text: a string or a byte slice.
@@ -23,19 +22,224 @@ type Text interface{ ~string | ~[]byte }
 // same two words as a string header.
 func str[T Text](s T) string { return *(*string)(unsafe.Pointer(&s)) }
 
-// MaxDepth bounds the nesting of JSON that Valid accepts. gjson's validator
-// recurses once per level, so a body of millions of '[' would overflow the
-// goroutine stack, a fatal error no recover catches.
+// MaxDepth bounds the nesting of JSON that Valid accepts: deeper text is
+// treated as not JSON. The scanners here do not recurse, but other readers
+// of the same text (gjson, encoding/json) recurse once per level.
 const MaxDepth = 512
 
-// Valid reports whether s is valid JSON nested at most MaxDepth deep. The
-// depth is scanned only when s has that many brackets at all.
+// Valid reports whether s is valid JSON (RFC 8259, as gjson.Valid checks
+// it: strings are not checked for valid UTF-8) nested at most MaxDepth
+// deep. It does not recurse, and reads s once.
 func Valid[T Text](s T) bool {
 	v := str(s)
-	if strings.Count(v, "[")+strings.Count(v, "{") > MaxDepth && Depth(v) > MaxDepth {
-		return false
+	e, ok := ValidValue(v, SkipSpace(v, 0), 0)
+	return ok && SkipSpace(v, e) == len(v)
+}
+
+// ValidValue checks the JSON value that starts at s[i] (white space before
+// it already skipped), inside depth enclosing arrays and objects, and
+// returns the offset just past it. It fails if the value is not valid JSON
+// or nests deeper than MaxDepth in all. It does not recurse.
+func ValidValue(s string, i, depth int) (end int, ok bool) {
+	// open[k/64] bit k%64 is set when the k-th container opened here is an
+	// object.
+	var open [MaxDepth / 64]uint64
+	n := 0 // containers open
+	for {
+		// A value starts at s[i].
+		if i >= len(s) {
+			return i, false
+		}
+		switch c := s[i]; c {
+		case '"':
+			if i, _, ok = ValidString(s, i); !ok {
+				return i, false
+			}
+		case '{', '[':
+			if depth+n >= MaxDepth {
+				return i, false
+			}
+			if c == '{' {
+				open[n/64] |= 1 << (n % 64)
+			} else {
+				open[n/64] &^= 1 << (n % 64)
+			}
+			n++
+			i = SkipSpace(s, i+1)
+			if i < len(s) && s[i] == c+2 { // '}' or ']': empty
+				n--
+				i++
+				break
+			}
+			if c == '{' {
+				if i, ok = validKey(s, i); !ok {
+					return i, false
+				}
+			}
+			continue
+		case 't':
+			if !strings.HasPrefix(s[i:], "true") {
+				return i, false
+			}
+			i += 4
+		case 'f':
+			if !strings.HasPrefix(s[i:], "false") {
+				return i, false
+			}
+			i += 5
+		case 'n':
+			if !strings.HasPrefix(s[i:], "null") {
+				return i, false
+			}
+			i += 4
+		default:
+			if i, ok = validNumber(s, i); !ok {
+				return i, false
+			}
+		}
+		// After a value: close containers until one goes on.
+		for {
+			if n == 0 {
+				return i, true
+			}
+			i = SkipSpace(s, i)
+			if i >= len(s) {
+				return i, false
+			}
+			obj := open[(n-1)/64]&(1<<((n-1)%64)) != 0
+			switch c := s[i]; {
+			case c == ',':
+				i = SkipSpace(s, i+1)
+				if obj {
+					if i, ok = validKey(s, i); !ok {
+						return i, false
+					}
+				}
+			case obj && c == '}', !obj && c == ']':
+				n--
+				i++
+				continue
+			default:
+				return i, false
+			}
+			break
+		}
 	}
-	return gjson.Valid(v)
+}
+
+// validKey checks a member name and its colon at s[i] and returns the
+// offset of the value after them.
+func validKey(s string, i int) (int, bool) {
+	if i >= len(s) || s[i] != '"' {
+		return i, false
+	}
+	i, _, ok := ValidString(s, i)
+	if !ok {
+		return i, false
+	}
+	i = SkipSpace(s, i)
+	if i >= len(s) || s[i] != ':' {
+		return i, false
+	}
+	return SkipSpace(s, i+1), true
+}
+
+// ValidString checks the JSON string that opens at s[i] == '"' and returns
+// the offset just past its closing quote, and whether it has escapes.
+func ValidString(s string, i int) (end int, esc, ok bool) {
+	i++
+	for {
+		// Eight bytes at a time while none is a quote, a backslash or a
+		// control character, then byte by byte to the one that is.
+		for b := unsafe.Slice(unsafe.StringData(s), len(s)); i+8 <= len(b) && special8(binary.LittleEndian.Uint64(b[i:i+8])) == 0; {
+			i += 8
+		}
+		for i < len(s) && s[i] != '"' && s[i] != '\\' && s[i] >= 0x20 {
+			i++
+		}
+		if i >= len(s) {
+			return i, esc, false
+		}
+		switch c := s[i]; {
+		case c == '"':
+			return i + 1, esc, true
+		case c == '\\':
+			esc = true
+			if i+1 >= len(s) {
+				return i + 1, esc, false
+			}
+			switch s[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if i+6 > len(s) || !isHex(s[i+2]) || !isHex(s[i+3]) || !isHex(s[i+4]) || !isHex(s[i+5]) {
+					return i, esc, false
+				}
+				i += 6
+			default:
+				return i, esc, false
+			}
+		case c < 0x20:
+			return i, esc, false
+		}
+	}
+}
+
+func isHex(c byte) bool {
+	return c-'0' < 10 || (c|0x20)-'a' < 6
+}
+
+const (
+	ones  = 0x0101010101010101
+	highs = 0x8080808080808080
+)
+
+// special8 is not zero when a byte of x is a quote, a backslash or below
+// 0x20.
+func special8(x uint64) uint64 {
+	q := x ^ ('"' * ones)
+	b := x ^ ('\\' * ones)
+	return ((q-ones)&^q | (b-ones)&^b | (x-0x20*ones)&^x) & highs
+}
+
+// validNumber checks the JSON number at s[i:] and returns its end.
+func validNumber(s string, i int) (int, bool) {
+	if s[i] == '-' {
+		i++
+	}
+	switch {
+	case i >= len(s) || s[i]-'0' > 9:
+		return i, false
+	case s[i] == '0':
+		i++
+	default:
+		i = digits(s, i)
+	}
+	if i < len(s) && s[i] == '.' {
+		i++
+		if i >= len(s) || s[i]-'0' > 9 {
+			return i, false
+		}
+		i = digits(s, i)
+	}
+	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
+		i++
+		if i < len(s) && (s[i] == '+' || s[i] == '-') {
+			i++
+		}
+		if i >= len(s) || s[i]-'0' > 9 {
+			return i, false
+		}
+		i = digits(s, i)
+	}
+	return i, true
+}
+
+func digits(s string, i int) int {
+	for i < len(s) && s[i]-'0' <= 9 {
+		i++
+	}
+	return i
 }
 
 // Depth returns the deepest nesting of arrays and objects in s, strings

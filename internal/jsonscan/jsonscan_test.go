@@ -107,3 +107,115 @@ func FuzzEach(f *testing.F) {
 		}
 	})
 }
+
+// refValid is the definition Valid implements: gjson's validator, and a
+// nesting of at most MaxDepth (checked first: gjson recurses per level).
+func refValid(s string) bool {
+	return Depth(s) <= MaxDepth && gjson.Valid(s)
+}
+
+var validCases = []string{
+	``, ` `, `{}`, ` {} `, `[]`, `[ ]`, `{ }`, `{"a":1}`, `{"a":1,}`, `{,"a":1}`, `{"a" 1}`, `{"a":}`, `{a:1}`,
+	`[1,2]`, `[1,]`, `[,1]`, `[1 2]`, `"x"`, `"x`, `"\"`, `"\\"`, `"\u00e9"`, `"\u00g9"`, `"\u00e"`, `"\x"`, `"\/"`,
+	"\"a\tb\"", "\"a\x1fb\"", "\"a\x7fb\"", "\"\xff\xfe\"", `0`, `-0`, `01`, `-`, `-a`, `1.`, `1.5`, `.5`, `1e5`, `1E+5`,
+	`1e`, `1e+`, `-1.5e-10`, `+1`, `true`, `tru`, `truex`, `false`, `null`, `nul`, `NaN`, `Infinity`, `[true,false,null]`,
+	`{"a":[{"b":{"c":[]}}]}`, `{"a":[}`, `{"a":]}`, `[{]}`, `{"a":{"b":1}}}`, `[[]]]`, `{"a":1}x`, "{\"a\":1}\n\t\r ",
+	"\v{}", `{"a":"b"}{}`, `{"a\"b":1}`, `{"\u0061":1}`, `"1234567\"90abcdef\\\\"`, `"12345678901234567890\n"`,
+	"\"0123456789abcdef\x00\"", `[-]`, `[1,-2,3e3,0.0]`, `{"a":tru}`, `{"":0}`, "\"\u2028\"",
+}
+
+func TestValid(t *testing.T) {
+	for _, c := range validCases {
+		if got, want := Valid(c), refValid(c); got != want {
+			t.Errorf("Valid(%q) = %v, want %v", c, got, want)
+		}
+		if got, want := Valid([]byte(c)), refValid(c); got != want {
+			t.Errorf("Valid([]byte(%q)) = %v, want %v", c, got, want)
+		}
+	}
+}
+
+// TestValidDeep checks the nesting bound without recursion: a million
+// levels neither overflow the stack nor pass.
+func TestValidDeep(t *testing.T) {
+	nest := func(n int, open, close string) string {
+		return strings.Repeat(open, n) + strings.Repeat(close, n)
+	}
+	for _, c := range []struct {
+		s    string
+		want bool
+	}{
+		{nest(MaxDepth, "[", "]"), true},
+		{nest(MaxDepth+1, "[", "]"), false},
+		{nest(MaxDepth-1, `{"a":`, "}") + "", false}, // not closed right: {"a":}
+		{`{"a":` + nest(MaxDepth-1, "[", "]") + `}`, true},
+		{`{"a":` + nest(MaxDepth, "[", "]") + `}`, false},
+		{nest(1_000_000, "[", "]"), false},
+		{strings.Repeat("[", 1_000_000), false},
+		{strings.Repeat(`{"a":`, 1_000_000), false},
+		{`["` + strings.Repeat("[", 10_000) + `"]`, true}, // brackets in a string do not nest
+	} {
+		if got := Valid(c.s); got != c.want {
+			t.Errorf("Valid(%.40q... %d bytes) = %v, want %v", c.s, len(c.s), got, c.want)
+		}
+	}
+	for _, depth := range []int{0, 1, MaxDepth - 1, MaxDepth} {
+		end, ok := ValidValue("[[]]", 0, depth)
+		if want := depth+2 <= MaxDepth; ok != want || (ok && end != 4) {
+			t.Errorf("ValidValue at depth %d = %d, %v", depth, end, ok)
+		}
+	}
+}
+
+func TestValidString(t *testing.T) {
+	for _, c := range []struct {
+		s       string
+		end     int
+		esc, ok bool
+	}{
+		{`"abc"`, 5, false, true},
+		{`"a\"c"x`, 6, true, true},
+		{`"0123456789abcdefghij"`, 22, false, true},
+		{`"0123456789\nbcdefghij"`, 23, true, true},
+		{`"0123456789abcdefghij`, 21, false, false},
+		{"\"0123456789\x01", 11, false, false},
+	} {
+		end, esc, ok := ValidString(c.s, 0)
+		if end != c.end || esc != c.esc || ok != c.ok {
+			t.Errorf("ValidString(%q) = %d, %v, %v; want %d, %v, %v", c.s, end, esc, ok, c.end, c.esc, c.ok)
+		}
+	}
+}
+
+func FuzzValid(f *testing.F) {
+	for _, c := range validCases {
+		f.Add(c)
+	}
+	f.Add(strings.Repeat("[", 600) + strings.Repeat("]", 600))
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := Valid(s), refValid(s); got != want {
+			t.Fatalf("Valid(%q) = %v, want %v", s, got, want)
+		}
+	})
+}
+
+func BenchmarkValid(b *testing.B) {
+	body := `{"model":"gpt-4.1","messages":[{"role":"system","content":"` + strings.Repeat(`You are a helpful assistant.\n`, 64) +
+		`"},{"role":"user","content":"` + strings.Repeat("What is the weather like in Boston today? ", 48) + `"}],"max_tokens":256}`
+	b.Run("jsonscan", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			if !Valid(body) {
+				b.Fatal("invalid")
+			}
+		}
+	})
+	b.Run("gjson", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			if !gjson.Valid(body) {
+				b.Fatal("invalid")
+			}
+		}
+	})
+}

@@ -1,0 +1,8 @@
+//go:build !linux
+
+package relay
+
+import "time"
+
+// threadCPU is not available here: see cputime_linux_test.go.
+func threadCPU() (time.Duration, bool) { return 0, false }

@@ -1,0 +1,794 @@
+package prompt
+
+import (
+	"strconv"
+	"unsafe"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/tokenrelay/relay/internal/jsonscan"
+)
+
+// Reader reads a request body in one pass: it checks that the body is JSON
+// (as jsonscan.Valid defines it, nesting bound included, without
+// recursion), and gathers everything the router reads: the model, stream
+// and max-token fields, the strings and constants the prompt-token count
+// (Tokens) adds up, and the pieces of the canonical prompt
+// (AppendCanonical). What it gathers are offsets into the body: nothing is
+// decoded or copied. The zero Reader is ready; Read resets it, so one
+// Reader serves many bodies.
+//
+// Its results are those of the reference readers, Tokens over gjson and
+// AppendCanonical over jsonscan, which differ in two ways the Reader keeps:
+// the count reads every occurrence of a repeated member of a message while
+// the canonical prompt reads the last, and the count compares member names
+// decoded while the canonical prompt compares them as written. When a
+// member name the Reader looks at is spelled with escapes, or the type of a
+// content part is, the two may disagree on which member is meant: Read then
+// sets Fallback, and the caller uses the reference readers (no SDK writes
+// such bodies).
+type Reader struct {
+	Body     string
+	Endpoint string
+	// JSON reports that the body is a JSON object; nothing else is set
+	// when it is not.
+	JSON bool
+	// Fallback reports a body whose results the reference readers must
+	// give (see above).
+	Fallback bool
+	// Model and Stream are the last "model" and "stream" members.
+	Model, Stream Value
+	// MaxTokens is the last positive number among max_tokens,
+	// max_completion_tokens and max_output_tokens, as gjson's Int reads it;
+	// HasMaxTokens reports there is one.
+	MaxTokens    int64
+	HasMaxTokens bool
+
+	// Strs are the strings of the body the count and the canonical prompt
+	// read, in body order; a field's strings are a range of them.
+	Strs []Str
+
+	fields [numFields]field
+	msgs   []msgRec
+	ops    []op
+}
+
+// Value is a member value: Body[Start:End], of kind '"', '{', '[', 'n'
+// (number), 't', 'f' or '0' (null). The zero Value is absent.
+type Value struct {
+	Start, End int
+	Kind       byte
+}
+
+// Str is a JSON string of the body: Body[Start:End] is its text between
+// the quotes, Esc reports escapes in it, and Counted that the prompt-token
+// count adds its tokens.
+type Str struct {
+	Start, End int
+	Esc        bool
+	Counted    bool
+}
+
+// Raw returns the string's text as written, between its quotes.
+func (r *Reader) Raw(s Str) string { return r.Body[s.Start:s.End] }
+
+// AppendStr appends the decoded string to dst.
+func (r *Reader) AppendStr(dst []byte, s Str) []byte {
+	if !s.Esc {
+		return append(dst, r.Body[s.Start:s.End]...)
+	}
+	return jsonscan.AppendUnescaped(dst, r.Body[s.Start:s.End], 1<<62)
+}
+
+// The top-level fields a prompt is read from.
+const (
+	fMessages = iota // chat
+	fInput           // responses (a string or items), embeddings (inputs)
+	fPrompt          // completions (inputs)
+	fInstructions
+	fTools
+	numFields
+)
+
+// field is the last occurrence of a top-level field.
+type field struct {
+	v      Value
+	strs   [2]int // its range of Strs
+	msgs   [2]int // its range of msgs (messages and Responses items)
+	consts int    // what the count adds besides strings and images
+	images int    // image parts
+}
+
+// msgRec is a chat message or Responses item, as the canonical prompt
+// reads it: its members' last occurrences, and the ops of its content and
+// tool calls. Indices are into Strs; -1 is none (absent, or not a string).
+type msgRec struct {
+	object                        bool
+	firstRole                     Value // the first "role", for chat's leading system messages
+	role, typ, name, args, output int32
+	roleSet                       bool // the last role is a string
+	content, calls                [2]int32
+}
+
+// op is a step of the canonical prompt of a content or tool-call list.
+type op struct {
+	kind uint8
+	a, b int32 // Strs indices, -1 for none
+}
+
+const (
+	opText  uint8 = iota // the string a, then "\n"
+	opImage              // "<image>\n"
+	opCall               // a "(" b ")\n"
+)
+
+// Cap returns the bytes the Reader's buffers hold.
+func (r *Reader) Cap() int {
+	return cap(r.Strs)*int(unsafe.Sizeof(Str{})) + cap(r.msgs)*int(unsafe.Sizeof(msgRec{})) + cap(r.ops)*int(unsafe.Sizeof(op{}))
+}
+
+// Forget drops the Reader's reference to the last body, keeping its
+// buffers.
+func (r *Reader) Forget() { *r = Reader{Strs: r.Strs[:0], msgs: r.msgs[:0], ops: r.ops[:0]} }
+
+// Read reads body, a request to endpoint.
+func (r *Reader) Read(endpoint, body string) {
+	*r = Reader{Body: body, Endpoint: endpoint, Strs: r.Strs[:0], msgs: r.msgs[:0], ops: r.ops[:0]}
+	i := jsonscan.SkipSpace(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return // not an object: what it is does not matter
+	}
+	end, ok := r.each(i, 0, r.top)
+	r.JSON = ok && jsonscan.SkipSpace(body, end) == len(body)
+}
+
+// each walks the object or array at Body[i], inside depth containers,
+// calling f with each member's name as written (empty in an array) and the
+// offset of its value; f returns the offset past the value, or -1 when it
+// is not valid. each returns the offset past the container.
+func (r *Reader) each(i, depth int, f func(key string, j, depth int) int) (int, bool) {
+	s := r.Body
+	if depth >= jsonscan.MaxDepth {
+		return i, false
+	}
+	close := s[i] + 2 // '}' or ']'
+	obj := s[i] == '{'
+	i = jsonscan.SkipSpace(s, i+1)
+	if i < len(s) && s[i] == close {
+		return i + 1, true
+	}
+	for {
+		key := ""
+		if obj {
+			if i >= len(s) || s[i] != '"' {
+				return i, false
+			}
+			e, esc, ok := jsonscan.ValidString(s, i)
+			if !ok {
+				return e, false
+			}
+			if esc {
+				r.Fallback = true
+			}
+			key = s[i+1 : e-1]
+			i = jsonscan.SkipSpace(s, e)
+			if i >= len(s) || s[i] != ':' {
+				return i, false
+			}
+			i = jsonscan.SkipSpace(s, i+1)
+		}
+		if i >= len(s) {
+			return i, false
+		}
+		if i = f(key, i, depth+1); i < 0 {
+			return 0, false
+		}
+		i = jsonscan.SkipSpace(s, i)
+		if i >= len(s) {
+			return i, false
+		}
+		switch s[i] {
+		case ',':
+			i = jsonscan.SkipSpace(s, i+1)
+		case close:
+			return i + 1, true
+		default:
+			return i, false
+		}
+	}
+}
+
+// value checks the value at Body[i] and returns it; end < 0 when it is
+// not valid.
+func (r *Reader) value(i, depth int) (v Value, esc bool, end int) {
+	s := r.Body
+	if s[i] == '"' {
+		e, esc, ok := jsonscan.ValidString(s, i)
+		if !ok {
+			return v, esc, -1
+		}
+		return Value{i, e, '"'}, esc, e
+	}
+	e, ok := jsonscan.ValidValue(s, i, depth)
+	if !ok {
+		return v, false, -1
+	}
+	k := s[i]
+	switch k {
+	case '{', '[', 't', 'f':
+	case 'n':
+		k = '0' // null
+	default:
+		k = 'n'
+	}
+	return Value{i, e, k}, false, e
+}
+
+// skip checks the value at Body[i] and returns its end, or -1.
+func (r *Reader) skip(i, depth int) int {
+	e, ok := jsonscan.ValidValue(r.Body, i, depth)
+	if !ok {
+		return -1
+	}
+	return e
+}
+
+// str adds the string v to Strs and returns its index.
+func (r *Reader) str(v Value, esc, counted bool) int32 {
+	r.Strs = append(r.Strs, Str{Start: v.Start + 1, End: v.End - 1, Esc: esc, Counted: counted})
+	return int32(len(r.Strs) - 1)
+}
+
+// top reads a member of the body's object.
+func (r *Reader) top(key string, j, depth int) int {
+	switch key {
+	case "model":
+		v, _, e := r.value(j, depth)
+		r.Model = v
+		return e
+	case "stream":
+		v, _, e := r.value(j, depth)
+		r.Stream = v
+		return e
+	case "max_tokens", "max_completion_tokens", "max_output_tokens":
+		v, _, e := r.value(j, depth)
+		if v.Kind == 'n' {
+			raw := r.Body[v.Start:v.End]
+			num, _ := strconv.ParseFloat(raw, 64)
+			if n := (gjson.Result{Type: gjson.Number, Raw: raw, Num: num}).Int(); n > 0 {
+				r.MaxTokens, r.HasMaxTokens = n, true
+			}
+		}
+		return e
+	}
+	f := -1
+	switch r.Endpoint {
+	case Chat:
+		switch key {
+		case "messages":
+			f = fMessages
+		case "tools":
+			f = fTools
+		}
+	case Responses:
+		switch key {
+		case "input":
+			f = fInput
+		case "instructions":
+			f = fInstructions
+		case "tools":
+			f = fTools
+		}
+	case Completions:
+		if key == "prompt" {
+			f = fPrompt
+		}
+	case Embeddings:
+		if key == "input" {
+			f = fInput
+		}
+	}
+	if f < 0 {
+		return r.skip(j, depth)
+	}
+	fd := &r.fields[f]
+	*fd = field{}
+	fd.strs[0], fd.msgs[0] = len(r.Strs), len(r.msgs)
+	var e int
+	switch {
+	case f == fMessages || f == fInput && r.Endpoint == Responses && r.Body[j] == '[':
+		e = r.messages(j, depth, fd)
+	case f == fInput || f == fPrompt:
+		e = r.inputs(j, depth, fd)
+	default: // instructions, tools, a Responses input that is not an array
+		var esc bool
+		fd.v, esc, e = r.value(j, depth)
+		if fd.v.Kind == '"' && f != fTools {
+			r.str(fd.v, esc, true)
+		}
+	}
+	fd.strs[1], fd.msgs[1] = len(r.Strs), len(r.msgs)
+	return e
+}
+
+// messages reads a list of chat messages or Responses items (an array or,
+// for the canonical prompt only, an object).
+func (r *Reader) messages(j, depth int, fd *field) int {
+	s := r.Body
+	if c := s[j]; c != '[' && c != '{' {
+		var e int
+		fd.v, _, e = r.value(j, depth)
+		return e
+	}
+	e, ok := r.each(j, depth, func(_ string, k, depth int) int {
+		return r.message(k, depth, fd)
+	})
+	if !ok {
+		return -1
+	}
+	fd.v = Value{j, e, s[j]}
+	return e
+}
+
+// message reads one message or Responses item.
+func (r *Reader) message(j, depth int, fd *field) int {
+	if r.Body[j] != '{' {
+		r.msgs = append(r.msgs, msgRec{})
+		return r.skip(j, depth)
+	}
+	m := msgRec{object: true, role: -1, typ: -1, name: -1, args: -1, output: -1}
+	fd.consts += tokensPerMessage
+	e, ok := r.each(j, depth, func(key string, k, depth int) int {
+		switch key {
+		case "content":
+			return r.content(k, depth, fd, &m)
+		case "tool_calls":
+			return r.toolCalls(k, depth, &m)
+		case "function_call":
+			return r.functionCall(k, depth)
+		case "id", "status":
+			return r.skip(k, depth)
+		}
+		v, esc, e := r.value(k, depth)
+		if e < 0 {
+			return e
+		}
+		isStr := v.Kind == '"'
+		idx := int32(-1)
+		if isStr {
+			idx = r.str(v, esc, key != "type") // "type" is framing, not billed
+		}
+		switch key {
+		case "role":
+			if m.firstRole.Kind == 0 {
+				m.firstRole = v
+			}
+			m.role, m.roleSet = idx, isStr
+		case "type":
+			m.typ = idx
+		case "name":
+			m.name = idx
+			if isStr {
+				fd.consts += tokensPerName
+			}
+		case "arguments":
+			m.args = idx
+		case "output":
+			m.output = idx
+		}
+		return e
+	})
+	if !ok {
+		return -1
+	}
+	r.msgs = append(r.msgs, m)
+	return e
+}
+
+// content reads a message's content: a string or an array of parts.
+func (r *Reader) content(j, depth int, fd *field, m *msgRec) int {
+	start := int32(len(r.ops))
+	defer func() { m.content = [2]int32{start, int32(len(r.ops))} }()
+	switch r.Body[j] {
+	case '"':
+		v, esc, e := r.value(j, depth)
+		if e >= 0 {
+			r.ops = append(r.ops, op{kind: opText, a: r.str(v, esc, true), b: -1})
+		}
+		return e
+	case '[':
+	default:
+		return r.skip(j, depth)
+	}
+	e, ok := r.each(j, depth, func(_ string, k, depth int) int {
+		if r.Body[k] != '{' {
+			return r.skip(k, depth)
+		}
+		// The first type, text and refusal of the part.
+		var typ, text, refusal Value
+		var textEsc, refusalEsc bool
+		e, ok := r.each(k, depth, func(key string, k, depth int) int {
+			var p *Value
+			var pesc *bool
+			switch key {
+			case "type":
+				p = &typ
+			case "text":
+				p, pesc = &text, &textEsc
+			case "refusal":
+				p, pesc = &refusal, &refusalEsc
+			default:
+				return r.skip(k, depth)
+			}
+			v, esc, e := r.value(k, depth)
+			if p.Kind == 0 {
+				*p = v
+				if pesc != nil {
+					*pesc = esc
+				} else if esc {
+					r.Fallback = true // a type spelled with escapes
+				}
+			}
+			return e
+		})
+		if !ok {
+			return -1
+		}
+		if typ.Kind != '"' {
+			return e
+		}
+		switch r.Body[typ.Start+1 : typ.End-1] {
+		case "text", "input_text", "output_text":
+			r.ops = append(r.ops, op{kind: opText, a: r.strOf(text, textEsc), b: -1})
+		case "refusal":
+			r.ops = append(r.ops, op{kind: opText, a: r.strOf(refusal, refusalEsc), b: -1})
+		case "image_url", "input_image", "image":
+			fd.images++
+			r.ops = append(r.ops, op{kind: opImage, a: -1, b: -1})
+		}
+		return e
+	})
+	if !ok {
+		return -1
+	}
+	return e
+}
+
+// strOf adds v to Strs, counted, when it is a string, and returns its
+// index or -1.
+func (r *Reader) strOf(v Value, esc bool) int32 {
+	if v.Kind != '"' {
+		return -1
+	}
+	return r.str(v, esc, true)
+}
+
+// toolCalls reads a message's tool calls: each element (or member value)
+// is a call whose first "function" gives the first "name" and
+// "arguments".
+func (r *Reader) toolCalls(j, depth int, m *msgRec) int {
+	start := int32(len(r.ops))
+	defer func() { m.calls = [2]int32{start, int32(len(r.ops))} }()
+	if c := r.Body[j]; c != '[' && c != '{' {
+		return r.skip(j, depth)
+	}
+	e, ok := r.each(j, depth, func(_ string, k, depth int) int {
+		name, args := int32(-1), int32(-1)
+		var e int
+		if r.Body[k] != '{' {
+			e = r.skip(k, depth)
+		} else {
+			seen := false
+			var ok bool
+			e, ok = r.each(k, depth, func(key string, k, depth int) int {
+				if key != "function" || seen || r.Body[k] != '{' {
+					seen = seen || key == "function"
+					return r.skip(k, depth)
+				}
+				seen = true
+				var e int
+				e, name, args = r.nameArgs(k, depth)
+				return e
+			})
+			if !ok {
+				e = -1
+			}
+		}
+		r.ops = append(r.ops, op{kind: opCall, a: name, b: args})
+		return e
+	})
+	if !ok {
+		return -1
+	}
+	return e
+}
+
+// functionCall reads a message's function_call: its first "name" and
+// "arguments" are counted.
+func (r *Reader) functionCall(j, depth int) int {
+	if r.Body[j] != '{' {
+		return r.skip(j, depth)
+	}
+	e, _, _ := r.nameArgs(j, depth)
+	return e
+}
+
+// nameArgs reads the object at Body[j] and adds its first "name" and
+// "arguments" to Strs, counted, when they are strings.
+func (r *Reader) nameArgs(j, depth int) (end int, name, args int32) {
+	var nv, av Value
+	var nesc, aesc bool
+	e, ok := r.each(j, depth, func(key string, k, depth int) int {
+		var p *Value
+		var pesc *bool
+		switch key {
+		case "name":
+			p, pesc = &nv, &nesc
+		case "arguments":
+			p, pesc = &av, &aesc
+		default:
+			return r.skip(k, depth)
+		}
+		v, esc, e := r.value(k, depth)
+		if p.Kind == 0 {
+			*p, *pesc = v, esc
+		}
+		return e
+	})
+	if !ok {
+		return -1, -1, -1
+	}
+	// In body order, as the count reads them.
+	if nv.Start < av.Start || av.Kind == 0 {
+		name, args = r.strOf(nv, nesc), r.strOf(av, aesc)
+	} else {
+		args, name = r.strOf(av, aesc), r.strOf(nv, nesc)
+	}
+	return e, name, args
+}
+
+// inputs reads a completions prompt or an embeddings input: a string, or
+// an array of strings, token ids and arrays of token ids.
+func (r *Reader) inputs(j, depth int, fd *field) int {
+	if r.Body[j] != '[' {
+		v, esc, e := r.value(j, depth)
+		fd.v = v
+		if v.Kind == '"' {
+			r.str(v, esc, true)
+		}
+		return e
+	}
+	e, ok := r.each(j, depth, func(_ string, k, depth int) int {
+		switch r.Body[k] {
+		case '"':
+			v, esc, e := r.value(k, depth)
+			if e >= 0 {
+				r.str(v, esc, true)
+			}
+			return e
+		case '[':
+			e, ok := r.each(k, depth, func(_ string, k, depth int) int {
+				v, _, e := r.value(k, depth)
+				if v.Kind == 'n' {
+					fd.consts++ // a token id
+				}
+				return e
+			})
+			if !ok {
+				return -1
+			}
+			return e
+		}
+		v, _, e := r.value(k, depth)
+		if v.Kind == 'n' {
+			fd.consts++ // a token id
+		}
+		return e
+	})
+	if !ok {
+		return -1
+	}
+	fd.v = Value{j, e, '['}
+	return e
+}
+
+// StrCounter counts the tokens of the Reader's strings (Str, by index into
+// Strs) and of a tools block (Tools, given its raw JSON).
+type StrCounter interface {
+	Str(i int) int
+	Tools(raw string) int
+}
+
+// Tokens counts the prompt the Reader read as the API bills it (the formula
+// of Tokens), with image the estimate of one image part.
+func (r *Reader) Tokens(c StrCounter, image int) int {
+	n := 0
+	switch r.Endpoint {
+	case Chat:
+		fd := &r.fields[fMessages]
+		if fd.v.Kind != '[' {
+			return 0
+		}
+		n = r.strTokens(c, fd, image)
+	case Responses:
+		if fd := &r.fields[fInstructions]; fd.v.Kind == '"' {
+			n += tokensPerMessage + r.strTokens(c, fd, image)
+		}
+		switch fd := &r.fields[fInput]; fd.v.Kind {
+		case '"':
+			n += tokensPerMessage + r.strTokens(c, fd, image)
+		case '[':
+			n += r.strTokens(c, fd, image)
+		default:
+			return n
+		}
+	case Completions:
+		return r.strTokens(c, &r.fields[fPrompt], image)
+	case Embeddings:
+		return r.strTokens(c, &r.fields[fInput], image)
+	default:
+		return 0
+	}
+	n += tokensReply
+	if t := r.fields[fTools].v; t.Kind == '[' && t.End-t.Start > 2 {
+		n += c.Tools(r.Body[t.Start:t.End])
+	}
+	return n
+}
+
+func (r *Reader) strTokens(c StrCounter, fd *field, image int) int {
+	n := fd.consts + fd.images*image
+	for i := fd.strs[0]; i < fd.strs[1]; i++ {
+		if r.Strs[i].Counted {
+			n += c.Str(i)
+		}
+	}
+	return n
+}
+
+// Canon builds the canonical prompt (see AppendCanonical) of what a Reader
+// read.
+type Canon struct {
+	Buf   []byte
+	Limit int
+	// At[i] is the offset in Buf at which Strs[i] starts, or -1 when it is
+	// not in Buf (not in the canonical prompt, or past Limit).
+	At []int32
+}
+
+// AppendCanonical builds into c.Buf the canonical prompt of the body,
+// stopping once it holds c.Limit bytes, and fills c.At.
+func (r *Reader) AppendCanonical(c *Canon) {
+	c.At = c.At[:0]
+	for range r.Strs {
+		c.At = append(c.At, -1)
+	}
+	b := canonBuilder{r: r, c: c}
+	switch r.Endpoint {
+	case Chat:
+		fd := &r.fields[fMessages]
+		leading := true
+		for _, m := range r.msgs[fd.msgs[0]:fd.msgs[1]] {
+			if b.full() {
+				break
+			}
+			if leading {
+				if role := m.firstRole; !m.object || role.Kind == 0 ||
+					(r.Body[role.Start:role.End] != `"system"` && r.Body[role.Start:role.End] != `"developer"`) {
+					leading = false
+					b.tools()
+				}
+			}
+			b.message(&m)
+		}
+		if leading {
+			b.tools()
+		}
+	case Responses:
+		if fd := &r.fields[fInstructions]; fd.v.Kind == '"' && fd.v.End-fd.v.Start > 2 {
+			b.lit("system\n")
+			b.str(int32(fd.strs[0]))
+			b.lit("\n")
+		}
+		b.tools()
+		switch fd := &r.fields[fInput]; fd.v.Kind {
+		case '"':
+			if fd.v.End-fd.v.Start > 2 {
+				b.lit("user\n")
+				b.str(int32(fd.strs[0]))
+				b.lit("\n")
+			}
+		case '[':
+			for _, m := range r.msgs[fd.msgs[0]:fd.msgs[1]] {
+				if b.full() {
+					break
+				}
+				b.message(&m)
+			}
+		}
+	case Completions, Embeddings:
+		fd := &r.fields[fInput]
+		if r.Endpoint == Completions {
+			fd = &r.fields[fPrompt]
+		}
+		for i := fd.strs[0]; i < fd.strs[1] && !b.full(); i++ {
+			if i > fd.strs[0] {
+				b.lit("\n")
+			}
+			b.str(int32(i))
+		}
+	}
+}
+
+type canonBuilder struct {
+	r *Reader
+	c *Canon
+}
+
+func (b *canonBuilder) full() bool { return len(b.c.Buf) >= b.c.Limit }
+
+func (b *canonBuilder) lit(s string) {
+	if n := b.c.Limit - len(b.c.Buf); n > 0 {
+		b.c.Buf = append(b.c.Buf, s[:min(n, len(s))]...)
+	}
+}
+
+// str appends the decoded string Strs[i], if i is one.
+func (b *canonBuilder) str(i int32) {
+	if i < 0 || b.full() {
+		return
+	}
+	s := b.r.Strs[i]
+	b.c.At[i] = int32(len(b.c.Buf))
+	if !s.Esc {
+		b.lit(b.r.Body[s.Start:s.End])
+		return
+	}
+	b.c.Buf = jsonscan.AppendUnescaped(b.c.Buf, b.r.Body[s.Start:s.End], b.c.Limit)
+}
+
+func (b *canonBuilder) tools() {
+	if t := b.r.fields[fTools].v; t.Kind == '[' && t.End-t.Start > 2 && !b.full() {
+		b.lit("tools\n")
+		b.lit(b.r.Body[t.Start:t.End])
+		b.lit("\n")
+	}
+}
+
+func (b *canonBuilder) message(m *msgRec) {
+	if !m.object || b.full() {
+		return
+	}
+	if m.roleSet {
+		b.str(m.role)
+	} else {
+		b.str(m.typ)
+	}
+	b.lit("\n")
+	for _, o := range b.r.ops[m.content[0]:m.content[1]] {
+		switch o.kind {
+		case opText:
+			b.str(o.a)
+			b.lit("\n")
+		case opImage:
+			b.lit("<image>\n")
+		}
+	}
+	for _, o := range b.r.ops[m.calls[0]:m.calls[1]] {
+		b.call(o.a, o.b)
+	}
+	if m.typ >= 0 && b.r.Raw(b.r.Strs[m.typ]) == "function_call" {
+		b.call(m.name, m.args)
+	}
+	if m.output >= 0 {
+		b.str(m.output)
+		b.lit("\n")
+	}
+}
+
+func (b *canonBuilder) call(name, args int32) {
+	b.str(name)
+	b.lit("(")
+	b.str(args)
+	b.lit(")\n")
+}

@@ -1,0 +1,325 @@
+package prompt
+
+import (
+	"bytes"
+	"hash/fnv"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/tokenrelay/relay/internal/jsonscan"
+)
+
+// fakeCount stands for a token count in the differential tests: a value
+// that depends on every byte of s, so two sums agree only when the same
+// strings were counted.
+func fakeCount(s string) int {
+	if s == "" {
+		return 0 // as every count
+	}
+	h := fnv.New32a()
+	h.Write([]byte(s))
+	return int(h.Sum32()%1000) + len(s)
+}
+
+type refCounter struct{}
+
+func (refCounter) Text(s string) int        { return fakeCount(s) }
+func (refCounter) Tools(t gjson.Result) int { return ToolsTokens(fakeCount, t) }
+
+// readCounter counts a Reader's strings the same way.
+type readCounter struct{ r *Reader }
+
+func (c readCounter) Str(i int) int { return fakeCount(string(c.r.AppendStr(nil, c.r.Strs[i]))) }
+func (c readCounter) Tools(raw string) int {
+	return ToolsTokens(fakeCount, gjson.Result{Type: gjson.JSON, Raw: raw})
+}
+
+// refTop reads the top-level fields as the router's reference reader
+// does: gjson's ForEach over the object, the last of each key winning.
+func refTop(body string) (f Fields, ok bool) {
+	if !jsonscan.Valid(body) {
+		return f, false
+	}
+	root := gjson.Parse(body)
+	if !root.IsObject() {
+		return f, false
+	}
+	root.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "messages":
+			f.Messages = v
+		case "input":
+			f.Input = v
+		case "prompt":
+			f.Prompt = v
+		case "instructions":
+			f.Instructions = v
+		case "tools":
+			f.Tools = v
+		}
+		return true
+	})
+	return f, true
+}
+
+var endpoints = []string{Chat, Responses, Completions, Embeddings, ""}
+
+// checkRead compares the Reader with the reference readers on body, for
+// every endpoint.
+func checkRead(t *testing.T, r *Reader, body string) {
+	t.Helper()
+	f, ok := refTop(body)
+	for _, ep := range endpoints {
+		r.Read(ep, body)
+		if r.JSON != ok {
+			t.Fatalf("%s: JSON = %v, want %v for %q", ep, r.JSON, ok, body)
+		}
+		if !ok || r.Fallback {
+			continue
+		}
+		if got, want := r.Tokens(readCounter{r}, 85), Tokens(refCounter{}, 85, ep, &f); got != want {
+			t.Fatalf("%s: Tokens = %d, want %d for %q", ep, got, want, body)
+		}
+		for _, limit := range []int{1 << 30, 4097, 40, 7, 1} {
+			c := Canon{Limit: limit}
+			r.AppendCanonical(&c)
+			want := AppendCanonical(nil, ep, body, limit)
+			if !bytes.Equal(c.Buf, want) {
+				t.Fatalf("%s: canonical (limit %d)\n got %q\nwant %q\nbody %q", ep, limit, c.Buf, want, body)
+			}
+			for i, at := range c.At {
+				if at < 0 {
+					continue
+				}
+				d := r.AppendStr(nil, r.Strs[i])
+				if end := min(int(at)+len(d), len(c.Buf)); !bytes.Equal(c.Buf[at:end], d[:end-int(at)]) {
+					t.Fatalf("%s: At[%d] = %d does not hold %q in %q", ep, i, at, d, c.Buf)
+				}
+			}
+		}
+	}
+}
+
+func wireFixtures(t testing.TB) []string {
+	files, err := filepath.Glob("../../testdata/openai-wire/*.json")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("fixtures: %v", err)
+	}
+	var out []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, string(b))
+	}
+	return out
+}
+
+// readCases are bodies of every shape the readers disagree on unless
+// the Reader is careful.
+var readCases = []string{
+	`{"model":"gpt-4o","messages":[{"role":"user","content":"Hello world"}]}`,
+	`{"messages":[{"role":"system","content":"S"},{"role":"developer","content":"D"},{"role":"user","content":"Q"}],"tools":[{"type":"function","function":{"name":"f","description":"d.","parameters":{"properties":{"a":{"type":"string","enum":["x",1]}}}}}]}`,
+	`{"messages":[{"role":"user","content":[{"type":"text","text":"What is this?"},{"type":"image_url","image_url":{"url":"u"}},{"text":"t2","type":"input_text"},{"type":"refusal","refusal":"no"},{"type":1,"text":"x"},"str",[1]]}]}`,
+	`{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get","arguments":"{\"a\":1}"}},{"function":1},2,[3],{"function":{"arguments":"x","name":"n","name":"m"}},{"function":"s","function":{"name":"late"}}]},{"role":"tool","tool_call_id":"c1","content":"sunny"}]}`,
+	`{"messages":[{"role":"user","role":"assistant","content":"a","content":"b","name":"n","name":1}]}`,
+	`{"messages":[{"role":1,"type":"function_call","name":"f","arguments":"{}"}]}`,
+	`{"messages":[{"role":"user","tool_calls":{"a":{"function":{"name":"x","arguments":"y"}}},"function_call":{"name":"fc","arguments":"fa","name":"no"}}]}`,
+	`{"messages":{"a":{"role":"system","content":"S"},"b":{"role":"user","content":"Q"}},"tools":[{"a":1}]}`,
+	`{"messages":"x","tools":[1]}`,
+	`{"messages":[],"tools":[]}`,
+	`{"messages":[1,"x",null,[],{}],"tools":[ ]}`,
+	`{"messages":[{"role":"user","content":"a"}],"messages":[{"role":"user","content":"b"}]}`,
+	`{"messages":[{"role":"user","content":"caf\u00e9 \ud83d\ude00 \ud800 x\ndone \"q\" \\ \/"}]}`,
+	`{"instructions":"Be brief.","input":"Hi there"}`,
+	`{"instructions":"","input":""}`,
+	`{"instructions":1,"input":{"a":1},"tools":[{"type":"function","name":"f"}]}`,
+	`{"input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"Hi"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c1","output":"42"},{"type":"reasoning","id":"r","status":"done","summary":[]}]}`,
+	`{"prompt":"Say this is a test","input":["a b","c d",1,[1,2,"x",[3]],{"a":"b"},true,""]}`,
+	`{"prompt":["a","",[1,2],3],"input":[[1,2,3],[4]]}`,
+	`{"prompt":[[1,2.5,-3e2,"4"],null]}`,
+	`{"model":"m","model":1,"stream":true,"stream":false,"max_tokens":5,"max_tokens":-1,"max_output_tokens":0}`,
+	`{"mod\u0065l":"x","messages":[{"role":"user","content":"hi"}]}`,
+	`{"messages":[{"ro\u006ce":"user","content":"hi"}]}`,
+	`{"messages":[{"role":"user","content":[{"type":"te\u0078t","text":"hi"}]}]}`,
+	`{"messages":[{"role":"user","content":"x"}]} `,
+	` {"messages":[{"role":"user","content":"x"}]}x`,
+	`{"messages":[{"role":"user","content":"x"}],}`,
+	`{"messages":[{"role":"user","content":"x\u00"}]}`,
+	`[{"messages":[]}]`,
+	`"x"`,
+	`{"messages":[{"role":"user","content":"` + strings.Repeat("long text ", 1000) + `"}]}`,
+	`{"messages":[{"role":"user","content":"x","extra":` + strings.Repeat("[", 600) + strings.Repeat("]", 600) + `}]}`,
+	`{"messages":[{"role":"user","content":"x","extra":` + strings.Repeat("[", 509) + strings.Repeat("]", 509) + `}]}`,
+	`{"messages":[{"role":"user","content":"x","extra":` + strings.Repeat("[", 510) + strings.Repeat("]", 510) + `}]}`,
+	`{"messages":[{"role":"user","content":[{"type":"text","text":"x","x":` + strings.Repeat("[", 507) + strings.Repeat("]", 507) + `}]}]}`,
+	`{"messages":[{"role":"user","content":[{"type":"text","text":"x","x":` + strings.Repeat("[", 508) + strings.Repeat("]", 508) + `}]}]}`,
+	`{"a":` + strings.Repeat(`{"a":`, 100000),
+}
+
+func TestReaderMatchesReference(t *testing.T) {
+	var r Reader
+	for _, body := range append(readCases, wireFixtures(t)...) {
+		checkRead(t, &r, body)
+	}
+	r.Read(Chat, readCases[len(readCases)-1])
+	if r.JSON {
+		t.Fatal("deep body read as JSON")
+	}
+}
+
+// TestReaderFallback checks the bodies the Reader hands to the reference
+// readers: member names and part types spelled with escapes.
+func TestReaderFallback(t *testing.T) {
+	var r Reader
+	for _, c := range []struct {
+		body string
+		want bool
+	}{
+		{`{"mod\u0065l":"x"}`, true},
+		{`{"messages":[{"ro\u006ce":"user"}]}`, true},
+		{`{"messages":[{"role":"user","content":[{"type":"te\u0078t","text":"hi"}]}]}`, true},
+		{`{"messages":[{"role":"user","content":"caf\u00e9"}]}`, false},
+		{`{"metadata":{"k\u0065y":1}}`, false},
+	} {
+		r.Read(Chat, c.body)
+		if !r.JSON || r.Fallback != c.want {
+			t.Errorf("%s: JSON %v, Fallback %v, want %v", c.body, r.JSON, r.Fallback, c.want)
+		}
+	}
+}
+
+// randBody returns a random request body built from the members the
+// readers look at, with duplicates, wrong types, escapes, unicode and
+// invalid UTF-8, and now and then a broken byte.
+func randBody(rng *rand.Rand) string {
+	var b strings.Builder
+	str := func() {
+		words := []string{"hello", " world", "caf\\u00e9", "\\ud83d\\ude00", "\\ud800", "\\n", "\\\"", "\\\\", "東京", "\xff", " ", "x", "system", "text", "{\\\"a\\\":1}", "\\/", "\\u0041"}
+		b.WriteByte('"')
+		for n := rng.IntN(6); n > 0; n-- {
+			b.WriteString(words[rng.IntN(len(words))])
+		}
+		b.WriteByte('"')
+	}
+	var value func(depth int, keys []string)
+	keysOf := [][]string{
+		{"role", "content", "name", "tool_calls", "function_call", "type", "id", "status", "arguments", "output", "tool_call_id", "x"},
+		{"type", "text", "refusal", "image_url"},
+		{"function", "id", "type", "name", "arguments"},
+	}
+	object := func(depth int, keys []string) {
+		b.WriteByte('{')
+		for n := rng.IntN(5); n > 0; n-- {
+			k := keys[rng.IntN(len(keys))]
+			if rng.IntN(40) == 0 {
+				k = strings.Replace(k, "e", `\u0065`, 1)
+			}
+			b.WriteString(`"` + k + `":`)
+			value(depth+1, keysOf[rng.IntN(len(keysOf))])
+			if n > 1 {
+				b.WriteByte(',')
+			}
+		}
+		b.WriteByte('}')
+	}
+	value = func(depth int, keys []string) {
+		if depth > 6 {
+			b.WriteString("1")
+			return
+		}
+		switch rng.IntN(10) {
+		case 0, 1, 2:
+			str()
+		case 3:
+			types := []string{`"text"`, `"input_text"`, `"image_url"`, `"refusal"`, `"function_call"`, `"system"`, `"user"`, `"developer"`}
+			b.WriteString(types[rng.IntN(len(types))])
+		case 4:
+			b.WriteString([]string{"1", "-2", "3.5e1", "null", "true", "false", "0"}[rng.IntN(7)])
+		case 5, 6:
+			b.WriteByte('[')
+			for n := rng.IntN(4); n > 0; n-- {
+				value(depth+1, keys)
+				if n > 1 {
+					b.WriteByte(',')
+				}
+			}
+			b.WriteByte(']')
+		default:
+			object(depth, keys)
+		}
+	}
+	top := []string{"model", "messages", "input", "prompt", "instructions", "tools", "stream", "max_tokens", "metadata"}
+	b.WriteString(" {")
+	for n := rng.IntN(5); n > 0; n-- {
+		k := top[rng.IntN(len(top))]
+		b.WriteString(`"` + k + `" : `)
+		switch {
+		case (k == "messages" || k == "input") && rng.IntN(3) > 0:
+			b.WriteByte('[')
+			for m := rng.IntN(4); m > 0; m-- {
+				object(1, keysOf[0])
+				if m > 1 {
+					b.WriteString(", ")
+				}
+			}
+			b.WriteByte(']')
+		default:
+			value(1, keysOf[rng.IntN(len(keysOf))])
+		}
+		if n > 1 {
+			b.WriteByte(',')
+		}
+	}
+	b.WriteString("}\n")
+	s := b.String()
+	if rng.IntN(10) == 0 { // break it
+		i := rng.IntN(len(s))
+		s = s[:i] + string("{}[],:\"\\ x"[rng.IntN(10)]) + s[i+1:]
+	}
+	return s
+}
+
+func TestReaderRandom(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var r Reader
+	n := 20000
+	if testing.Short() {
+		n = 2000
+	}
+	valid := 0
+	for range n {
+		body := randBody(rng)
+		checkRead(t, &r, body)
+		if r.JSON && !r.Fallback {
+			valid++
+		}
+	}
+	if valid < n/2 {
+		t.Fatalf("only %d of %d random bodies are JSON read in one pass", valid, n)
+	}
+	t.Logf("%d of %d random bodies are JSON read in one pass", valid, n)
+}
+
+func FuzzReader(f *testing.F) {
+	for _, c := range readCases[:len(readCases)-1] {
+		f.Add(c)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 50 {
+		f.Add(randBody(rng))
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		if len(body) > 1<<14 {
+			return
+		}
+		var r Reader
+		checkRead(t, &r, body)
+	})
+}

@@ -1,0 +1,219 @@
+package relay
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/failsafe-go/failsafe-go/circuitbreaker"
+	"github.com/failsafe-go/failsafe-go/failsafehttp"
+	"github.com/failsafe-go/failsafe-go/ratelimiter"
+	"github.com/hashicorp/go-retryablehttp"
+
+	"github.com/tokenrelay/relay/internal/tokens"
+)
+
+// overheadBody is a 4 KB chat request of four messages (system, user,
+// assistant, user) whose contents are lines of 80 bytes, each starting
+// with a nine-digit number, so that a request can be made new throughout
+// by rewriting the numbers in place. marks are the offsets of the numbers.
+type overheadBody struct {
+	b     []byte
+	marks []int
+}
+
+func newOverheadBody(tb testing.TB) *overheadBody {
+	text := benchPrompt(8 << 10)
+	msg := func(role string, from, n int) map[string]string {
+		// Newlines make the contents carry JSON escapes, as real prompts do.
+		s := text[from : from+n]
+		var b []byte
+		for len(s) >= 70 {
+			b = append(b, "000000000 "...)
+			b = append(b, s[:70]...)
+			b = append(b, '\n')
+			s = s[70:]
+		}
+		return map[string]string{"role": role, "content": string(b)}
+	}
+	body, err := json.Marshal(map[string]any{
+		"model": "gpt-4.1",
+		"messages": []map[string]string{
+			msg("system", 0, 1400), msg("user", 2000, 840), msg("assistant", 4000, 700), msg("user", 6000, 420),
+		},
+		"max_tokens": 256,
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ob := &overheadBody{b: body}
+	for at := 0; ; {
+		j := bytes.Index(body[at:], []byte("000000000 "))
+		if j < 0 {
+			break
+		}
+		ob.marks = append(ob.marks, at+j)
+		at += j + 10
+	}
+	return ob
+}
+
+// renew writes n into every line, so that no line of any message has been
+// seen before (for n not used before).
+func (ob *overheadBody) renew(n uint64) {
+	for _, m := range ob.marks {
+		v := n
+		for i := 8; i >= 0; i-- {
+			ob.b[m+i] = byte('0' + v%10)
+			v /= 10
+		}
+	}
+}
+
+// memBase is an http.RoundTripper that reads the request body and answers
+// from memory with a fixed chat completion: each benchmark row's cost is
+// then the transport's own CPU cost, without sockets.
+func memBase(answer []byte) http.RoundTripper {
+	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		if req.Body != nil {
+			io.Copy(io.Discard, req.Body)
+			req.Body.Close()
+		}
+		return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"application/json"}},
+			Body: io.NopCloser(bytes.NewReader(answer)), ContentLength: int64(len(answer)), Request: req}, nil
+	})
+}
+
+// overheadTransports returns the transports BenchmarkOverhead compares, each
+// over base: the bare base, hashicorp/go-retryablehttp's RoundTripper
+// (default retry policy, logging off), failsafe-go's failsafehttp
+// RoundTripper with a retry policy, a circuit breaker and a rate limiter
+// that never limits, and the router over two upstreams with its defaults
+// (affinity, retries, breakers) and RPM/TPM limits that never limit.
+func overheadTransports(tb testing.TB, base http.RoundTripper, reports *atomic.Int64) map[string]http.RoundTripper {
+	rc := retryablehttp.NewClient()
+	rc.HTTPClient = &http.Client{Transport: base}
+	rc.Logger = nil
+	fs := failsafehttp.NewRoundTripper(base,
+		failsafehttp.NewRetryPolicyBuilder().Build(),
+		circuitbreaker.NewBuilder[*http.Response]().HandleIf(func(r *http.Response, err error) bool {
+			return err != nil || r.StatusCode >= 500
+		}).WithFailureThreshold(5).WithDelay(time.Second).Build(),
+		ratelimiter.NewBursty[*http.Response](1<<30, time.Second),
+	)
+	r, err := New(Config{
+		Upstreams: []Upstream{
+			{Name: "a", BaseURL: "http://a.mem/v1", APIKey: "sk-bench", RPM: 1 << 30, TPM: 1 << 30},
+			{Name: "b", BaseURL: "http://b.mem/v1", APIKey: "sk-bench", RPM: 1 << 30, TPM: 1 << 30},
+		},
+		Base:     base,
+		OnReport: func(Report) { reports.Add(1) },
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return map[string]http.RoundTripper{
+		"bare":          base,
+		"retryablehttp": &retryablehttp.RoundTripper{Client: rc},
+		"failsafe":      fs,
+		"relay":         r,
+	}
+}
+
+// overheadCase is a row of BenchmarkOverhead.
+type overheadCase struct {
+	name, rt string
+	renew    bool // every request new: no message seen before
+}
+
+var overheadCases = []overheadCase{
+	{"bare", "bare", false},
+	{"retryablehttp", "retryablehttp", false},
+	{"failsafe", "failsafe", false},
+	{"relay-warm", "relay", false},
+	{"relay-new", "relay", true},
+}
+
+// BenchmarkOverhead puts the router beside its peers: the same 4 KB
+// four-message chat request (newOverheadBody) sent through each transport
+// over the same in-memory Base (memBase), so that each row minus "bare" is
+// what the transport itself costs per request in CPU and allocations.
+//
+//   - bare: the in-memory Base alone.
+//   - retryablehttp: hashicorp/go-retryablehttp's RoundTripper.
+//   - failsafe: failsafe-go's failsafehttp with retry, circuit breaker and
+//     rate limiter.
+//   - relay-warm: the router, the same prompt every time (every count a
+//     token-memo hit): a client resending a conversation.
+//   - relay-new: the router, every message of every request never seen
+//     before: each string is counted by the tokenizer.
+//
+// The -parallel16 rows send from 16 goroutines (8 per core on 2 cores),
+// each with its own body, to show contention. Every row reads and closes
+// the response body. The serial rows also report cpu-ns/op, the CPU time of
+// the sending thread per request (Linux): on a machine shared with other
+// work it moves less than ns/op, which counts the waits for a core too
+// (but it leaves out the garbage collector's background work).
+func BenchmarkOverhead(b *testing.B) {
+	answer := fixture(b, "chat_response_default.json")
+	var reports atomic.Int64
+	rts := overheadTransports(b, memBase(answer), &reports)
+	tokens.O200K.Count("load the encodings before timing")
+	var seq atomic.Uint64 // numbers of new requests, unique across rows and runs
+	send := func(b testing.TB, rt http.RoundTripper, body []byte) {
+		req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", bytes.NewReader(body))
+		resp, err := rt.RoundTrip(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	for _, c := range overheadCases {
+		rt := rts[c.rt]
+		b.Run(c.name, func(b *testing.B) {
+			ob := newOverheadBody(b)
+			b.ReportAllocs()
+			b.SetBytes(int64(len(ob.b)))
+			runtime.LockOSThread() // for threadCPU
+			defer runtime.UnlockOSThread()
+			cpu0, cpuOK := threadCPU()
+			n := 0
+			for b.Loop() {
+				if c.renew {
+					ob.renew(seq.Add(1))
+				}
+				send(b, rt, ob.b)
+				n++
+			}
+			if cpu1, ok := threadCPU(); ok && cpuOK && n > 0 {
+				b.ReportMetric(float64(cpu1-cpu0)/float64(n), "cpu-ns/op")
+			}
+		})
+	}
+	for _, c := range overheadCases {
+		rt := rts[c.rt]
+		b.Run(c.name+"-parallel16", func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(newOverheadBody(b).b)))
+			b.SetParallelism(8)
+			b.RunParallel(func(pb *testing.PB) {
+				ob := newOverheadBody(b)
+				for pb.Next() {
+					if c.renew {
+						ob.renew(seq.Add(1))
+					}
+					send(b, rt, ob.b)
+				}
+			})
+		})
+	}
+	if reports.Load() == 0 {
+		b.Fatal("no reports")
+	}
+}
