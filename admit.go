@@ -15,6 +15,12 @@ type admission struct {
 	exclude *upstream // skipped: a hedge's first upstream, already in flight
 	mayWait bool      // false: take only what is free now (a hedge)
 	prio    Priority  // its place in the queues of waiting requests
+	// retry: an attempt after the first. Under bounded loads a retry
+	// ignores the cap: the cap spreads first attempts, and a retry held to
+	// it could only go back to the upstream that just failed (whose
+	// in-flight count is low because it fails fast) while the healthy
+	// ones are at their cap.
+	retry bool
 }
 
 // admissionOf returns the admission of a request classified as c.
@@ -151,7 +157,7 @@ func (r *Router) scan(ctx context.Context, cands []candidate, start int, a admis
 			}
 			continue
 		}
-		switch r.claim(cands, c, true, a.prio) {
+		switch r.claim(cands, c, !a.retry, a.prio) {
 		case claimNoSlot:
 			if sc.slotWait < 0 {
 				sc.slotWait = i

@@ -139,11 +139,12 @@ func readTop(root gjson.Result) topFields {
 // It is pooled; one that grew past scratchMax bytes is dropped, so the
 // pool holds at most a few small ones per P.
 type scratch struct {
-	rd    prompt.Reader
-	canon prompt.Canon
-	known []known
-	dec   []byte
-	cr    countReader // passed by pointer: no allocation for the interface
+	rd     prompt.Reader
+	canon  prompt.Canon
+	anchor prompt.Canon // a conversation anchor's text (its At unused)
+	known  []known
+	dec    []byte
+	cr     countReader // passed by pointer: no allocation for the interface
 }
 
 const scratchMax = 256 << 10
@@ -153,11 +154,12 @@ var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 func getScratch() *scratch { return scratchPool.Get().(*scratch) }
 
 func (sc *scratch) release() {
-	if sc.rd.Cap()+cap(sc.canon.Buf)+4*cap(sc.canon.At)+16*cap(sc.known)+cap(sc.dec) > scratchMax {
+	if sc.rd.Cap()+cap(sc.canon.Buf)+cap(sc.anchor.Buf)+4*cap(sc.canon.At)+16*cap(sc.known)+cap(sc.dec) > scratchMax {
 		return
 	}
 	sc.rd.Forget()
 	sc.canon.Buf, sc.canon.At, sc.known = sc.canon.Buf[:0], sc.canon.At[:0], sc.known[:0]
+	sc.anchor.Buf = sc.anchor.Buf[:0]
 	sc.cr = countReader{}
 	scratchPool.Put(sc)
 }

@@ -248,3 +248,69 @@ func TestAffinityRoutesSharedPrefixTogetherAndInjectsCacheKey(t *testing.T) {
 	}
 	assert.Equal(t, 1, found)
 }
+
+// TestBoundedLoadRetryLeavesFailingUpstream: under bounded loads a retry
+// ignores the cap. The home holds two requests (its cap) and the other
+// upstream fails fast, so its in-flight count stays at zero: a retry held
+// to the cap could only go back there, and the request would fail on every
+// attempt while the home was merely busy.
+func TestBoundedLoadRetryLeavesFailingUpstream(t *testing.T) {
+	const body = `{"model":"gpt-4.1","messages":[{"role":"user","content":"one prompt for all"}]}`
+	probe := routerWith(t, Config{Upstreams: upstreamsN(2), Strategy: StrategyBoundedLoad})
+	req, _ := http.NewRequest(http.MethodPost, "http://relay/v1/chat/completions", strings.NewReader(body))
+	d, err := probe.Decide(req)
+	require.NoError(t, err)
+	home := d.Upstreams[0]
+
+	gate := make(chan struct{})
+	var atHome atomic.Int32
+	srv := newHandlerServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Up") != home {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		atHome.Add(1)
+		<-gate
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{}`))
+	}))
+	ups := upstreamsN(2)
+	for i := range ups {
+		ups[i].BaseURL = srv
+		ups[i].Header = http.Header{"X-Up": {ups[i].Name}}
+	}
+	r, reps := newTestRouter(t, Config{Upstreams: ups, Strategy: StrategyBoundedLoad,
+		Retry:   RetryConfig{Backoff: func(int) time.Duration { return 0 }},
+		Breaker: BreakerConfig{Failures: 100}})
+	var wg sync.WaitGroup
+	codes := make(chan int, 3)
+	for i := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, _, err := send(t, r, body)
+			if assert.NoError(t, err) {
+				codes <- resp.StatusCode
+			}
+		}()
+		// The first two fill the home's cap (⌈1.25·2/2⌉ = 2), then the third
+		// overflows to the failing upstream and must come back home.
+		require.Eventually(t, func() bool { return atHome.Load() == int32(min(i+1, 2)) || i == 2 }, 5*time.Second, time.Millisecond)
+	}
+	require.Eventually(t, func() bool { return atHome.Load() == 3 || len(codes) > 0 }, 5*time.Second, time.Millisecond)
+	close(gate)
+	wg.Wait()
+	close(codes)
+	for c := range codes {
+		assert.Equal(t, http.StatusOK, c)
+	}
+	var retried int
+	for _, rep := range reps.all() {
+		if rep.Attempts > 1 {
+			retried++
+			assert.Equal(t, home, rep.Upstream, "the retry went home")
+			assert.Equal(t, 2, rep.Attempts)
+		}
+	}
+	assert.Equal(t, 1, retried)
+}

@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"encoding/binary"
+	"math/bits"
 	"sync"
 	"unicode/utf8"
 	"unsafe"
@@ -13,7 +15,10 @@ import (
 // into shards of 16 tokens over its first 256 tokens, each shard's hash
 // chained to the one before; the last full shard's hash is the request's
 // affinity key. Requests that share a long prefix (a system prompt, a tool
-// set, a document) share a key, and so a home upstream.
+// set, a document) share a key, and so a home upstream. A conversation past
+// its first turn is keyed on its first turn as well (step 6), so that each
+// conversation has a home of its own instead of every conversation behind
+// one long system prompt sharing one.
 //
 // Definition, for a text and an encoding:
 //
@@ -39,7 +44,21 @@ import (
 //  5. The hashes are H(0), H(1), ... for the full shards. A text with no
 //     full shard (fewer than 16 tokens, or no boundary) gives one hash,
 //     mix(fnv1a(H(-1), t)): a short prompt hashes what it has. Empty text
-//     gives none.
+//     gives none. The prefix key P is the last hash.
+//  6. The conversation anchor of a chat request (of a Responses input
+//     array) is the first message after the leading system and developer
+//     messages, when at least one more message follows it: the request is
+//     a conversation past its first turn (an answer, a tool call or a tool
+//     output came back). Its text A is that message's canonical text
+//     (internal/prompt, the message alone) cut to its first 512 bytes.
+//     With an anchor the key is mix(words(P, A)); without one it is P,
+//     where words(h, b) continues h over b eight bytes at a time: for each
+//     little-endian 64-bit word w of b (the last one padded with zero
+//     bytes), h = rotl(h ^ w, 31) × 0x9E3779B97F4A7C15; then
+//     h ^= len(b). A
+//     one-shot request (a batch item behind a shared context, a
+//     conversation's first turn) keeps the shared prefix's key; the later
+//     turns of a conversation share a key of their own.
 //
 // The definition is deterministic and the same in every process and on
 // every platform, so replicas of a service agree on every key.
@@ -53,7 +72,33 @@ const (
 	// shardWindow is how many bytes from a shard's start key its memoized
 	// end; shards longer than that are found again on every call.
 	shardWindow = 256
+	// anchorLimit caps the bytes of a conversation anchor's text (step 6):
+	// enough to tell conversations apart, and hashed a word at a time.
+	anchorLimit = 512
 )
+
+// withAnchor mixes a conversation anchor's text a into the prefix key p
+// (step 6).
+func withAnchor(p uint64, a []byte) uint64 {
+	if len(a) == 0 || p == 0 {
+		return p
+	}
+	return fmix64(words(p, a))
+}
+
+// words continues h over b eight bytes at a time (step 6).
+func words(h uint64, b []byte) uint64 {
+	n := len(b)
+	for ; len(b) >= 8; b = b[8:] {
+		h = bits.RotateLeft64(h^binary.LittleEndian.Uint64(b), 31) * 0x9E3779B97F4A7C15
+	}
+	if len(b) > 0 {
+		var w [8]byte
+		copy(w[:], b)
+		h = bits.RotateLeft64(h^binary.LittleEndian.Uint64(w[:]), 31) * 0x9E3779B97F4A7C15
+	}
+	return h ^ uint64(n)
+}
 
 // keyOf returns the request's affinity key: the hash of the last full
 // prefix shard of its canonical prompt, or of the whole (short) canonical
@@ -99,7 +144,7 @@ func (r *Router) prefixKey(enc tokens.Encoding, sc *scratch) uint64 {
 	}
 	first, all := x.t, x.more == nil
 	if v, ok := m.getWord(enc, kindKey, first); ok {
-		return v
+		return r.anchored(v, sc)
 	}
 	sc.known = append(sc.known, known{})
 	var buf [prefixTokens/shardTokens + 1]int
@@ -110,7 +155,15 @@ func (r *Router) prefixKey(enc tokens.Encoding, sc *scratch) uint64 {
 	if all || x.need <= len(first) {
 		m.putWord(enc, kindKey, first, key)
 	}
-	return key
+	return r.anchored(key, sc)
+}
+
+// anchored mixes the conversation anchor of the body sc.rd read into the
+// prefix key p.
+func (r *Router) anchored(p uint64, sc *scratch) uint64 {
+	sc.anchor.Buf, sc.anchor.Limit = sc.anchor.Buf[:0], anchorLimit
+	sc.rd.AppendAnchor(&sc.anchor)
+	return withAnchor(p, sc.anchor.Buf)
 }
 
 // prefixFirst is how much canonical prompt prefixKey builds first: enough
@@ -127,7 +180,8 @@ func (r *Router) keyRef(c *classified) uint64 {
 		t := prefixCut(unsafe.String(unsafe.SliceData(buf), len(buf)))
 		var arr [prefixTokens/shardTokens + 2]uint64
 		hs := prefixShards(r.counter.memo, c.enc, t, arr[:0], nil)
-		key = hs[len(hs)-1]
+		a := prompt.AppendAnchor(buf[len(buf):], c.req.Endpoint, c.body, anchorLimit)
+		key = withAnchor(hs[len(hs)-1], a)
 	}
 	*bp = buf[:0]
 	canonPool.Put(bp)
@@ -135,7 +189,7 @@ func (r *Router) keyRef(c *classified) uint64 {
 }
 
 var canonPool = sync.Pool{New: func() any {
-	b := make([]byte, 0, prefixLimit+64)
+	b := make([]byte, 0, prefixLimit+anchorLimit+64)
 	return &b
 }}
 

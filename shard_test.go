@@ -226,7 +226,9 @@ func affJSON(s string) string {
 // with a warm token memo: each shard end is a memo hit.
 func BenchmarkAffinityKey(b *testing.B) {
 	r := shardRouter(b)
-	benchKey(b, r)
+	b.Run("one-shot", func(b *testing.B) { benchKey(b, r, chatBody("gpt-4.1", benchPrompt(4<<10))) })
+	// The overhead benchmark's conversation: the key mixes in its anchor.
+	b.Run("conversation", func(b *testing.B) { benchKey(b, r, string(newOverheadBody(b).b)) })
 }
 
 // BenchmarkAffinityKeyCold is BenchmarkAffinityKey without a memo: the
@@ -234,11 +236,11 @@ func BenchmarkAffinityKey(b *testing.B) {
 func BenchmarkAffinityKeyCold(b *testing.B) {
 	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1"}}, MemoEntries: -1})
 	require.NoError(b, err)
-	benchKey(b, r)
+	benchKey(b, r, chatBody("gpt-4.1", benchPrompt(4<<10)))
 }
 
-func benchKey(b *testing.B, r *Router) {
-	body := []byte(chatBody("gpt-4.1", benchPrompt(4<<10)))
+func benchKey(b *testing.B, r *Router, s string) {
+	body := []byte(s)
 	want := r.classify("POST", "/v1/chat/completions", nil, body).key // warms the token memo
 	sc := getScratch()
 	defer sc.release()
@@ -278,4 +280,45 @@ func FuzzPrefixShards(f *testing.F) {
 			require.Equal(t, want, prefixShards(m, tokens.O200K, prefixCut(text), nil, nil))
 		}
 	})
+}
+
+// TestAffinityKeyConversation: a conversation past its first turn is keyed
+// on its first turn too, so two conversations behind one system prompt get
+// keys of their own, each the same on every later turn; a first turn, a
+// one-shot request and a Responses input keep the shared prefix's key.
+func TestAffinityKeyConversation(t *testing.T) {
+	r := shardRouter(t)
+	system := affWords("policy", 300)
+	const chat = "/v1/chat/completions"
+	conv := func(turns ...string) string {
+		msgs := []map[string]any{{"role": "system", "content": system}}
+		for i, c := range turns {
+			role := "user"
+			if i%2 == 1 {
+				role = "assistant"
+			}
+			msgs = append(msgs, map[string]any{"role": role, "content": c})
+		}
+		b, err := json.Marshal(map[string]any{"model": "gpt-4o", "messages": msgs})
+		require.NoError(t, err)
+		return string(b)
+	}
+	shared := affKeyOf(r, chat, conv("How do I reset my password?"))
+	assert.Equal(t, shared, affKeyOf(r, chat, conv("What is the refund window?")), "first turns share the prefix key")
+	a2 := affKeyOf(r, chat, conv("How do I reset my password?", "Open settings.", "I did."))
+	a3 := affKeyOf(r, chat, conv("How do I reset my password?", "Open settings.", "I did.", "Then?", "It worked."))
+	b2 := affKeyOf(r, chat, conv("What is the refund window?", "30 days.", "Thanks."))
+	assert.NotEqual(t, shared, a2)
+	assert.Equal(t, a2, a3, "every later turn of a conversation shares its key")
+	assert.NotEqual(t, a2, b2, "conversations have keys of their own")
+	hs := prefixHashes("system\n"+system+"\nuser\nHow do I reset my password?\nassistant\nOpen settings.\nuser\nI did.\n", "gpt-4o")
+	assert.Equal(t, withAnchor(hs[len(hs)-1], []byte("user\nHow do I reset my password?\n")), a2, "step 6")
+	// A tool loop: the task anchors it.
+	tools := `[{"type":"function","function":{"name":"lookup","parameters":{"type":"object"}}}]`
+	loop := `{"model":"gpt-4o","tools":` + tools + `,"messages":[{"role":"system","content":` + affJSON(system) + `},{"role":"user","content":"Fix the build."},` +
+		`{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"lookup","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"ok"}]}`
+	assert.NotEqual(t, affKeyOf(r, chat, loop), affKeyOf(r, chat, strings.Replace(loop, "Fix the build.", "Fix the tests.", 1)))
+	// Responses: an input array past its first item.
+	items := `{"model":"gpt-4o","instructions":` + affJSON(system) + `,"input":[{"role":"user","content":"How do I reset my password?"},{"role":"assistant","content":"Open settings."},{"role":"user","content":"I did."}]}`
+	assert.Equal(t, a2, affKeyOf(r, "/v1/responses", items), "the same conversation through either API")
 }

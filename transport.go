@@ -172,6 +172,7 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 		at := r.s.clock.Now()
 		t.attempts++
 		a, hedgeNext := t.sendHedged(ctx, cands, idx, tk, adm, out)
+		adm.retry = true
 		if hedgeNext >= 0 {
 			next = hedgeNext
 		}

@@ -69,6 +69,51 @@ func AppendCanonical(dst []byte, endpoint, body string, limit int) []byte {
 	return b.buf
 }
 
+// AppendAnchor appends to dst the canonical text of the conversation's
+// anchor, stopping once dst holds limit bytes: the first message of a chat
+// request (of a Responses input array) after the leading system and
+// developer messages, written as AppendCanonical writes a message, when at
+// least one more message follows it. A one-shot request or a
+// conversation's first turn has none. Reader.AppendAnchor gives the same.
+func AppendAnchor(dst []byte, endpoint, body string, limit int) []byte {
+	var f [5]string
+	jsonscan.Pick(body, topKeys, f[:])
+	list := f[0] // read as AppendCanonical reads it, whatever its kind
+	switch endpoint {
+	case Chat:
+	case Responses:
+		if list = f[3]; !strings.HasPrefix(list, "[") {
+			return dst
+		}
+	default:
+		return dst
+	}
+	anchor, more := "", false
+	jsonscan.Each(list, 0, func(_, m string) bool {
+		switch {
+		case anchor != "":
+			more = true
+			return false
+		case !isLeading(m):
+			anchor = m
+		}
+		return true
+	})
+	if !more {
+		return dst
+	}
+	b := builder{buf: dst, limit: limit}
+	b.message(anchor)
+	return b.buf
+}
+
+// isLeading reports whether m is a system or developer message, as the
+// leading messages of a chat request are.
+func isLeading(m string) bool {
+	role := jsonscan.Field(m, "role")
+	return role == `"system"` || role == `"developer"`
+}
+
 type builder struct {
 	buf   []byte
 	limit int
@@ -121,11 +166,9 @@ func (b *builder) build(endpoint string, body string) {
 func (b *builder) chat(msgs, tools string) {
 	leading := true
 	jsonscan.Each(msgs, 0, func(_, m string) bool {
-		if leading {
-			if role := jsonscan.Field(m, "role"); role != `"system"` && role != `"developer"` {
-				leading = false
-				b.tools(tools)
-			}
+		if leading && !isLeading(m) {
+			leading = false
+			b.tools(tools)
 		}
 		b.message(m)
 		return !b.full()

@@ -34,6 +34,37 @@ func TestCanonical(t *testing.T) {
 	assert.Equal(t, "syst", string(AppendCanonical(nil, Chat, chat, 4)), "bounded")
 }
 
+// TestAnchor: a conversation past its first turn is anchored on the first
+// message after the leading system and developer messages; a first turn, a
+// one-shot request and a string input have no anchor.
+func TestAnchor(t *testing.T) {
+	anchor := func(ep, body string) string {
+		want := string(AppendAnchor(nil, ep, body, 1<<20))
+		var r Reader
+		r.Read(ep, body)
+		var c Canon
+		c.Limit = 1 << 20
+		r.AppendAnchor(&c)
+		assert.Equal(t, want, string(c.Buf), "the Reader agrees: %s", body)
+		return want
+	}
+	sys := `{"role":"system","content":"S"},{"role":"developer","content":"D"},`
+	for body, want := range map[string]string{
+		`{"messages":[` + sys + `{"role":"user","content":"Q"}]}`:                                                                                 "",
+		`{"messages":[` + sys + `{"role":"user","content":"Q"},{"role":"assistant","content":"A"}]}`:                                              "user\nQ\n",
+		`{"messages":[{"role":"user","content":[{"type":"text","text":"Q"}]},{"role":"user","content":"R"}]}`:                                     "user\nQ\n",
+		`{"messages":[` + sys + `{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{}"}}]},{"role":"tool","content":"ok"}]}`: "assistant\nf({})\n",
+		`{"messages":[` + sys + `7,{"role":"user","content":"Q"}]}`:                                                                               "",
+		`{"messages":"not a list"}`: "",
+	} {
+		assert.Equal(t, want, anchor(Chat, body), body)
+	}
+	assert.Equal(t, "user\nQ\n", anchor(Responses, `{"instructions":"S","input":[{"role":"user","content":"Q"},{"type":"function_call_output","output":"x"}]}`))
+	assert.Empty(t, anchor(Responses, `{"instructions":"S","input":"Q"}`))
+	assert.Empty(t, anchor(Completions, `{"prompt":["a","b"]}`))
+	assert.Equal(t, "us", string(AppendAnchor(nil, Chat, `{"messages":[{"role":"user","content":"Q"},{"role":"user","content":"R"}]}`, 2)), "bounded")
+}
+
 // TestTokens: the chat formula, with a counter of one token per byte.
 func TestTokens(t *testing.T) {
 	root := gjson.Parse(`{"messages":[{"role":"user","name":"bob","content":"hi"}]}`)

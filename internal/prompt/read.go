@@ -672,12 +672,9 @@ func (r *Reader) AppendCanonical(c *Canon) {
 			if b.full() {
 				break
 			}
-			if leading {
-				if role := m.firstRole; !m.object || role.Kind == 0 ||
-					(r.Body[role.Start:role.End] != `"system"` && r.Body[role.Start:role.End] != `"developer"`) {
-					leading = false
-					b.tools()
-				}
+			if leading && !m.leading(r.Body) {
+				leading = false
+				b.tools()
 			}
 			b.message(&m)
 		}
@@ -720,6 +717,45 @@ func (r *Reader) AppendCanonical(c *Canon) {
 	}
 }
 
+// AppendAnchor appends to c.Buf the canonical text of the conversation's
+// anchor, stopping once it holds c.Limit bytes: the first message of a
+// chat request (of a Responses input array) after the leading system and
+// developer messages, written as AppendCanonical writes it, when at least
+// one more message follows it. A one-shot request or a conversation's
+// first turn has none. It leaves c.At alone.
+func (r *Reader) AppendAnchor(c *Canon) {
+	var fd *field
+	switch r.Endpoint {
+	case Chat:
+		fd = &r.fields[fMessages]
+	case Responses:
+		fd = &r.fields[fInput]
+		if fd.v.Kind != '[' {
+			return
+		}
+	default:
+		return
+	}
+	msgs := r.msgs[fd.msgs[0]:fd.msgs[1]]
+	for i := range msgs {
+		if m := &msgs[i]; !m.leading(r.Body) {
+			if i+1 < len(msgs) {
+				b := canonBuilder{r: r, c: &Canon{Buf: c.Buf, Limit: c.Limit}}
+				b.message(m)
+				c.Buf = b.c.Buf
+			}
+			return
+		}
+	}
+}
+
+// leading reports whether m is a system or developer message, as the
+// leading messages of a chat request are (by its first "role").
+func (m *msgRec) leading(body string) bool {
+	role := m.firstRole
+	return m.object && role.Kind != 0 && (body[role.Start:role.End] == `"system"` || body[role.Start:role.End] == `"developer"`)
+}
+
 type canonBuilder struct {
 	r *Reader
 	c *Canon
@@ -739,7 +775,9 @@ func (b *canonBuilder) str(i int32) {
 		return
 	}
 	s := b.r.Strs[i]
-	b.c.At[i] = int32(len(b.c.Buf))
+	if int(i) < len(b.c.At) {
+		b.c.At[i] = int32(len(b.c.Buf))
+	}
 	if !s.Esc {
 		b.lit(b.r.Body[s.Start:s.End])
 		return

@@ -101,6 +101,11 @@ func checkRead(t *testing.T, r *Reader, body string) {
 					t.Fatalf("%s: At[%d] = %d does not hold %q in %q", ep, i, at, d, c.Buf)
 				}
 			}
+			a := Canon{Buf: []byte("x"), Limit: limit}
+			r.AppendAnchor(&a)
+			if want := AppendAnchor([]byte("x"), ep, body, limit); !bytes.Equal(a.Buf, want) {
+				t.Fatalf("%s: anchor (limit %d)\n got %q\nwant %q\nbody %q", ep, limit, a.Buf, want, body)
+			}
 		}
 	}
 }
