@@ -56,9 +56,11 @@ type Config struct {
 	// Buckets sets the prompt-size thresholds of the bucket labels.
 	Buckets Buckets
 
-	// MemoEntries bounds the token-count memo (counts of message contents,
-	// so a conversation that resends its history pays only for new
-	// messages). If 0, 8192 entries; negative: off.
+	// MemoEntries bounds the memo of token counts and affinity keys (the
+	// counts of message contents, so a conversation that resends its
+	// history pays only for new messages; the shard ends and keys of
+	// prompts seen before). An entry holds 16 bytes: about 256 KB with the
+	// default. If 0, 8192 entries; negative: off.
 	MemoEntries int
 
 	// ImageTokens is the prompt-token estimate for one image content part.
