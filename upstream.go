@@ -218,10 +218,38 @@ func (w *latencyWindow) p95() time.Duration {
 
 func (w *latencyWindow) refreshLocked() {
 	if w.dirty >= 8 || (w.dirty > 0 && !w.full && w.next < 100) {
-		w.cached99 = w.quantileLocked(0.99)
-		w.cached95 = w.quantileLocked(0.95)
+		w.cached95, w.cached99 = w.tailLocked()
 		w.dirty = 0
 	}
+}
+
+// tailKeep is how many of the largest latencies tailLocked keeps: enough
+// for the p95 of a full window.
+const tailKeep = latencyWindowSize/20 + 2
+
+// tailLocked returns the p95 and p99 of the window, as quantileLocked
+// would, from its largest latencies, found in one pass without sorting.
+func (w *latencyWindow) tailLocked() (p95, p99 time.Duration) {
+	n := w.countLocked()
+	if n == 0 {
+		return 0, 0
+	}
+	var top [tailKeep]time.Duration // descending
+	k := 0
+	for _, d := range w.ring[:n] {
+		if k == len(top) && d <= top[k-1] {
+			continue
+		}
+		j := min(k, len(top)-1)
+		for ; j > 0 && top[j-1] < d; j-- {
+			top[j] = top[j-1]
+		}
+		top[j] = d
+		k = min(k+1, len(top))
+	}
+	// quantileLocked's index i, counted from the top.
+	rank := func(q float64) int { return n - 1 - min(max(int(q*float64(n)+0.5)-1, 0), n-1) }
+	return top[rank(0.95)], top[rank(0.99)]
 }
 
 func (w *latencyWindow) quantileLocked(q float64) time.Duration {
