@@ -266,8 +266,12 @@ func benchCorpora(tb testing.TB) []benchCorpus {
 }
 
 // TestWriteCorpora writes the benchmark corpora as <name>.txt into the
-// directory named by BPE_CORPUS_DIR, to measure other tokenizers on the same
-// texts. It is skipped when the variable is unset.
+// directory named by BPE_CORPUS_DIR, with their counts in each encoding as
+// <name>.<encoding>.count, to measure other tokenizers on the same texts
+// (testdata/gpt-tokenizer.mjs). It is skipped when the variable is unset.
+//
+//	BPE_CORPUS_DIR=/tmp/corpora go test -run=TestWriteCorpora ./internal/bpe
+//	cd internal/bpe/testdata && npm install --no-save gpt-tokenizer@4.0.0 && node gpt-tokenizer.mjs /tmp/corpora
 func TestWriteCorpora(t *testing.T) {
 	dir := os.Getenv("BPE_CORPUS_DIR")
 	if dir == "" {
@@ -276,6 +280,12 @@ func TestWriteCorpora(t *testing.T) {
 	for _, c := range benchCorpora(t) {
 		if err := os.WriteFile(filepath.Join(dir, c.name+".txt"), []byte(c.text), 0o644); err != nil {
 			t.Fatal(err)
+		}
+		for _, e := range []*Encoding{O200K(), CL100K()} {
+			n := strconv.Itoa(e.Count(c.text))
+			if err := os.WriteFile(filepath.Join(dir, c.name+"."+e.Name()+".count"), []byte(n), 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 }
