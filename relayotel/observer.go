@@ -219,10 +219,11 @@ func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http
 				span.SetStatus(codes.Error, attemptError(d))
 			}
 		}
+		// The count first: whoever sees the span ended sees the attempt counted.
+		o.inst.attempts.Add(ctx, 1, o.attempts.get(o, attemptKey{a.Upstream, outcome, a.Hedge}, newAttemptSets)...)
 		if span != nil {
 			span.End()
 		}
-		o.inst.attempts.Add(ctx, 1, o.attempts.get(o, attemptKey{a.Upstream, outcome, a.Hedge}, newAttemptSets)...)
 		if c != nil {
 			c.mu.Lock()
 			if outcome != "canceled" || c.lastOut == "" {
