@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
 	"strings"
 	"unsafe"
 
@@ -366,8 +367,8 @@ func priceIsDate(year, month, day string) bool {
 
 // parseUsage extracts the usage an upstream reported from a JSON response body
 // or from the payload of one SSE event (the text after "data:"; a leading
-// "data:" is tolerated). It reads only the fields it needs, with gjson, and
-// does not allocate for a well-formed body.
+// "data:" is tolerated). It reads only the fields it needs, in one pass over
+// the usage object, and does not allocate for a well-formed body.
 //
 // The usage object is "usage" at the top level (chat/completions, completions,
 // embeddings, Responses API bodies, chat stream chunks) or "response.usage"
@@ -408,44 +409,44 @@ func priceIsDate(year, month, day string) bool {
 // A total_tokens that matches none of these readings is ignored.
 func parseUsage(body []byte) (Usage, bool) {
 	s := usageTrimEvent(unsafe.String(unsafe.SliceData(body), len(body)))
-	if s == "" || (s[0] != '{') || !jsonscan.Valid(s) {
+	usage, ok := usageObject(s)
+	if !ok {
 		return Usage{}, false
 	}
-	usage := gjson.Get(s, "usage")
-	if usage.Type == gjson.Null { // absent or null
-		usage = gjson.Get(s, "response.usage")
-	}
-	if !usage.IsObject() {
-		return Usage{}, false
-	}
+	var f usageFields
+	f.read(usage)
+	return usageFrom(&f)
+}
 
-	prompt, hasPrompt, ok1 := usageInt(usage, "prompt_tokens")
+// usageFrom reads the counts of a usage object's fields (see parseUsage).
+func usageFrom(f *usageFields) (Usage, bool) {
+	prompt, hasPrompt, ok1 := usageNum(f[uPrompt])
 	fromInputTokens := false
 	if ok1 && !hasPrompt {
-		prompt, hasPrompt, ok1 = usageInt(usage, "input_tokens")
+		prompt, hasPrompt, ok1 = usageNum(f[uInput])
 		fromInputTokens = hasPrompt
 	}
-	completion, hasCompletion, ok2 := usageInt(usage, "completion_tokens")
+	completion, hasCompletion, ok2 := usageNum(f[uCompletion])
 	if ok2 && !hasCompletion {
-		completion, hasCompletion, ok2 = usageInt(usage, "output_tokens")
+		completion, hasCompletion, ok2 = usageNum(f[uOutput])
 	}
-	cached, hasCached, ok3 := usageInt(usage, "prompt_tokens_details.cached_tokens")
+	cached, hasCached, ok3 := usageNum(f[uCachedPrompt])
 	if ok3 && !hasCached {
-		cached, hasCached, ok3 = usageInt(usage, "input_tokens_details.cached_tokens")
+		cached, hasCached, ok3 = usageNum(f[uCachedInput])
 	}
 	anthropic := false
 	if ok3 && !hasCached {
-		cached, hasCached, ok3 = usageInt(usage, "cache_read_input_tokens")
+		cached, hasCached, ok3 = usageNum(f[uCacheRead])
 		anthropic = hasCached && fromInputTokens
 	}
-	reasoning, hasReasoning, ok4 := usageInt(usage, "completion_tokens_details.reasoning_tokens")
+	reasoning, hasReasoning, ok4 := usageNum(f[uReasoningCompletion])
 	if ok4 && !hasReasoning {
-		reasoning, _, ok4 = usageInt(usage, "output_tokens_details.reasoning_tokens")
+		reasoning, _, ok4 = usageNum(f[uReasoningOutput])
 	}
-	total, hasTotal, ok5 := usageInt(usage, "total_tokens")
+	total, hasTotal, ok5 := usageNum(f[uTotal])
 	cacheWrite, ok6 := 0, true
 	if anthropic {
-		cacheWrite, _, ok6 = usageInt(usage, "cache_creation_input_tokens")
+		cacheWrite, _, ok6 = usageNum(f[uCacheWrite])
 	}
 	if !(ok1 && ok2 && ok3 && ok4 && ok5 && ok6) || !(hasPrompt || hasCompletion) {
 		return Usage{}, false
@@ -495,24 +496,153 @@ func usageTrimEvent(s string) string {
 	return s
 }
 
-// usageInt reads a token count at path in the usage object. present is false
-// when the field is absent or null; ok is false when it holds anything but a
-// number. The count is truncated and clamped to [0, maxUsageTokens].
-func usageInt(usage gjson.Result, path string) (n int, present, ok bool) {
-	v := usage.Get(path)
-	switch v.Type {
-	case gjson.Null:
-		return 0, false, true
-	case gjson.Number:
-		f := v.Num
-		switch {
-		case !(f > 0): // negative, zero or NaN
-			return 0, true, true
-		case f >= maxUsageTokens:
-			return maxUsageTokens, true, true
+// The fields of a usage object parseUsage reads, by their paths in it.
+const (
+	uPrompt              = iota // prompt_tokens
+	uInput                      // input_tokens
+	uCompletion                 // completion_tokens
+	uOutput                     // output_tokens
+	uCachedPrompt               // prompt_tokens_details.cached_tokens
+	uCachedInput                // input_tokens_details.cached_tokens
+	uCacheRead                  // cache_read_input_tokens
+	uReasoningCompletion        // completion_tokens_details.reasoning_tokens
+	uReasoningOutput            // output_tokens_details.reasoning_tokens
+	uTotal                      // total_tokens
+	uCacheWrite                 // cache_creation_input_tokens
+	numUsageFields
+)
+
+// usageFields holds the raw values of a usage object's fields, "" for an
+// absent one.
+type usageFields [numUsageFields]string
+
+// read fills f from the usage object in one pass over it, finding each
+// field as gjson.Get finds a path: the first member of a name (a name
+// written with escapes counts under its decoded name), and for a path
+// through a details object, the first member of that name that is an
+// object holding the inner one.
+func (f *usageFields) read(usage string) {
+	var seen uint16 // the fields found, by index
+	jsonscan.Each(usage, 0, func(k, v string) bool {
+		i, inner := usageField(usageKey(k))
+		if i < 0 || seen&(1<<i) != 0 {
+			return true
 		}
-		return int(f), true, true
-	default:
+		if inner != "" {
+			v = usageMember(v, inner)
+		}
+		if v != "" {
+			f[i] = v
+			seen |= 1 << i
+		}
+		return true
+	})
+}
+
+// usageField returns the field a usage member holds (-1: none) and, for a
+// details object, the name of the field's member in it.
+func usageField(k string) (int, string) {
+	switch k {
+	case "prompt_tokens":
+		return uPrompt, ""
+	case "input_tokens":
+		return uInput, ""
+	case "completion_tokens":
+		return uCompletion, ""
+	case "output_tokens":
+		return uOutput, ""
+	case "prompt_tokens_details":
+		return uCachedPrompt, "cached_tokens"
+	case "input_tokens_details":
+		return uCachedInput, "cached_tokens"
+	case "cache_read_input_tokens":
+		return uCacheRead, ""
+	case "completion_tokens_details":
+		return uReasoningCompletion, "reasoning_tokens"
+	case "output_tokens_details":
+		return uReasoningOutput, "reasoning_tokens"
+	case "total_tokens":
+		return uTotal, ""
+	case "cache_creation_input_tokens":
+		return uCacheWrite, ""
+	}
+	return -1, ""
+}
+
+// usageKey is a member name as gjson matches it: decoded when it has
+// escapes (rare: no provider writes them; that case allocates).
+func usageKey(k string) string {
+	if strings.IndexByte(k, '\\') < 0 {
+		return k
+	}
+	return string(jsonscan.AppendUnescaped(nil, k, len(k)))
+}
+
+// usageMember returns the raw value of the first member name of the
+// object v, "" when v is not an object or has none.
+func usageMember(v, name string) string {
+	out := ""
+	jsonscan.Each(v, 0, func(k, x string) bool {
+		if usageKey(k) == name {
+			out = x
+			return false
+		}
+		return true
+	})
+	return out
+}
+
+// usageObject returns the usage object of a response body or event, in the
+// pass that checks that s is a JSON object: "usage" or, when that is absent
+// or null, "response.usage" (of the first "response" object that has one).
+// ok is false when s is not valid JSON or neither is an object.
+func usageObject(s string) (usage string, ok bool) {
+	var inResponse string
+	if !jsonscan.EachValid(s, func(k, v string) {
+		switch k = usageKey(k); {
+		case k == "usage" && usage == "":
+			usage = v
+		case k == "response" && inResponse == "":
+			inResponse = usageMember(v, "usage")
+		}
+	}) {
+		return "", false
+	}
+	if usage == "" || usage == "null" {
+		usage = inResponse
+	}
+	return usage, usage != "" && usage[0] == '{'
+}
+
+// usageNum reads a token count from its raw value. present is false when
+// the field is absent or null; ok is false when it holds anything but a
+// number. The count is truncated and clamped to [0, maxUsageTokens].
+func usageNum(raw string) (n int, present, ok bool) {
+	switch {
+	case raw == "" || raw == "null":
+		return 0, false, true
+	case raw[0] != '-' && (raw[0] < '0' || raw[0] > '9'):
 		return 0, false, false
 	}
+	if len(raw) <= 9 { // digits only: no float needed
+		n := 0
+		for i := 0; i < len(raw); i++ {
+			if raw[i] < '0' || raw[i] > '9' {
+				n = -1
+				break
+			}
+			n = n*10 + int(raw[i]-'0')
+		}
+		if n >= 0 {
+			return min(n, maxUsageTokens), true, true
+		}
+	}
+	f, _ := strconv.ParseFloat(raw, 64) // a valid JSON number; ±Inf when out of range
+	switch {
+	case !(f > 0): // negative, zero or NaN
+		return 0, true, true
+	case f >= maxUsageTokens:
+		return maxUsageTokens, true, true
+	}
+	return int(f), true, true
 }

@@ -11,6 +11,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unsafe"
+
+	"github.com/tidwall/gjson"
+	"github.com/tokenrelay/relay/internal/jsonscan"
 )
 
 // costWireDir holds the shared OpenAI wire fixtures, relative to the package
@@ -645,11 +649,20 @@ func FuzzParseUsage(f *testing.F) {
 		`{"usage":{"input_tokens":50,"cache_creation_input_tokens":200,"cache_read_input_tokens":1000,"output_tokens":30}}`,
 		`{"type":"response.completed","response":{"usage":{"input_tokens":3,"output_tokens":4,"output_tokens_details":{"reasoning_tokens":9}}}}`,
 		`{"usage":{"prompt_tokens":"12"}}`,
+		`{"usage":{"prompt_tokens":1,"prompt_tokens":2,"completion_tokens":3}}`,
+		`{"usage":{"prompt_tokens":5,"prompt_tokens_details":7,"prompt_tokens_details":{"cached_tokens":2}}}`,
+		`{"usag\u0065":{"prompt_\u0074okens":4,"completion_tokens":1.9e1}}`,
+		`{"usage":null,"usage":{"prompt_tokens":1},"response":{"usage":{"input_tokens":2}}}`,
+		`{"usage":[1],"response":{"usage":{"input_tokens":2,"output_tokens":-0.5}}}`,
+		`{"usage":{"prompt_tokens":123456789,"completion_tokens":1234567890,"total_tokens":true}}`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		u, ok := parseUsage(body)
+		if ru, rok := parseUsageRef(body); ru != u || rok != ok {
+			t.Fatalf("parseUsage(%q) = %+v, %v; the reference reads %+v, %v", body, u, ok, ru, rok)
+		}
 		if !ok {
 			if u != (Usage{}) {
 				t.Fatalf("not ok but usage %+v", u)
@@ -675,6 +688,106 @@ func FuzzParseUsage(f *testing.F) {
 			t.Fatalf("negative cost %v for %+v", c, u)
 		}
 	})
+}
+
+// parseUsageRef is the reference of parseUsage: the same rules, each field
+// found with gjson (the first member of a name, as gjson.Get finds it).
+// FuzzParseUsage checks that the two agree.
+func parseUsageRef(body []byte) (Usage, bool) {
+	s := usageTrimEvent(unsafe.String(unsafe.SliceData(body), len(body)))
+	if s == "" || (s[0] != '{') || !jsonscan.Valid(s) {
+		return Usage{}, false
+	}
+	usage := gjson.Get(s, "usage")
+	if usage.Type == gjson.Null { // absent or null
+		usage = gjson.Get(s, "response.usage")
+	}
+	if !usage.IsObject() {
+		return Usage{}, false
+	}
+
+	prompt, hasPrompt, ok1 := usageIntRef(usage, "prompt_tokens")
+	fromInputTokens := false
+	if ok1 && !hasPrompt {
+		prompt, hasPrompt, ok1 = usageIntRef(usage, "input_tokens")
+		fromInputTokens = hasPrompt
+	}
+	completion, hasCompletion, ok2 := usageIntRef(usage, "completion_tokens")
+	if ok2 && !hasCompletion {
+		completion, hasCompletion, ok2 = usageIntRef(usage, "output_tokens")
+	}
+	cached, hasCached, ok3 := usageIntRef(usage, "prompt_tokens_details.cached_tokens")
+	if ok3 && !hasCached {
+		cached, hasCached, ok3 = usageIntRef(usage, "input_tokens_details.cached_tokens")
+	}
+	anthropic := false
+	if ok3 && !hasCached {
+		cached, hasCached, ok3 = usageIntRef(usage, "cache_read_input_tokens")
+		anthropic = hasCached && fromInputTokens
+	}
+	reasoning, hasReasoning, ok4 := usageIntRef(usage, "completion_tokens_details.reasoning_tokens")
+	if ok4 && !hasReasoning {
+		reasoning, _, ok4 = usageIntRef(usage, "output_tokens_details.reasoning_tokens")
+	}
+	total, hasTotal, ok5 := usageIntRef(usage, "total_tokens")
+	cacheWrite, ok6 := 0, true
+	if anthropic {
+		cacheWrite, _, ok6 = usageIntRef(usage, "cache_creation_input_tokens")
+	}
+	if !(ok1 && ok2 && ok3 && ok4 && ok5 && ok6) || !(hasPrompt || hasCompletion) {
+		return Usage{}, false
+	}
+
+	u := Usage{PromptTokens: prompt, CompletionTokens: completion, ReasoningTokens: reasoning, CachedTokens: cached}
+	if anthropic {
+		u.PromptTokens += cached + cacheWrite
+	}
+	cachedOut := u.CachedTokens > u.PromptTokens
+	reasoningOut := u.ReasoningTokens > u.CompletionTokens
+	if hasTotal {
+		p, c := u.PromptTokens, u.CompletionTokens
+		if cachedOut {
+			p += u.CachedTokens
+		}
+		if reasoningOut {
+			c += u.ReasoningTokens
+		}
+		r, ca := u.ReasoningTokens, u.CachedTokens
+		switch {
+		case total == p+c:
+		case !reasoningOut && r > 0 && total == p+c+r:
+			reasoningOut = true
+		case !cachedOut && ca > 0 && total == p+c+ca:
+			cachedOut = true
+		case !reasoningOut && !cachedOut && r > 0 && ca > 0 && total == p+c+r+ca:
+			reasoningOut, cachedOut = true, true
+		}
+	}
+	if cachedOut {
+		u.PromptTokens += u.CachedTokens
+	}
+	if reasoningOut {
+		u.CompletionTokens += u.ReasoningTokens
+	}
+	return u, true
+}
+func usageIntRef(usage gjson.Result, path string) (n int, present, ok bool) {
+	v := usage.Get(path)
+	switch v.Type {
+	case gjson.Null:
+		return 0, false, true
+	case gjson.Number:
+		f := v.Num
+		switch {
+		case !(f > 0): // negative, zero or NaN
+			return 0, true, true
+		case f >= maxUsageTokens:
+			return maxUsageTokens, true, true
+		}
+		return int(f), true, true
+	default:
+		return 0, false, false
+	}
 }
 
 func BenchmarkParseUsage(b *testing.B) {

@@ -36,6 +36,51 @@ func Valid[T Text](s T) bool {
 	return ok && SkipSpace(v, e) == len(v)
 }
 
+// EachValid checks that s is one valid JSON object, as Valid checks it, and
+// on the way calls f with the key (raw, without its quotes) and the raw
+// value of each of its members, in order: one pass for what Valid and Each
+// do in two. It reports whether s is valid; when it is not, f may have been
+// called for the members before the fault.
+func EachValid(s string, f func(key, val string)) bool {
+	i := SkipSpace(s, 0)
+	if i >= len(s) || s[i] != '{' {
+		return false
+	}
+	if i = SkipSpace(s, i+1); i < len(s) && s[i] == '}' {
+		return SkipSpace(s, i+1) == len(s)
+	}
+	for {
+		if i >= len(s) || s[i] != '"' {
+			return false
+		}
+		ke, _, ok := ValidString(s, i)
+		if !ok {
+			return false
+		}
+		key := s[i+1 : ke-1]
+		if i = SkipSpace(s, ke); i >= len(s) || s[i] != ':' {
+			return false
+		}
+		i = SkipSpace(s, i+1)
+		e, ok := ValidValue(s, i, 1)
+		if !ok {
+			return false
+		}
+		f(key, s[i:e])
+		if i = SkipSpace(s, e); i >= len(s) {
+			return false
+		}
+		switch s[i] {
+		case ',':
+			i = SkipSpace(s, i+1)
+		case '}':
+			return SkipSpace(s, i+1) == len(s)
+		default:
+			return false
+		}
+	}
+}
+
 // ValidValue checks the JSON value that starts at s[i] (white space before
 // it already skipped), inside depth enclosing arrays and objects, and
 // returns the offset just past it. It fails if the value is not valid JSON

@@ -1,6 +1,7 @@
 package jsonscan
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -114,6 +115,35 @@ func refValid(s string) bool {
 	return Depth(s) <= MaxDepth && gjson.Valid(s)
 }
 
+// checkEachValid checks EachValid on s, valid (as refValid says) or not: it
+// accepts exactly the valid objects, and gives the members Each gives.
+func checkEachValid(t *testing.T, s string, valid bool) {
+	t.Helper()
+	var got, want []string
+	ok := EachValid(s, func(k, v string) { got = append(got, k, v) })
+	obj := valid && strings.HasPrefix(strings.TrimLeft(s, " \t\r\n"), "{")
+	if ok != obj {
+		t.Fatalf("EachValid(%q) = %v, want %v", s, ok, obj)
+	}
+	if !ok {
+		return
+	}
+	Each(s, 0, func(k, v string) bool { want = append(want, k, v); return true })
+	if !slices.Equal(got, want) {
+		t.Fatalf("EachValid(%q) members %q, Each %q", s, got, want)
+	}
+}
+
+func TestEachValid(t *testing.T) {
+	for _, s := range validCases {
+		checkEachValid(t, s, refValid(s))
+	}
+	var n int
+	assert.True(t, EachValid(` {"a" : [1,{"b":2}] , "c\"d":"e" } `, func(k, v string) { n++ }))
+	assert.Equal(t, 2, n)
+	assert.False(t, EachValid(`{"a":1} x`, func(string, string) {}))
+}
+
 var validCases = []string{
 	``, ` `, `{}`, ` {} `, `[]`, `[ ]`, `{ }`, `{"a":1}`, `{"a":1,}`, `{,"a":1}`, `{"a" 1}`, `{"a":}`, `{a:1}`,
 	`[1,2]`, `[1,]`, `[,1]`, `[1 2]`, `"x"`, `"x`, `"\"`, `"\\"`, `"\u00e9"`, `"\u00g9"`, `"\u00e"`, `"\x"`, `"\/"`,
@@ -193,9 +223,11 @@ func FuzzValid(f *testing.F) {
 	}
 	f.Add(strings.Repeat("[", 600) + strings.Repeat("]", 600))
 	f.Fuzz(func(t *testing.T, s string) {
-		if got, want := Valid(s), refValid(s); got != want {
+		want := refValid(s)
+		if got := Valid(s); got != want {
 			t.Fatalf("Valid(%q) = %v, want %v", s, got, want)
 		}
+		checkEachValid(t, s, want)
 	})
 }
 
