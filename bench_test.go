@@ -166,7 +166,7 @@ func BenchmarkAcquire(b *testing.B) {
 			b.Fatal(err)
 		}
 		a := attempt{cand: cands[i], tk: tk, resp: resp, held: true}
-		t.observe(&a)
+		t.observe(&a, r.s.clock.Now())
 		a.release()
 	}
 	b.Run("serial", func(b *testing.B) {

@@ -121,7 +121,7 @@ func (t *trip) raceHedge(results chan attempt, cancels [2]context.CancelFunc) at
 			// Both completed upstream: both are billed. The loser's body is
 			// read for its usage on a goroutine of its own, and the report
 			// waits for it instead of the caller.
-			t.observe(&loser)
+			t.observe(&loser, t.r.s.clock.Now())
 			if loser.resp != nil && loser.resp.StatusCode < 300 && !isEventStream(loser.resp.Header) {
 				t.votes.Add(1)
 				go func() {
@@ -135,7 +135,7 @@ func (t *trip) raceHedge(results chan attempt, cancels [2]context.CancelFunc) at
 			cancels[1-first.hedge]()
 			go func() { // ends as soon as the cancelled attempt returns
 				loser := <-results
-				t.observe(&loser)
+				t.observe(&loser, t.r.s.clock.Now())
 				loser.close()
 			}()
 		}
@@ -146,7 +146,7 @@ func (t *trip) raceHedge(results chan attempt, cancels [2]context.CancelFunc) at
 		// A response, even a retryable one, beats none.
 		second, first = first, second
 	}
-	t.observe(&first) // the one not returned; the loop observes the other
+	t.observe(&first, t.r.s.clock.Now()) // the one not returned; the loop observes the other
 	first.close()
 	return second
 }

@@ -68,8 +68,10 @@ func (t *trip) fail(err error) error {
 
 // returning notes the router's own time when RoundTrip returns: all of it
 // but the upstream calls and the waits.
-func (t *trip) returning() {
-	t.overhead = max(t.r.s.clock.Now().Sub(t.start)-t.outside, 0)
+func (t *trip) returning() (sinceStart time.Duration) {
+	sinceStart = t.r.s.clock.Now().Sub(t.start)
+	t.overhead = max(sinceStart-t.outside, 0)
+	return sinceStart
 }
 
 // finish ends the trip: the first call wins, later ones do nothing. It

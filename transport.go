@@ -179,8 +179,9 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 		if i < r.s.retry.maxAttempts-1 {
 			t.awaitFirstToken(&a)
 		}
-		t.outside += r.s.clock.Now().Sub(at)
-		t.observe(&a)
+		now := r.s.clock.Now()
+		t.outside += now.Sub(at)
+		t.observe(&a, now)
 		wait, final := t.retryWait(&a, cands[next%len(cands)], i, &rt)
 		if final && i < r.s.retry.maxAttempts-1 {
 			if n, ok := t.widen(&cands, &a); ok {
@@ -284,9 +285,8 @@ func (t *trip) awaitFirstToken(a *attempt) {
 }
 
 // observe feeds an attempt's outcome to its upstream's breaker, limiter and
-// counters.
-func (t *trip) observe(a *attempt) {
-	now := t.r.s.clock.Now()
+// counters, at now.
+func (t *trip) observe(a *attempt, now time.Time) {
 	o := outcomeOf(a.resp, a.err)
 	if a.resp == nil && t.ctx.Err() != nil {
 		o = outcomeNeutral // the caller gave up (cancel or its own deadline), not the upstream
@@ -368,14 +368,14 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 			a.err = ErrAttemptTimeout
 		}
 	}
+	now := r.s.clock.Now()
+	a.latency = now.Sub(a.sent)
 	if a.err == nil || a.err == ErrAttemptTimeout {
-		now := r.s.clock.Now()
-		cand.up.lat.add(now.Sub(a.sent), now)
+		cand.up.lat.add(a.latency, now)
 	}
 	if a.err != nil && a.err != ErrAttemptTimeout && ctx.Err() != nil {
 		a.err = ctx.Err()
 	}
-	a.latency = r.s.clock.Now().Sub(a.sent)
 	return a
 }
 
@@ -544,12 +544,11 @@ func (b *gzipBody) Close() error { return b.src.Close() }
 // attempt's error.
 func (t *trip) finalize(a attempt) (*http.Response, error) {
 	t.att = a
-	t.returning()
+	ttft := t.returning()
 	if a.err != nil {
 		return nil, t.fail(t.errorf("send", a.err))
 	}
 	resp := a.resp
-	ttft := t.r.s.clock.Now().Sub(t.start)
 	// The request that was sent carries the upstream's key, headers and
 	// URL: the caller gets its own request back, as a rewriting
 	// RoundTripper must.
