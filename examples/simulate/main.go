@@ -103,6 +103,9 @@ type mode struct {
 	floor bool
 	// newSender builds the mode's client side over a running fleet.
 	newSender func(e *env) (*sender, error)
+	// run, when set, runs the mode instead, for traffic of its own shape
+	// (the priority mode).
+	run func(o options, m mode, w *workload, stderr io.Writer) (result, relaytest.SimConfig, error)
 }
 
 var modes = []mode{
@@ -384,6 +387,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 // env is what a mode's sender is built over.
 type env struct {
 	fleet *relaytest.SimFleet // nil against a real endpoint
+	w     *workload
 	// direct is the upstream of the direct modes; all, every upstream of
 	// the relay modes (against a real endpoint, both are that endpoint).
 	direct     relay.Upstream
@@ -392,7 +396,7 @@ type env struct {
 	cheap      string
 	prices     map[string]relay.Price // nil: relay.DefaultPrices
 	loadFactor float64
-	base       *http.Transport
+	base       http.RoundTripper
 	onReport   func(relay.Report)
 }
 
@@ -400,21 +404,14 @@ type env struct {
 type sender struct {
 	do    func(ctx context.Context, q *request) error
 	close func()
+	// finish, when set, adds what the mode measured beyond the reports to
+	// its row, once every request is done.
+	finish func(res *result)
 }
 
 // routed sends through r.
 func routed(r *relay.Router) *sender {
 	return &sender{do: func(ctx context.Context, q *request) error { return send(ctx, r, q) }, close: r.CloseIdleConnections}
-}
-
-// retry is the routers' retry configuration, on the fleet's time scale: the
-// default 100 ms → 1.2 s backoff would be 10–120 s of simulated time.
-var retry = relay.RetryConfig{
-	MaxAttempts:     3,
-	InitialInterval: scaled(200 * time.Millisecond),
-	MaxInterval:     scaled(2 * time.Second),
-	MaxRetryAfter:   scaled(10 * time.Second),
-	AttemptTimeout:  scaled(attemptTimeout),
 }
 
 // direct sends every request to us-east's flagship, once: a Router with
@@ -442,30 +439,36 @@ type relayMode struct {
 	stream   relay.StreamConfig
 }
 
+// relayConfig is the configuration every relay mode starts from: the
+// run's transport, report hook and prices, with retries and breakers on
+// the fleet's time scale (see routerTiming). With clock set, the router
+// runs on it and every duration is simulated time; its reports are turned
+// back to wall-clock time for the tables.
+func relayConfig(e *env, clock *simClock) relay.Config {
+	retry, breaker, stream := routerTiming(clock != nil)
+	cfg := relay.Config{Base: e.base, OnReport: e.onReport, Prices: e.prices,
+		Retry: retry, Breaker: breaker, Stream: stream}
+	if clock != nil {
+		cfg.Clock = clock
+		cfg.OnReport = func(r relay.Report) {
+			r.Latency, r.TTFT = scaled(r.Latency), scaled(r.TTFT)
+			e.onReport(r)
+		}
+	}
+	return cfg
+}
+
 // relayed sends through one Router over every region and model path, with
 // retries, ordering the upstreams of a model by the mode's strategy.
 func relayed(rm relayMode) func(e *env) (*sender, error) {
 	return func(e *env) (*sender, error) {
-		var p relay.Policy
+		cfg := relayConfig(e, nil)
+		cfg.Upstreams, cfg.Strategy, cfg.LoadFactor = e.all, rm.strategy, e.loadFactor
 		if rm.policy != nil {
-			p = rm.policy(e)
+			cfg.Policy = rm.policy(e)
 		}
-		r, err := relay.New(relay.Config{
-			Upstreams:  e.all,
-			Policy:     p,
-			Strategy:   rm.strategy,
-			LoadFactor: e.loadFactor,
-			Base:       e.base,
-			OnReport:   e.onReport,
-			Prices:     e.prices,
-			Retry:      retry,
-			Hedge:      rm.hedge,
-			Stream:     rm.stream,
-			// Busy: a recent p99 over 5 s of simulated time. The breaker's
-			// cooldown is on the fleet's clock too: the default 30 s would
-			// be 25 minutes of simulated time, longer than the whole run.
-			Breaker: relay.BreakerConfig{BusyP99: scaled(5 * time.Second), Cooldown: scaled(30 * time.Second)},
-		})
+		cfg.Hedge, cfg.Stream = rm.hedge, rm.stream
+		r, err := relay.New(cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -473,109 +476,178 @@ func relayed(rm relayMode) func(e *env) (*sender, error) {
 	}
 }
 
-func runMode(o options, m mode, w *workload, stderr io.Writer) (result, relaytest.SimConfig, error) {
-	e := &env{fast: o.fast, cheap: o.cheap, loadFactor: o.loadFactor}
-	var fleet *relaytest.SimFleet
+// rig is one run of a mode: the fleet (nil against a real endpoint), the
+// env its sender is built over, and the reports it collects.
+type rig struct {
+	e       *env
+	fleet   *relaytest.SimFleet
+	base    *http.Transport
+	mu      sync.Mutex
+	reports []relay.Report
+}
+
+// newRig starts a fleet for o (unless o names a real endpoint) and the
+// transport and report hook of one run of w.
+func newRig(o options, w *workload) *rig {
+	g := &rig{e: &env{w: w, fast: o.fast, cheap: o.cheap, loadFactor: o.loadFactor}}
+	e := g.e
 	if o.baseURL == "" {
-		fleet = relaytest.NewSimFleet(relaytest.SimConfig{
+		g.fleet = relaytest.NewSimFleet(relaytest.SimConfig{
 			TimeScale:   timeScale,
 			ClusterMin:  o.windowMin,
 			ClusterMax:  o.windowMax,
 			CacheBlocks: o.cacheBlocks,
 		})
-		defer fleet.Close()
-		e.fleet = fleet
+		e.fleet = g.fleet
 		e.prices = simPrices()
-		up, _ := fleet.Upstream("us-east", flagship)
+		up, _ := g.fleet.Upstream("us-east", flagship)
 		e.direct = relay.Upstream{Name: up.Name, BaseURL: up.URL, Models: []string{flagship}}
-		for _, u := range fleet.Upstreams() {
+		for _, u := range g.fleet.Upstreams() {
 			e.all = append(e.all, relay.Upstream{Name: u.Name, BaseURL: u.URL, Models: []string{u.Model}})
 		}
 		if o.scenario.stalls != (relaytest.SimStalls{}) {
 			st := o.scenario.stalls
 			st.Seed = o.seed
-			fleet.SetStalls(st)
+			g.fleet.SetStalls(st)
 		}
 	} else {
 		e.direct = relay.Upstream{Name: "remote", BaseURL: strings.TrimSuffix(o.baseURL, "/"), APIKey: o.apiKey}
 		e.all = []relay.Upstream{e.direct}
 	}
-	base := &http.Transport{
+	g.base = &http.Transport{
 		MaxIdleConns:        0,
 		MaxIdleConnsPerHost: 2*o.concurrency + 8,
 		IdleConnTimeout:     30 * time.Second,
 	}
-	defer base.CloseIdleConnections()
-
-	var mu sync.Mutex
-	var reports []relay.Report
-	e.base = base
+	e.base = g.base
 	e.onReport = func(r relay.Report) {
-		mu.Lock()
-		reports = append(reports, r)
-		mu.Unlock()
+		g.mu.Lock()
+		g.reports = append(g.reports, r)
+		g.mu.Unlock()
 	}
-	snd, err := m.newSender(e)
+	return g
+}
+
+// close closes the transport's idle connections, then the fleet.
+func (g *rig) close() {
+	g.base.CloseIdleConnections()
+	if g.fleet != nil {
+		g.fleet.Close()
+	}
+}
+
+// result summarizes the run's reports as m's row; total is the number of
+// requests sent.
+func (g *rig) result(m mode, o options, wall time.Duration, conc, total int) (result, relaytest.SimConfig, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.reports) != total {
+		return result{}, relaytest.SimConfig{}, fmt.Errorf("%d reports for %d requests", len(g.reports), total)
+	}
+	if g.fleet == nil {
+		return summarize(m, o, g.reports, wall, conc, nil, relaytest.SimStats{}), relaytest.SimConfig{}, nil
+	}
+	return summarize(m, o, g.reports, wall, conc, g.e.prices, g.fleet.Stats()), g.fleet.Config(), nil
+}
+
+// traffic is what a run sends: sessions, by conc workers with users
+// sessions open at once, each request at its offset when timed, and the
+// faults to apply by share of requests sent.
+type traffic struct {
+	sessions    [][]request
+	conc, users int
+	timed       bool
+	faults      []fault
+}
+
+// modeTraffic is the traffic of mode m: the workload (the floor: a sample,
+// one request at a time), with the scenario's faults in the relay modes
+// against the simulated fleet.
+func modeTraffic(o options, m mode, w *workload, fleet *relaytest.SimFleet) traffic {
+	t := traffic{sessions: w.sessions, conc: o.concurrency, users: w.users, timed: w.timed, faults: o.scenario.faults}
+	if m.floor {
+		t.sessions = w.sample(o.floorSample)
+		t.conc, t.users, t.timed = 1, 1, false
+	}
+	if m.floor || fleet == nil {
+		t.faults = nil
+	}
+	if t.users <= 0 {
+		t.users = len(t.sessions)
+	}
+	return t
+}
+
+func (t traffic) total() int {
+	n := 0
+	for _, s := range t.sessions {
+		n += len(s)
+	}
+	return n
+}
+
+func runMode(o options, m mode, w *workload, stderr io.Writer) (result, relaytest.SimConfig, error) {
+	if m.run != nil {
+		return m.run(o, m, w, stderr)
+	}
+	g := newRig(o, w)
+	defer g.close()
+	snd, err := m.newSender(g.e)
 	if err != nil {
 		return result{}, relaytest.SimConfig{}, err
 	}
 	defer snd.close()
+	t := modeTraffic(o, m, w, g.fleet)
+	var done atomic.Int64
+	stop := progress(stderr, o.tty, m.name, t.total(), &done)
+	wall := drive(t, snd, g.fleet, &done)
+	stop()
+	res, cfg, err := g.result(m, o, wall, t.conc, t.total())
+	if err == nil && snd.finish != nil {
+		snd.finish(&res)
+	}
+	return res, cfg, err
+}
 
-	sessions := w.sessions
-	conc, users := o.concurrency, w.users
-	if m.floor {
-		sessions = w.sample(o.floorSample)
-		conc, users = 1, 1
-	}
-	if users <= 0 {
-		users = len(sessions)
-	}
-	total := 0
-	for _, s := range sessions {
-		total += len(s)
-	}
-	faults := o.scenario.faults
-	if m.floor || fleet == nil {
-		faults = nil
-	}
-
-	// The open sessions wait in ready; a worker takes the one at the front,
-	// sends its next request, and puts it back at the end (or, when it is
-	// over, opens the next session). The last request closes ready.
+// drive sends t through snd and returns the wall-clock time from the first
+// request to the last answer; done counts the requests answered.
+//
+// The open sessions wait in ready; a worker takes the one at the front,
+// sends its next request, and puts it back at the end (or, when it is
+// over, opens the next session). The last request closes ready.
+func drive(t traffic, snd *sender, fleet *relaytest.SimFleet, done *atomic.Int64) time.Duration {
 	type open struct {
 		reqs []request
 		next int
 	}
+	sessions, total := t.sessions, t.total()
 	ready := make(chan *open, len(sessions))
 	var qmu sync.Mutex
 	opened, remaining := 0, total
-	for ; opened < min(users, len(sessions)); opened++ {
+	for ; opened < min(t.users, len(sessions)); opened++ {
 		ready <- &open{reqs: sessions[opened]}
 	}
 	if total == 0 {
 		close(ready)
 	}
-	var sent, done atomic.Int64
+	var sent atomic.Int64
 	nextFault := 0
-	stopProgress := progress(stderr, o.tty, m.name, total, &done)
 	start := time.Now()
 	var wg sync.WaitGroup
-	for range conc {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	for range t.conc {
+		wg.Go(func() {
 			for s := range ready {
 				q := &s.reqs[s.next]
 				i := int(sent.Add(1)) - 1
-				if w.timed && !m.floor {
+				if t.timed {
 					// Recorded traffic: wait for the request's time.
 					if d := time.Until(start.Add(q.at)); d > 0 {
 						time.Sleep(d)
 					}
 				}
 				qmu.Lock()
-				for nextFault < len(faults) && float64(i) >= faults[nextFault].at*float64(total) {
-					faults[nextFault].apply(fleet)
+				for nextFault < len(t.faults) && float64(i) >= t.faults[nextFault].at*float64(total) {
+					t.faults[nextFault].apply(fleet)
 					nextFault++
 				}
 				qmu.Unlock()
@@ -597,21 +669,10 @@ func runMode(o options, m mode, w *workload, stderr io.Writer) (result, relaytes
 				}
 				qmu.Unlock()
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	wall := time.Since(start)
-	stopProgress()
-
-	mu.Lock()
-	defer mu.Unlock()
-	if len(reports) != total {
-		return result{}, relaytest.SimConfig{}, fmt.Errorf("%d reports for %d requests", len(reports), total)
-	}
-	if fleet == nil {
-		return summarize(m, o, reports, wall, conc, nil, relaytest.SimStats{}), relaytest.SimConfig{}, nil
-	}
-	return summarize(m, o, reports, wall, conc, e.prices, fleet.Stats()), fleet.Config(), nil
+	return time.Since(start)
 }
 
 // send makes one request through rt and reads the answer to its end.
