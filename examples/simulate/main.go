@@ -101,6 +101,8 @@ type mode struct {
 	about string
 	// floor sends a sample of the workload one request at a time.
 	floor bool
+	// simOnly: the mode needs the simulated fleet (not -base-url).
+	simOnly bool
 	// newSender builds the mode's client side over a running fleet.
 	newSender func(e *env) (*sender, error)
 	// run, when set, runs the mode instead, for traffic of its own shape
@@ -123,6 +125,8 @@ var modes = []mode{
 		newSender: relayed(relayMode{strategy: relay.StrategyAffinity, policy: clusterPolicy(false)})},
 	{name: "cluster-busy", about: "cluster-aware, WhenBusy: the window moves only while " + flagship + " is busy",
 		newSender: relayed(relayMode{strategy: relay.StrategyAffinity, policy: clusterPolicy(true)})},
+	{name: "budget", about: fmt.Sprintf("cluster-aware (CheapWhenSpent %g) under a relay.Budget on all traffic, Downgrade → %s, on the simulated clock", cheapWhenSpent, cheap),
+		simOnly: true, newSender: budgeted},
 	// P95 because one fixed delay cannot suit three model paths of
 	// different speeds; the 3 s floor keeps the 5% budget for the calls
 	// that are slow for no reason of their own (stalls) instead of spending
@@ -313,6 +317,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		if i < 0 {
 			return bad("unknown mode %q (modes: %s)", name, strings.Join(modeNames(), ", "))
 		}
+		if modes[i].simOnly && o.baseURL != "" {
+			return bad("mode %s runs on the simulated fleet only, not with -base-url", name)
+		}
 		if !seen[name] {
 			seen[name] = true
 			o.modes = append(o.modes, modes[i])
@@ -404,9 +411,10 @@ type env struct {
 type sender struct {
 	do    func(ctx context.Context, q *request) error
 	close func()
-	// finish, when set, adds what the mode measured beyond the reports to
-	// its row, once every request is done.
-	finish func(res *result)
+	// finish, when set, adds what the mode measured beyond the table's
+	// columns to its row, once every request is done; reports are the
+	// run's, in the order they came.
+	finish func(res *result, reports []relay.Report)
 }
 
 // routed sends through r.
@@ -536,18 +544,25 @@ func (g *rig) close() {
 	}
 }
 
-// result summarizes the run's reports as m's row; total is the number of
-// requests sent.
-func (g *rig) result(m mode, o options, wall time.Duration, conc, total int) (result, relaytest.SimConfig, error) {
+// result summarizes the run's reports as m's row, with what snd adds;
+// total is the number of requests sent.
+func (g *rig) result(m mode, o options, snd *sender, wall time.Duration, conc, total int) (result, relaytest.SimConfig, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if len(g.reports) != total {
 		return result{}, relaytest.SimConfig{}, fmt.Errorf("%d reports for %d requests", len(g.reports), total)
 	}
+	var res result
+	var cfg relaytest.SimConfig
 	if g.fleet == nil {
-		return summarize(m, o, g.reports, wall, conc, nil, relaytest.SimStats{}), relaytest.SimConfig{}, nil
+		res = summarize(m, o, g.reports, wall, conc, nil, relaytest.SimStats{})
+	} else {
+		res, cfg = summarize(m, o, g.reports, wall, conc, g.e.prices, g.fleet.Stats()), g.fleet.Config()
 	}
-	return summarize(m, o, g.reports, wall, conc, g.e.prices, g.fleet.Stats()), g.fleet.Config(), nil
+	if snd.finish != nil {
+		snd.finish(&res, g.reports)
+	}
+	return res, cfg, nil
 }
 
 // traffic is what a run sends: sessions, by conc workers with users
@@ -602,11 +617,7 @@ func runMode(o options, m mode, w *workload, stderr io.Writer) (result, relaytes
 	stop := progress(stderr, o.tty, m.name, t.total(), &done)
 	wall := drive(t, snd, g.fleet, &done)
 	stop()
-	res, cfg, err := g.result(m, o, wall, t.conc, t.total())
-	if err == nil && snd.finish != nil {
-		snd.finish(&res)
-	}
-	return res, cfg, err
+	return g.result(m, o, snd, wall, t.conc, t.total())
 }
 
 // drive sends t through snd and returns the wall-clock time from the first

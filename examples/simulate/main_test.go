@@ -48,6 +48,7 @@ func TestFlagsRejected(t *testing.T) {
 		{[]string{"-load-factor", "0.5"}, "-load-factor must be at least 1"},
 		{[]string{"-cache-blocks", "0"}, "-cache-blocks must be positive"},
 		{[]string{"-replay", sampleFile, "-base-url", "http://x.invalid/v1", "-scenario", "stalls"}, "do not apply to -base-url"},
+		{[]string{"-replay", sampleFile, "-base-url", "http://x.invalid/v1", "-modes", "direct,budget"}, "mode budget runs on the simulated fleet only"},
 		{[]string{"-nope"}, "flag provided but not defined"},
 		{[]string{"extra"}, "unexpected arguments"},
 	} {
