@@ -127,6 +127,8 @@ var modes = []mode{
 		newSender: relayed(relayMode{strategy: relay.StrategyAffinity, policy: clusterPolicy(true)})},
 	{name: "budget", about: fmt.Sprintf("cluster-aware (CheapWhenSpent %g) under a relay.Budget on all traffic, Downgrade → %s, on the simulated clock", cheapWhenSpent, cheap),
 		simOnly: true, newSender: budgeted},
+	{name: "priority", about: fmt.Sprintf("the workload's first %d requests to one upstream (us-east %s) under an RPM limit on the simulated clock: a batch flood plus an interactive trickle, with X-Relay-Priority (the priority table compares a run without)", priorityRequests, fast),
+		simOnly: true, run: runPriority},
 	// P95 because one fixed delay cannot suit three model paths of
 	// different speeds; the 3 s floor keeps the 5% budget for the calls
 	// that are slow for no reason of their own (stalls) instead of spending
@@ -698,6 +700,9 @@ func send(ctx context.Context, rt *relay.Router, q *request) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if q.priority != "" {
+		req.Header.Set(relay.HeaderPriority, q.priority)
+	}
 	resp, err := rt.RoundTrip(req)
 	if err != nil {
 		return err

@@ -54,7 +54,8 @@ type result struct {
 	QueueFull       int                `json:"queue_full"`
 	Slowed          int                `json:"slowed"`
 	Hung            int                `json:"hung"`
-	Budget          *budgetResult      `json:"budget,omitempty"` // the budget mode's
+	Budget          *budgetResult      `json:"budget,omitempty"`   // the budget mode's
+	Priority        *priorityResult    `json:"priority,omitempty"` // the priority mode's
 }
 
 func summarize(m mode, o options, reports []relay.Report, wall time.Duration, conc int, prices map[string]relay.Price, st relaytest.SimStats) result {
@@ -242,6 +243,7 @@ func printTables(out io.Writer, o options, results []result) {
 	tw.Flush()
 	fmt.Fprint(out, legend)
 	printSpend(out, results)
+	printPriority(out, results)
 	if o.replay == "" {
 		printTargets(out, o, results)
 	}

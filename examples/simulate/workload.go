@@ -23,6 +23,7 @@ type request struct {
 	stream   bool
 	kind     string
 	at       time.Duration // send offset from the start (timed replays)
+	priority string        // X-Relay-Priority header value; "": none
 }
 
 // workload is the request list, the same in every mode: seeded, or read
