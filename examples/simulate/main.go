@@ -13,7 +13,16 @@
 // queueing and caching in that model, not what any provider measures.
 //
 // -workload picks the traffic (batch, chat, agent; workload.go), -scenario
-// the trouble it meets (outage, none, stalls; scenario.go). With -replay
+// the trouble it meets (outage, none, stalls; scenario.go). The budget mode
+// (budget.go) runs cluster-aware routing under a relay.Budget the workload
+// outspends; the priority mode (priority.go) a batch flood and an
+// interactive trickle under one upstream's RPM limit, without and with
+// X-Relay-Priority. -replicas N (replicas.go) then compares N routers over
+// upstreams that enforce RPM and TPM limits (gate.go), with per-process
+// state and with the limits shared on Redis (an embedded server unless
+// -redis names one). These runs keep their routers on a simulated clock
+// (clock.go), so limits per minute and budget windows are simulated time.
+// With -replay
 // FILE it replays a JSONL file of recorded requests instead (see
 // replay.go), against the simulated fleet or, with -base-url, against a
 // real OpenAI-compatible endpoint.
@@ -22,6 +31,9 @@
 //	go run ./examples/simulate -workload chat
 //	go run ./examples/simulate -scenario stalls -modes cluster-aware,hedged
 //	go run ./examples/simulate -requests 500 -concurrency 16 -modes direct,cluster-aware -json
+//	go run ./examples/simulate -modes cluster-aware,budget,priority
+//	go run ./examples/simulate -modes direct -replicas 4
+//	go run ./examples/simulate -modes direct -replicas 4 -redis 127.0.0.1:6379
 //	go run ./examples/simulate -replay examples/simulate/testdata/sample.jsonl -speed 2
 //	OPENAI_API_KEY=... go run ./examples/simulate -replay my.jsonl -base-url https://api.openai.com/v1
 package main
@@ -193,6 +205,10 @@ type options struct {
 	speed       float64 // divides recorded times
 	requestsSet bool    // -requests was given (it then caps a replay)
 	fast, cheap string  // ClusterPolicy models
+
+	// The replicas comparison (replicas.go).
+	replicas int    // routers sharing the fleet; 0: no comparison
+	redis    string // Redis address of the shared state; "": an embedded server
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -218,9 +234,15 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.Float64Var(&o.speed, "speed", 1, "with -replay: replay the recorded timestamps this many times faster")
 	fs.StringVar(&o.fast, "fast", fast, "the cluster-aware modes' fast model (ClusterPolicy.Fast)")
 	fs.StringVar(&o.cheap, "cheap", cheap, "the cluster-aware modes' cheap model (ClusterPolicy.Cheap)")
+	fs.IntVar(&o.replicas, "replicas", 0, "after the modes, compare `N` routers (one per simulated replica) over upstreams that enforce RPM/TPM limits:\nper-process state, then limits shared on Redis (0: no comparison)")
+	fs.StringVar(&o.redis, "redis", "", "with -replicas: the Redis server (`host:port`) of the shared state (default: an embedded, in-process server)")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: simulate [flags]\n\nRuns a seeded workload against a simulated fleet (relaytest.SimFleet) in several modes\nand prints a table (or, with -json, one JSON array) of latency, throughput, cost and cache hits.\n\n")
+		fmt.Fprint(stderr, usageHead)
 		fs.PrintDefaults()
+		fmt.Fprintf(stderr, "\nmodes (-modes):\n")
+		for _, m := range modes {
+			fmt.Fprintf(stderr, "  %-14s %s\n", m.name, m.about)
+		}
 		fmt.Fprintf(stderr, "\nworkloads (-workload):\n")
 		for _, g := range workloads {
 			fmt.Fprintf(stderr, "  %-7s %s\n", g.name, g.about)
@@ -272,6 +294,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if o.loadFactor != 0 && !(o.loadFactor >= 1 && !math.IsInf(o.loadFactor, 0)) {
 		return bad("-load-factor must be at least 1, got %g", o.loadFactor)
 	}
+	if o.replicas < 0 {
+		return bad("-replicas must not be negative, got %d", o.replicas)
+	}
+	if o.redis != "" && o.replicas == 0 {
+		return bad("-redis needs -replicas: only the replicas comparison shares state")
+	}
 	if o.cacheBlocks <= 0 {
 		return bad("-cache-blocks must be positive, got %d", o.cacheBlocks)
 	}
@@ -284,6 +312,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		}
 		if u, err := url.Parse(o.baseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return bad("-base-url must be an http or https URL, got %q", o.baseURL)
+		}
+		if o.replicas > 0 {
+			return bad("-replicas runs on the simulated fleet only, not with -base-url")
 		}
 		if set["scenario"] || set["cache-blocks"] {
 			return bad("-scenario and -cache-blocks shape the simulated fleet; they do not apply to -base-url")
@@ -329,6 +360,20 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	return o, nil
 }
+
+// usageHead opens the usage text: what the command simulates.
+const usageHead = `usage: simulate [flags]
+
+Runs a seeded workload against a simulated fleet (relaytest.SimFleet: OpenAI-compatible
+servers on loopback with simulated queues, caches and service times, 1 simulated second =
+20 ms; no key, no network) in several modes and prints tables (or, with -json, one JSON
+array) of latency, throughput, cost and cache hits. The budget and priority modes and the
+-replicas comparison run their routers on a simulated clock, so their rate limits and budget
+windows count simulated minutes; in the -replicas comparison the fleet's upstreams enforce
+RPM/TPM limits as a provider would, and the shared state runs on an embedded Redis unless
+-redis names one.
+
+`
 
 // isTerminal reports whether w is a terminal (a character device).
 func isTerminal(w io.Writer) bool {
@@ -379,6 +424,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 			res.Workload = "replay"
 		}
 		results = append(results, res)
+	}
+	if o.replicas > 0 {
+		rows, err := runReplicas(o, w, stderr)
+		if err != nil {
+			fmt.Fprintf(stderr, "simulate: replicas: %v\n", err)
+			return 1
+		}
+		for i := range rows {
+			rows[i].Workload, rows[i].Scenario = results[0].Workload, o.scenario.name
+		}
+		results = append(results, rows...)
 	}
 	if o.json {
 		enc := json.NewEncoder(stdout)
@@ -452,14 +508,15 @@ type relayMode struct {
 // relayConfig is the configuration every relay mode starts from: the
 // run's transport, report hook and prices, with retries and breakers on
 // the fleet's time scale (see routerTiming). With clock set, the router
-// runs on it and every duration is simulated time; its reports are turned
-// back to wall-clock time for the tables.
+// runs on it and every duration is simulated time: the fleet's retry hints
+// are turned to simulated time for it (simHints), and its reports back to
+// wall-clock time for the tables.
 func relayConfig(e *env, clock *simClock) relay.Config {
 	retry, breaker, stream := routerTiming(clock != nil)
 	cfg := relay.Config{Base: e.base, OnReport: e.onReport, Prices: e.prices,
 		Retry: retry, Breaker: breaker, Stream: stream}
 	if clock != nil {
-		cfg.Clock = clock
+		cfg.Clock, cfg.Base = clock, simHints{e.base}
 		cfg.OnReport = func(r relay.Report) {
 			r.Latency, r.TTFT = scaled(r.Latency), scaled(r.TTFT)
 			e.onReport(r)

@@ -49,6 +49,9 @@ func TestFlagsRejected(t *testing.T) {
 		{[]string{"-cache-blocks", "0"}, "-cache-blocks must be positive"},
 		{[]string{"-replay", sampleFile, "-base-url", "http://x.invalid/v1", "-scenario", "stalls"}, "do not apply to -base-url"},
 		{[]string{"-replay", sampleFile, "-base-url", "http://x.invalid/v1", "-modes", "direct,budget"}, "mode budget runs on the simulated fleet only"},
+		{[]string{"-replicas", "-1"}, "-replicas must not be negative"},
+		{[]string{"-redis", "127.0.0.1:6379"}, "-redis needs -replicas"},
+		{[]string{"-replay", sampleFile, "-base-url", "http://x.invalid/v1", "-replicas", "2"}, "-replicas runs on the simulated fleet only"},
 		{[]string{"-nope"}, "flag provided but not defined"},
 		{[]string{"extra"}, "unexpected arguments"},
 	} {
@@ -66,6 +69,8 @@ func TestFlagsRejected(t *testing.T) {
 	assert.Contains(t, errb.String(), "one JSON array")
 	assert.Contains(t, errb.String(), "  chat    conversations of 3–30 turns")
 	assert.Contains(t, errb.String(), "  stalls  in every mode, 1.5% of calls")
+	assert.Contains(t, errb.String(), "-replicas N")
+	assert.Contains(t, errb.String(), "-redis host:port")
 }
 
 // decide returns the router's view of a request body.

@@ -56,6 +56,7 @@ type result struct {
 	Hung            int                `json:"hung"`
 	Budget          *budgetResult      `json:"budget,omitempty"`   // the budget mode's
 	Priority        *priorityResult    `json:"priority,omitempty"` // the priority mode's
+	Replicas        *replicasResult    `json:"replicas,omitempty"` // a row of the replicas comparison
 }
 
 func summarize(m mode, o options, reports []relay.Report, wall time.Duration, conc int, prices map[string]relay.Price, st relaytest.SimStats) result {
@@ -210,7 +211,9 @@ func printFleet(out io.Writer, o options, cfg relaytest.SimConfig, w *workload) 
 	fmt.Fprintf(out, "Latencies are wall-clock ms (×%g for simulated).\n\n", 1/timeScale)
 }
 
-func printTables(out io.Writer, o options, results []result) {
+func printTables(out io.Writer, o options, all []result) {
+	results := slices.DeleteFunc(slices.Clone(all), func(r result) bool { return r.Replicas != nil })
+	defer printReplicas(out, all)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "mode\tmodel paths\tp50 ms\tp99 ms\treq/s\tsuccess %\t$/1k req\tinput $/1k\t$/1M out\tcache-hit %\thedges %\t")
 	for _, r := range results {
