@@ -21,8 +21,11 @@ import (
 // requests. The flood is those but every interactiveEvery-th, sent by the
 // -concurrency workers: more than the limit lets through, so the router's
 // queue for the upstream's tokens stays long. The trickle is the others,
-// sent on their own, evenly spaced over the time the flood takes. The mode
-// runs twice on a fresh fleet: without priorities (the queue is first
+// sent on their own, evenly spaced over the time the flood takes. Before
+// either starts, small warm-up calls (not counted) spend the upstream's
+// first minute of quota, so the flood meets the limit from its first
+// request, as a job does that starts while others use the upstream. The
+// mode runs twice on a fresh fleet: without priorities (the queue is first
 // come, first served), then with X-Relay-Priority: batch on the flood,
 // interactive on the trickle. Limits.MaxWait is long enough that no
 // request is shed.
@@ -36,13 +39,11 @@ const interactiveEvery = 20
 // must stay well under what the upstream serves.
 const priorityRequests = 400
 
-// priorityRPM is the upstream's RPM limit for n requests: a third of them,
-// so the bucket's first minute of quota (it starts full) takes a third of
-// the flood within seconds of simulated time, and the limit lets the rest
-// through over about two simulated minutes; at most 2 requests per
-// simulated second at n = priorityRequests, a fifth of what the upstream's
-// four shards serve.
-func priorityRPM(n int) int { return max(n/3, 3) }
+// priorityRPM is the upstream's RPM limit for n requests: twice n, at most
+// 400 (under 7 requests per simulated second, about half of what the
+// upstream's four shards serve), so that the limit lets the flood through
+// in half a simulated minute to a minute, whatever n.
+func priorityRPM(n int) int { return min(max(2*n, 3), 400) }
 
 // priorityResult is what the priority mode's row adds: the limit, the
 // traffic, and each run's waits by class.
@@ -150,9 +151,9 @@ func runPriority(o options, m mode, w *workload, stderr io.Writer) (result, rela
 	var pt priorityTraffic
 	pt.flood, pt.trickle = splitPriority(w.reqs[:min(len(w.reqs), priorityRequests)])
 	pt.rpm = priorityRPM(len(pt.flood) + len(pt.trickle))
-	// Once the first minute's burst is spent, the flood drains at rpm a
-	// minute: the trickle is spread over that time.
-	drain := time.Duration(float64(max(len(pt.flood)-pt.rpm, pt.rpm)) / float64(pt.rpm) * float64(time.Minute))
+	// The flood drains at rpm a minute: the trickle is spread over that
+	// time.
+	drain := time.Duration(float64(len(pt.flood)) / float64(pt.rpm) * float64(time.Minute))
 	pt.gap = drain / time.Duration(max(len(pt.trickle), 1))
 	pr := &priorityResult{Upstream: "us-east/" + fast, RPM: pt.rpm, Interactive: len(pt.trickle), Batch: len(pt.flood),
 		Workers: o.concurrency, GapMs: ms(scaled(pt.gap))}
@@ -170,28 +171,66 @@ func runPriority(o options, m mode, w *workload, stderr io.Writer) (result, rela
 	return res, cfg, nil
 }
 
-// priorityOnce is one run of the priority mode on a fresh fleet. The
-// trickle starts once the upstream's first minute of quota is spent and a
-// request had to wait for tokens (or once the flood is over, if none did).
+// warmUpKey marks the context of a warm-up call.
+type warmUpKey struct{}
+
+func isWarmUp(ctx context.Context) bool { return ctx != nil && ctx.Value(warmUpKey{}) != nil }
+
+// priorityRouter is the priority mode's router over the rig's fleet: one
+// upstream held to rpm, every request routed to it, waits logged in the
+// requests' contexts (onWait), warm-up calls left out of the reports; spent
+// is set once a warm-up call had to wait: the quota is spent.
+func priorityRouter(g *rig, rpm int, spent *atomic.Bool) (*relay.Router, error) {
+	cfg := relayConfig(g.e, newSimClock())
+	up, _ := g.fleet.Upstream("us-east", fast)
+	cfg.Upstreams = []relay.Upstream{{Name: up.Name, BaseURL: up.URL, Models: []string{fast}, RPM: rpm}}
+	cfg.Policy = relay.PolicyFunc(func(relay.Request) relay.Route { return relay.Route{Model: fast} })
+	cfg.Limits.MaxWait = callerDeadline / 2
+	report := cfg.OnReport
+	cfg.OnReport = func(r relay.Report) {
+		if !isWarmUp(r.Context) {
+			report(r)
+		}
+	}
+	cfg.Hooks.OnWait = func(ev relay.WaitEvent) {
+		if isWarmUp(ev.Context) {
+			spent.Store(true)
+			return
+		}
+		onWait(ev)
+	}
+	return relay.New(cfg)
+}
+
+// warmUp sends calls asking for one token through r, conc at a time, until
+// one had to wait (spent), or 3·rpm were sent.
+func warmUp(r *relay.Router, rpm, conc int, spent *atomic.Bool) {
+	q := &request{body: fmt.Sprintf(`{"model":%q,"max_tokens":1,"messages":[{"role":"user","content":"warm-up"}]}`, fast)}
+	var sent atomic.Int64
+	var wg sync.WaitGroup
+	for range conc {
+		wg.Go(func() {
+			for !spent.Load() && sent.Add(1) <= int64(3*rpm) {
+				ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), warmUpKey{}, true), scaled(callerDeadline))
+				_ = send(ctx, r, q)
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// priorityOnce is one run of the priority mode on a fresh fleet.
 func priorityOnce(o options, m mode, w *workload, pt priorityTraffic, prioritized bool, stderr io.Writer) (priorityRun, result, relaytest.SimConfig, error) {
 	g := newRig(o, w)
 	defer g.close()
-	cfg := relayConfig(g.e, newSimClock())
-	up, _ := g.fleet.Upstream("us-east", fast)
-	cfg.Upstreams = []relay.Upstream{{Name: up.Name, BaseURL: up.URL, Models: []string{fast}, RPM: pt.rpm}}
-	cfg.Policy = relay.PolicyFunc(func(relay.Request) relay.Route { return relay.Route{Model: fast} })
-	cfg.Limits.MaxWait = callerDeadline / 2
-	queued, floodDone := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	cfg.Hooks.OnWait = func(ev relay.WaitEvent) {
-		onWait(ev)
-		once.Do(func() { close(queued) })
-	}
-	r, err := relay.New(cfg)
+	var spent atomic.Bool
+	r, err := priorityRouter(g, pt.rpm, &spent)
 	if err != nil {
 		return priorityRun{}, result{}, relaytest.SimConfig{}, err
 	}
 	defer r.CloseIdleConnections()
+	warmUp(r, pt.rpm, o.concurrency, &spent)
 	var batch, inter classLog
 	batchPrio, interPrio, name := "", "", m.name+"/fifo"
 	if prioritized {
@@ -203,15 +242,8 @@ func priorityOnce(o options, m mode, w *workload, pt priorityTraffic, prioritize
 	stop := progress(stderr, o.tty, name, total, &done)
 	start := time.Now()
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		select {
-		case <-queued:
-		case <-floodDone:
-		}
-		sendEvery(pt.trickle, scaled(pt.gap), classSender(r, interPrio, &inter), &done)
-	})
+	wg.Go(func() { sendEvery(pt.trickle, scaled(pt.gap), classSender(r, interPrio, &inter), &done) })
 	drive(t, classSender(r, batchPrio, &batch), g.fleet, &done)
-	close(floodDone)
 	wg.Wait()
 	wall := time.Since(start)
 	stop()
@@ -248,7 +280,7 @@ func printPriority(out io.Writer, results []result) {
 	p := results[i].Priority
 	fmt.Fprintf(out, "\nPriority: every request to one upstream (%s), held to RPM %d per simulated minute by the router;\n"+
 		"the workload's first %d requests: a flood of %d batch requests from %d workers, and a trickle of the %d others\n"+
-		"(every %d-th, interactive), one every %.1f s of simulated time (%.0f ms) once the requests queue:\n",
+		"(every %d-th, interactive), one every %.1f s of simulated time (%.0f ms); warm-up calls spent the first minute's quota:\n",
 		p.Upstream, p.RPM, p.Batch+p.Interactive, p.Batch, p.Workers, p.Interactive, interactiveEvery, p.GapMs/1000/timeScale, p.GapMs)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "priorities\tclass\trequests\twait p50 ms\twait p99 ms\tp50 ms\tp99 ms\tlost")

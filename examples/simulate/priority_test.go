@@ -47,7 +47,8 @@ func TestSplitPriority(t *testing.T) {
 	assert.Equal(t, w.reqs[20], flood[19][0])
 	trickle[0] = append(trickle[0], request{})
 	assert.Equal(t, w.reqs[20], flood[19][0], "sessions do not share room")
-	assert.Equal(t, 133, priorityRPM(priorityRequests))
+	assert.Equal(t, 400, priorityRPM(priorityRequests))
+	assert.Equal(t, 160, priorityRPM(80))
 	assert.Equal(t, 3, priorityRPM(1))
 }
 
