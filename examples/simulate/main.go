@@ -205,25 +205,54 @@ type options struct {
 	speed       float64 // divides recorded times
 	requestsSet bool    // -requests was given (it then caps a replay)
 	fast, cheap string  // ClusterPolicy models
+	plot        string  // directory to write SVG charts into; "": none
 
 	// The replicas comparison (replicas.go).
 	replicas int    // routers sharing the fleet; 0: no comparison
 	redis    string // Redis address of the shared state; "": an embedded server
 }
 
+// flagText are the flags parsed into options only once checked.
+type flagText struct {
+	window, modeList, scenario string
+	seed                       int64
+	set                        map[string]bool // the flags given
+}
+
 func parseFlags(args []string, stderr io.Writer) (options, error) {
+	var o options
+	var raw flagText
+	fs := defineFlags(&o, &raw, stderr)
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	raw.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { raw.set[f.Name] = true })
+	err := o.check(raw, fs.Args())
+	if err == nil {
+		err = o.checkRemote(&raw)
+	}
+	if err == nil {
+		err = o.pick(raw)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "simulate: %v\n", err)
+		fs.Usage()
+	}
+	return o, err
+}
+
+// defineFlags defines the command's flags, into o and raw.
+func defineFlags(o *options, raw *flagText, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var o options
-	var window, modeList, scenarioName string
-	var seed int64
 	fs.IntVar(&o.requests, "requests", 1200, "requests per mode")
 	fs.IntVar(&o.concurrency, "concurrency", 24, "requests in flight at once (the floor mode sends one at a time)")
-	fs.Int64Var(&seed, "seed", 1, "workload seed")
+	fs.Int64Var(&raw.seed, "seed", 1, "workload seed")
 	fs.StringVar(&o.workload, "workload", "batch", "the generated traffic: "+strings.Join(workloadNames(), ", "))
-	fs.StringVar(&scenarioName, "scenario", "outage", "the fleet's trouble: "+strings.Join(scenarioNames(), ", "))
-	fs.StringVar(&window, "window", "150-220", "the fleet's clustered prompt-token window, MIN-MAX")
-	fs.StringVar(&modeList, "modes", strings.Join(modeNames(), ","), "comma-separated modes: "+strings.Join(modeNames(), ", "))
+	fs.StringVar(&raw.scenario, "scenario", "outage", "the fleet's trouble: "+strings.Join(scenarioNames(), ", "))
+	fs.StringVar(&raw.window, "window", "150-220", "the fleet's clustered prompt-token window, MIN-MAX")
+	fs.StringVar(&raw.modeList, "modes", strings.Join(modeNames(), ","), "comma-separated modes: "+strings.Join(modeNames(), ", "))
 	fs.BoolVar(&o.json, "json", false, "print one JSON array, an object per mode, instead of the tables")
 	fs.IntVar(&o.floorSample, "floor-sample", 100, "requests the floor mode sends (whole sessions evenly spaced over the workload)")
 	fs.Float64Var(&o.loadFactor, "load-factor", 0, "Config.LoadFactor of the bounded mode (0: relay's default, 1.25)")
@@ -234,6 +263,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.Float64Var(&o.speed, "speed", 1, "with -replay: replay the recorded timestamps this many times faster")
 	fs.StringVar(&o.fast, "fast", fast, "the cluster-aware modes' fast model (ClusterPolicy.Fast)")
 	fs.StringVar(&o.cheap, "cheap", cheap, "the cluster-aware modes' cheap model (ClusterPolicy.Cheap)")
+	fs.StringVar(&o.plot, "plot", "", "also write SVG charts of the modes into `DIR` (created if needed): "+plotLatency+" (latency CDF, log axis),\n"+plotThroughput+", "+plotCache+", "+plotCost+" ($ per 1k requests)")
 	fs.IntVar(&o.replicas, "replicas", 0, "after the modes, compare `N` routers (one per simulated replica) over upstreams that enforce RPM/TPM limits:\nper-process state, then limits shared on Redis (0: no comparison)")
 	fs.StringVar(&o.redis, "redis", "", "with -replicas: the Redis server (`host:port`) of the shared state (default: an embedded, in-process server)")
 	fs.Usage = func() {
@@ -252,113 +282,113 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			fmt.Fprintf(stderr, "  %-7s %s\n", sc.name, sc.about)
 		}
 	}
-	if err := fs.Parse(args); err != nil {
-		return o, err
+	return fs
+}
+
+// check checks the flags that stand on their own, and the seed, workload
+// and scenario.
+func (o *options) check(raw flagText, args []string) error {
+	switch {
+	case len(args) > 0:
+		return fmt.Errorf("unexpected arguments %q", args)
+	case o.requests <= 0:
+		return fmt.Errorf("-requests must be positive, got %d", o.requests)
+	case o.concurrency <= 0:
+		return fmt.Errorf("-concurrency must be positive, got %d", o.concurrency)
+	case o.floorSample <= 0:
+		return fmt.Errorf("-floor-sample must be positive, got %d", o.floorSample)
+	case raw.seed < 0:
+		return fmt.Errorf("-seed must not be negative, got %d", raw.seed)
 	}
-	bad := func(format string, a ...any) (options, error) {
-		err := fmt.Errorf(format, a...)
-		fmt.Fprintf(stderr, "simulate: %v\n", err)
-		fs.Usage()
-		return o, err
-	}
-	if fs.NArg() > 0 {
-		return bad("unexpected arguments %q", fs.Args())
-	}
-	if o.requests <= 0 {
-		return bad("-requests must be positive, got %d", o.requests)
-	}
-	if o.concurrency <= 0 {
-		return bad("-concurrency must be positive, got %d", o.concurrency)
-	}
-	if o.floorSample <= 0 {
-		return bad("-floor-sample must be positive, got %d", o.floorSample)
-	}
-	if seed < 0 {
-		return bad("-seed must not be negative, got %d", seed)
-	}
-	o.seed = uint64(seed)
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	o.requestsSet = set["requests"]
+	o.seed = uint64(raw.seed)
+	o.requestsSet = raw.set["requests"]
 	if !slices.Contains(workloadNames(), o.workload) {
-		return bad("unknown workload %q (workloads: %s)", o.workload, strings.Join(workloadNames(), ", "))
+		return fmt.Errorf("unknown workload %q (workloads: %s)", o.workload, strings.Join(workloadNames(), ", "))
 	}
-	i := slices.IndexFunc(scenarios, func(s scenario) bool { return s.name == scenarioName })
+	i := slices.IndexFunc(scenarios, func(s scenario) bool { return s.name == raw.scenario })
 	if i < 0 {
-		return bad("unknown scenario %q (scenarios: %s)", scenarioName, strings.Join(scenarioNames(), ", "))
+		return fmt.Errorf("unknown scenario %q (scenarios: %s)", raw.scenario, strings.Join(scenarioNames(), ", "))
 	}
 	o.scenario = scenarios[i]
-	if o.replay != "" && set["workload"] {
-		return bad("-workload and -replay exclude each other: a replay is its own workload")
+	switch {
+	case o.replay != "" && raw.set["workload"]:
+		return errors.New("-workload and -replay exclude each other: a replay is its own workload")
+	case o.loadFactor != 0 && !(o.loadFactor >= 1 && !math.IsInf(o.loadFactor, 0)):
+		return fmt.Errorf("-load-factor must be at least 1, got %g", o.loadFactor)
+	case o.replicas < 0:
+		return fmt.Errorf("-replicas must not be negative, got %d", o.replicas)
+	case o.redis != "" && o.replicas == 0:
+		return errors.New("-redis needs -replicas: only the replicas comparison shares state")
+	case o.cacheBlocks <= 0:
+		return fmt.Errorf("-cache-blocks must be positive, got %d", o.cacheBlocks)
+	case !(o.speed > 0) || math.IsInf(o.speed, 0):
+		return fmt.Errorf("-speed must be a positive number, got %g", o.speed)
 	}
-	if o.loadFactor != 0 && !(o.loadFactor >= 1 && !math.IsInf(o.loadFactor, 0)) {
-		return bad("-load-factor must be at least 1, got %g", o.loadFactor)
-	}
-	if o.replicas < 0 {
-		return bad("-replicas must not be negative, got %d", o.replicas)
-	}
-	if o.redis != "" && o.replicas == 0 {
-		return bad("-redis needs -replicas: only the replicas comparison shares state")
-	}
-	if o.cacheBlocks <= 0 {
-		return bad("-cache-blocks must be positive, got %d", o.cacheBlocks)
-	}
-	if !(o.speed > 0) || math.IsInf(o.speed, 0) {
-		return bad("-speed must be a positive number, got %g", o.speed)
-	}
+	return nil
+}
+
+// checkRemote checks the flags of a replay against a real endpoint
+// (-base-url), and sets what such a run changes: no scenario, the key from
+// the environment, the direct and striped modes unless -modes is given.
+func (o *options) checkRemote(raw *flagText) error {
 	if o.baseURL != "" {
 		if o.replay == "" {
-			return bad("-base-url needs -replay: only recorded traffic is sent to a real endpoint")
+			return errors.New("-base-url needs -replay: only recorded traffic is sent to a real endpoint")
 		}
 		if u, err := url.Parse(o.baseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return bad("-base-url must be an http or https URL, got %q", o.baseURL)
+			return fmt.Errorf("-base-url must be an http or https URL, got %q", o.baseURL)
 		}
 		if o.replicas > 0 {
-			return bad("-replicas runs on the simulated fleet only, not with -base-url")
+			return errors.New("-replicas runs on the simulated fleet only, not with -base-url")
 		}
-		if set["scenario"] || set["cache-blocks"] {
-			return bad("-scenario and -cache-blocks shape the simulated fleet; they do not apply to -base-url")
+		if raw.set["scenario"] || raw.set["cache-blocks"] {
+			return errors.New("-scenario and -cache-blocks shape the simulated fleet; they do not apply to -base-url")
 		}
 		o.scenario = scenario{name: "none", about: "no fault"}
 		if o.apiKey == "" {
 			o.apiKey = os.Getenv("OPENAI_API_KEY")
 		}
-		if !set["modes"] {
-			modeList = "direct,striped"
+		if !raw.set["modes"] {
+			raw.modeList = "direct,striped"
 		}
 	}
 	if o.fast == "" || o.cheap == "" {
-		return bad("-fast and -cheap must name models")
+		return errors.New("-fast and -cheap must name models")
 	}
 	if o.baseURL == "" && (o.fast != fast || o.cheap != cheap) {
-		return bad("-fast and -cheap apply to -base-url only: the simulated fleet serves %s, %s and %s", flagship, fast, cheap)
+		return fmt.Errorf("-fast and -cheap apply to -base-url only: the simulated fleet serves %s, %s and %s", flagship, fast, cheap)
 	}
-	lo, hi, ok := strings.Cut(window, "-")
+	return nil
+}
+
+// pick reads the clustered window and the modes to run.
+func (o *options) pick(raw flagText) error {
+	lo, hi, ok := strings.Cut(raw.window, "-")
 	wmin, err1 := strconv.Atoi(strings.TrimSpace(lo))
 	wmax, err2 := strconv.Atoi(strings.TrimSpace(hi))
 	switch {
 	case !ok || err1 != nil || err2 != nil:
-		return bad("-window must be MIN-MAX with MIN and MAX non-negative token counts, got %q", window)
+		return fmt.Errorf("-window must be MIN-MAX with MIN and MAX non-negative token counts, got %q", raw.window)
 	case wmin > wmax || wmax == 0:
-		return bad("-window %q is empty: MIN must be at most MAX, and MAX positive", window)
+		return fmt.Errorf("-window %q is empty: MIN must be at most MAX, and MAX positive", raw.window)
 	}
 	o.windowMin, o.windowMax = wmin, wmax
 	seen := map[string]bool{}
-	for _, name := range strings.Split(modeList, ",") {
+	for _, name := range strings.Split(raw.modeList, ",") {
 		name = strings.TrimSpace(name)
 		i := slices.IndexFunc(modes, func(m mode) bool { return m.name == name })
 		if i < 0 {
-			return bad("unknown mode %q (modes: %s)", name, strings.Join(modeNames(), ", "))
+			return fmt.Errorf("unknown mode %q (modes: %s)", name, strings.Join(modeNames(), ", "))
 		}
 		if modes[i].simOnly && o.baseURL != "" {
-			return bad("mode %s runs on the simulated fleet only, not with -base-url", name)
+			return fmt.Errorf("mode %s runs on the simulated fleet only, not with -base-url", name)
 		}
 		if !seen[name] {
 			seen[name] = true
 			o.modes = append(o.modes, modes[i])
 		}
 	}
-	return o, nil
+	return nil
 }
 
 // usageHead opens the usage text: what the command simulates.
@@ -371,7 +401,7 @@ array) of latency, throughput, cost and cache hits. The budget and priority mode
 -replicas comparison run their routers on a simulated clock, so their rate limits and budget
 windows count simulated minutes; in the -replicas comparison the fleet's upstreams enforce
 RPM/TPM limits as a provider would, and the shared state runs on an embedded Redis unless
--redis names one.
+-redis names one. With -plot DIR it also draws the modes' results as SVG charts.
 
 `
 
@@ -435,6 +465,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 			rows[i].Workload, rows[i].Scenario = results[0].Workload, o.scenario.name
 		}
 		results = append(results, rows...)
+	}
+	if o.plot != "" {
+		files, err := writePlots(o.plot, o, results)
+		if err != nil {
+			fmt.Fprintf(stderr, "simulate: -plot: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stderr, "simulate: wrote %s\n", strings.Join(files, ", "))
 	}
 	if o.json {
 		enc := json.NewEncoder(stdout)
