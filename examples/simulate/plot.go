@@ -2,9 +2,11 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"time"
 
 	"gonum.org/v1/plot"
@@ -166,7 +168,32 @@ func modeBars(rows []result, title, label string, value func(result) float64) *p
 	bars.LineStyle.Width = 0
 	p.Add(plotter.NewGrid(), bars)
 	p.NominalY(names...)
+	p.X.Tick.Marker, p.X.Max = niceTicks(slices.Max(vs))
 	return p
+}
+
+// niceTicks returns ticks from 0 past top, 4 to 8 of them, a step of 1, 2
+// or 5 times a power of ten apart, and the last one.
+func niceTicks(top float64) (plot.ConstantTicks, float64) {
+	if !(top > 0) {
+		top = 1
+	}
+	step := math.Pow(10, math.Floor(math.Log10(top/4)))
+	for _, m := range []float64{1, 2, 5, 10} {
+		if top/(m*step) <= 7 {
+			step *= m
+			break
+		}
+	}
+	places := max(0, int(-math.Floor(math.Log10(step))))
+	var ticks plot.ConstantTicks
+	for i := 0; ; i++ {
+		v := float64(i) * step
+		ticks = append(ticks, plot.Tick{Value: v, Label: strconv.FormatFloat(v, 'f', places, 64)})
+		if v >= top {
+			return ticks, v
+		}
+	}
 }
 
 // throughputSuccess draws throughput and success side by side.

@@ -150,3 +150,28 @@ func TestCDF(t *testing.T) {
 	assert.Equal(t, plotter.XY{X: 1000, Y: 1}, pts[len(pts)-1])
 	assert.Empty(t, cdf(nil, 10))
 }
+
+func TestNiceTicks(t *testing.T) {
+	labels := func(top float64) ([]string, float64) {
+		ticks, last := niceTicks(top)
+		var out []string
+		for _, tk := range ticks {
+			out = append(out, tk.Label)
+		}
+		return out, last
+	}
+	for _, tc := range []struct {
+		top  float64
+		want []string
+	}{
+		{26.2, []string{"0", "5", "10", "15", "20", "25", "30"}},
+		{100, []string{"0", "20", "40", "60", "80", "100"}},
+		{0.83, []string{"0.0", "0.2", "0.4", "0.6", "0.8", "1.0"}},
+		{1491, []string{"0", "500", "1000", "1500"}},
+		{0, []string{"0.0", "0.2", "0.4", "0.6", "0.8", "1.0"}},
+	} {
+		got, last := labels(tc.top)
+		assert.Equal(t, tc.want, got, "%g", tc.top)
+		assert.GreaterOrEqual(t, last, tc.top)
+	}
+}

@@ -280,7 +280,7 @@ func printPriority(out io.Writer, results []result) {
 	p := results[i].Priority
 	fmt.Fprintf(out, "\nPriority: every request to one upstream (%s), held to RPM %d per simulated minute by the router;\n"+
 		"the workload's first %d requests: a flood of %d batch requests from %d workers, and a trickle of the %d others\n"+
-		"(every %d-th, interactive), one every %.1f s of simulated time (%.0f ms); warm-up calls spent the first minute's quota:\n",
+		"(every %dth, interactive), one every %.1f s of simulated time (%.0f ms); warm-up calls spent the first minute's quota:\n",
 		p.Upstream, p.RPM, p.Batch+p.Interactive, p.Batch, p.Workers, p.Interactive, interactiveEvery, p.GapMs/1000/timeScale, p.GapMs)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "priorities\tclass\trequests\twait p50 ms\twait p99 ms\tp50 ms\tp99 ms\tlost")

@@ -67,7 +67,7 @@ func TestClassStats(t *testing.T) {
 	printPriority(&out, []result{{Mode: "direct"}, {Mode: "priority", Priority: p}})
 	s := out.String()
 	assert.Contains(t, s, "Priority: every request to one upstream (us-east/gemini-2.5-flash), held to RPM 80 per simulated minute")
-	assert.Contains(t, s, "one every 9.2 s of simulated time (185 ms)")
+	assert.Contains(t, s, "(every 20th, interactive), one every 9.2 s of simulated time (185 ms)")
 	assert.Contains(t, s, "none (FIFO)       interactive  12        200.0")
 	assert.Contains(t, s, "X-Relay-Priority  interactive  12        3.5")
 	assert.Contains(t, s, "                  batch        228 ")
