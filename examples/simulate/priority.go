@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
@@ -62,6 +64,9 @@ type priorityRun struct {
 	Prioritized bool       `json:"prioritized"`
 	Interactive classStats `json:"interactive"`
 	Batch       classStats `json:"batch"`
+	// AheadOf is how many batch requests, started before it, the median
+	// interactive request reached the upstream ahead of.
+	AheadOf int `json:"interactive_ahead_of_batch"`
 }
 
 // classStats are one class's waits (time in the router's queue for the
@@ -102,11 +107,12 @@ func onWait(ev relay.WaitEvent) {
 }
 
 // classSender sends through r with X-Relay-Priority set to prio (none when
-// ""), logging each request's wait and latency in l.
-func classSender(r *relay.Router, prio string, l *classLog) *sender {
+// ""), logging each request's wait and latency in l, and its place in ord.
+func classSender(r *relay.Router, prio string, interactive bool, l *classLog, ord *order) *sender {
 	return &sender{close: func() {}, do: func(ctx context.Context, q *request) error {
 		waited := new(atomic.Int64)
 		ctx = context.WithValue(ctx, waitKey{}, waited)
+		ctx = context.WithValue(ctx, placeKey{}, &place{interactive: interactive, started: ord.started.Add(1)})
 		pq := *q
 		pq.priority = prio
 		start := time.Now()
@@ -120,6 +126,70 @@ func classSender(r *relay.Router, prio string, l *classLog) *sender {
 		l.mu.Unlock()
 		return err
 	}}
+}
+
+// order is the order in which a run's requests started and the order in
+// which they reached the upstream: which batch requests each interactive
+// one went ahead of, whatever the machine's speed.
+type order struct {
+	started atomic.Int64
+	mu      sync.Mutex
+	arrived []*place // each request once, by its first call to the upstream
+}
+
+// place is one request's class, its rank among the requests started, and
+// whether it reached the upstream.
+type place struct {
+	interactive bool
+	started     int64
+	arrived     bool
+}
+
+// placeKey keys a request's place in its context.
+type placeKey struct{}
+
+// orderBase records the first call of each request with a place in its
+// context, then sends it.
+type orderBase struct {
+	next http.RoundTripper
+	ord  *order
+}
+
+func (b orderBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	if p, ok := req.Context().Value(placeKey{}).(*place); ok {
+		b.ord.mu.Lock()
+		if !p.arrived {
+			p.arrived = true
+			b.ord.arrived = append(b.ord.arrived, p)
+		}
+		b.ord.mu.Unlock()
+	}
+	return b.next.RoundTrip(req)
+}
+
+// aheadOf returns, for the median interactive request, how many batch
+// requests started before it reached the upstream after it.
+func (o *order) aheadOf() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var ahead []int
+	for i, p := range o.arrived {
+		if !p.interactive {
+			continue
+		}
+		n := 0
+		for _, later := range o.arrived[i+1:] {
+			if !later.interactive && later.started < p.started {
+				n++
+			}
+		}
+		ahead = append(ahead, n)
+	}
+	if len(ahead) == 0 {
+		return 0
+	}
+	slices.Sort(ahead)
+	return ahead[(len(ahead)-1)/2]
 }
 
 // splitPriority splits requests into the flood and the trickle, each
@@ -178,10 +248,12 @@ func isWarmUp(ctx context.Context) bool { return ctx != nil && ctx.Value(warmUpK
 
 // priorityRouter is the priority mode's router over the rig's fleet: one
 // upstream held to rpm, every request routed to it, waits logged in the
-// requests' contexts (onWait), warm-up calls left out of the reports; spent
-// is set once a warm-up call had to wait: the quota is spent.
-func priorityRouter(g *rig, rpm int, spent *atomic.Bool) (*relay.Router, error) {
+// requests' contexts (onWait) and their calls' order in ord, warm-up calls
+// left out of the reports; spent is set once a warm-up call had to wait:
+// the quota is spent.
+func priorityRouter(g *rig, rpm int, spent *atomic.Bool, ord *order) (*relay.Router, error) {
 	cfg := relayConfig(g.e, newSimClock())
+	cfg.Base = orderBase{next: cfg.Base, ord: ord}
 	up, _ := g.fleet.Upstream("us-east", fast)
 	cfg.Upstreams = []relay.Upstream{{Name: up.Name, BaseURL: up.URL, Models: []string{fast}, RPM: rpm}}
 	cfg.Policy = relay.PolicyFunc(func(relay.Request) relay.Route { return relay.Route{Model: fast} })
@@ -225,7 +297,8 @@ func priorityOnce(o options, m mode, w *workload, pt priorityTraffic, prioritize
 	g := newRig(o, w)
 	defer g.close()
 	var spent atomic.Bool
-	r, err := priorityRouter(g, pt.rpm, &spent)
+	var ord order
+	r, err := priorityRouter(g, pt.rpm, &spent, &ord)
 	if err != nil {
 		return priorityRun{}, result{}, relaytest.SimConfig{}, err
 	}
@@ -242,13 +315,13 @@ func priorityOnce(o options, m mode, w *workload, pt priorityTraffic, prioritize
 	stop := progress(stderr, o.tty, name, total, &done)
 	start := time.Now()
 	var wg sync.WaitGroup
-	wg.Go(func() { sendEvery(pt.trickle, scaled(pt.gap), classSender(r, interPrio, &inter), &done) })
-	drive(t, classSender(r, batchPrio, &batch), g.fleet, &done)
+	wg.Go(func() { sendEvery(pt.trickle, scaled(pt.gap), classSender(r, interPrio, true, &inter, &ord), &done) })
+	drive(t, classSender(r, batchPrio, false, &batch, &ord), g.fleet, &done)
 	wg.Wait()
 	wall := time.Since(start)
 	stop()
 	res, sc, err := g.result(m, o, &sender{}, wall, o.concurrency, total)
-	run := priorityRun{Prioritized: prioritized, Interactive: inter.stats(), Batch: batch.stats()}
+	run := priorityRun{Prioritized: prioritized, Interactive: inter.stats(), Batch: batch.stats(), AheadOf: ord.aheadOf()}
 	return run, res, sc, err
 }
 
@@ -283,22 +356,24 @@ func printPriority(out io.Writer, results []result) {
 		"(every %dth, interactive), one every %.1f s of simulated time (%.0f ms); warm-up calls spent the first minute's quota:\n",
 		p.Upstream, p.RPM, p.Batch+p.Interactive, p.Batch, p.Workers, p.Interactive, interactiveEvery, p.GapMs/1000/timeScale, p.GapMs)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "priorities\tclass\trequests\twait p50 ms\twait p99 ms\tp50 ms\tp99 ms\tlost")
+	fmt.Fprintln(tw, "priorities\tclass\trequests\twait p50 ms\twait p99 ms\tp50 ms\tp99 ms\tlost\tahead of")
 	for _, run := range p.Runs {
 		label := "none (FIFO)"
 		if run.Prioritized {
 			label = "X-Relay-Priority"
 		}
 		for _, c := range []struct {
-			name string
-			n    int
-			s    classStats
-		}{{"interactive", p.Interactive, run.Interactive}, {"batch", p.Batch, run.Batch}} {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%d\n", label, c.name, c.n, c.s.WaitP50ms, c.s.WaitP99ms, c.s.P50ms, c.s.P99ms, c.s.Failed)
+			name  string
+			n     int
+			s     classStats
+			ahead string
+		}{{"interactive", p.Interactive, run.Interactive, strconv.Itoa(run.AheadOf)}, {"batch", p.Batch, run.Batch, "-"}} {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t%s\n", label, c.name, c.n, c.s.WaitP50ms, c.s.WaitP99ms, c.s.P50ms, c.s.P99ms, c.s.Failed, c.ahead)
 			label = ""
 		}
 	}
 	tw.Flush()
-	fmt.Fprint(out, "  wait   time in the router's queue for the upstream's RPM tokens (Hooks.OnWait), wall-clock ms (×50 simulated)\n"+
-		"  lost   requests that failed (shed by the queue, or any other error)\n")
+	fmt.Fprint(out, "  wait      time in the router's queue for the upstream's RPM tokens (Hooks.OnWait), wall-clock ms (×50 simulated)\n"+
+		"  lost      requests that failed (shed by the queue, or any other error)\n"+
+		"  ahead of  batch requests that started before an interactive request but reached the upstream after it (median)\n")
 }
