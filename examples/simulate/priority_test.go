@@ -87,14 +87,22 @@ func TestClassStats(t *testing.T) {
 	p := &priorityResult{Upstream: "us-east/" + fast, RPM: 80, Interactive: 12, Batch: 228, Workers: 16, GapMs: 185,
 		Runs: []priorityRun{{Interactive: classStats{WaitP50ms: 200}}, {Prioritized: true, Interactive: classStats{WaitP50ms: 3.5}, AheadOf: 14}}}
 	printPriority(&out, []result{{Mode: "direct"}, {Mode: "priority", Priority: p}})
-	s := out.String()
-	assert.Contains(t, s, "Priority: every request to one upstream (us-east/gemini-2.5-flash), held to RPM 80 per simulated minute")
-	assert.Contains(t, s, "(every 20th, interactive), one every 9.2 s of simulated time (185 ms)")
-	assert.Contains(t, s, "none (FIFO)       interactive  12        200.0")
-	assert.Contains(t, s, "X-Relay-Priority  interactive  12        3.5          0.0          0.0     0.0     0     14\n")
-	assert.Contains(t, s, "                  batch        228       0.0          0.0          0.0     0.0     0     -\n")
-	assert.Contains(t, s, "  ahead of  batch requests that started before an interactive request but reached the upstream after it")
+	containsAll(t, out.String(),
+		"Priority: every request to one upstream (us-east/gemini-2.5-flash), held to RPM 80 per simulated minute",
+		"(every 20th, interactive), one every 9.2 s of simulated time (185 ms)",
+		"none (FIFO)       interactive  12        200.0",
+		"X-Relay-Priority  interactive  12        3.5          0.0          0.0     0.0     0     14\n",
+		"                  batch        228       0.0          0.0          0.0     0.0     0     -\n",
+		"  ahead of  batch requests that started before an interactive request but reached the upstream after it")
 	out.Reset()
 	printPriority(&out, []result{{Mode: "direct"}})
 	assert.Empty(t, out.String())
+}
+
+// containsAll asserts that s holds each of wants.
+func containsAll(t *testing.T, s string, wants ...string) {
+	t.Helper()
+	for _, w := range wants {
+		assert.Contains(t, s, w)
+	}
 }
