@@ -22,7 +22,7 @@
 // state and with the limits shared on Redis (an embedded server unless
 // -redis names one). These runs keep their routers on a simulated clock
 // (clock.go), so limits per minute and budget windows are simulated time.
-// With -replay
+// -plot DIR also writes SVG charts of the modes (plot.go). With -replay
 // FILE it replays a JSONL file of recorded requests instead (see
 // replay.go), against the simulated fleet or, with -base-url, against a
 // real OpenAI-compatible endpoint.
@@ -34,6 +34,7 @@
 //	go run ./examples/simulate -modes cluster-aware,budget,priority
 //	go run ./examples/simulate -modes direct -replicas 4
 //	go run ./examples/simulate -modes direct -replicas 4 -redis 127.0.0.1:6379
+//	go run ./examples/simulate -plot docs/sim
 //	go run ./examples/simulate -replay examples/simulate/testdata/sample.jsonl -speed 2
 //	OPENAI_API_KEY=... go run ./examples/simulate -replay my.jsonl -base-url https://api.openai.com/v1
 package main
