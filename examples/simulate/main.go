@@ -13,7 +13,16 @@
 // queueing and caching in that model, not what any provider measures.
 //
 // -workload picks the traffic (batch, chat, agent; workload.go), -scenario
-// the trouble it meets (outage, none, stalls; scenario.go). With -replay
+// the trouble it meets (outage, none, stalls; scenario.go). The budget mode
+// (budget.go) runs cluster-aware routing under a relay.Budget the workload
+// outspends; the priority mode (priority.go) a batch flood and an
+// interactive trickle under one upstream's RPM limit, without and with
+// X-Relay-Priority. -replicas N (replicas.go) then compares N routers over
+// upstreams that enforce RPM and TPM limits (gate.go), with per-process
+// state and with the limits shared on Redis (an embedded server unless
+// -redis names one). These runs keep their routers on a simulated clock
+// (clock.go), so limits per minute and budget windows are simulated time.
+// -plot DIR also writes SVG charts of the modes (plot.go). With -replay
 // FILE it replays a JSONL file of recorded requests instead (see
 // replay.go), against the simulated fleet or, with -base-url, against a
 // real OpenAI-compatible endpoint.
@@ -22,6 +31,10 @@
 //	go run ./examples/simulate -workload chat
 //	go run ./examples/simulate -scenario stalls -modes cluster-aware,hedged
 //	go run ./examples/simulate -requests 500 -concurrency 16 -modes direct,cluster-aware -json
+//	go run ./examples/simulate -modes cluster-aware,budget,priority
+//	go run ./examples/simulate -modes direct -replicas 4
+//	go run ./examples/simulate -modes direct -replicas 4 -redis 127.0.0.1:6379
+//	go run ./examples/simulate -plot docs/sim
 //	go run ./examples/simulate -replay examples/simulate/testdata/sample.jsonl -speed 2
 //	OPENAI_API_KEY=... go run ./examples/simulate -replay my.jsonl -base-url https://api.openai.com/v1
 package main
@@ -101,8 +114,13 @@ type mode struct {
 	about string
 	// floor sends a sample of the workload one request at a time.
 	floor bool
+	// simOnly: the mode needs the simulated fleet (not -base-url).
+	simOnly bool
 	// newSender builds the mode's client side over a running fleet.
 	newSender func(e *env) (*sender, error)
+	// run, when set, runs the mode instead, for traffic of its own shape
+	// (the priority mode).
+	run func(o options, m mode, w *workload, stderr io.Writer) (result, relaytest.SimConfig, error)
 }
 
 var modes = []mode{
@@ -120,6 +138,10 @@ var modes = []mode{
 		newSender: relayed(relayMode{strategy: relay.StrategyAffinity, policy: clusterPolicy(false)})},
 	{name: "cluster-busy", about: "cluster-aware, WhenBusy: the window moves only while " + flagship + " is busy",
 		newSender: relayed(relayMode{strategy: relay.StrategyAffinity, policy: clusterPolicy(true)})},
+	{name: "budget", about: fmt.Sprintf("cluster-aware (CheapWhenSpent %g) under a relay.Budget on all traffic, Downgrade → %s, on the simulated clock", cheapWhenSpent, cheap),
+		simOnly: true, newSender: budgeted},
+	{name: "priority", about: fmt.Sprintf("the workload's first %d requests to one upstream (us-east %s) under an RPM limit on the simulated clock: a batch flood plus an interactive trickle, with X-Relay-Priority (the priority table compares a run without)", priorityRequests, fast),
+		simOnly: true, run: runPriority},
 	// P95 because one fixed delay cannot suit three model paths of
 	// different speeds; the 3 s floor keeps the 5% budget for the calls
 	// that are slow for no reason of their own (stalls) instead of spending
@@ -184,21 +206,54 @@ type options struct {
 	speed       float64 // divides recorded times
 	requestsSet bool    // -requests was given (it then caps a replay)
 	fast, cheap string  // ClusterPolicy models
+	plot        string  // directory to write SVG charts into; "": none
+
+	// The replicas comparison (replicas.go).
+	replicas int    // routers sharing the fleet; 0: no comparison
+	redis    string // Redis address of the shared state; "": an embedded server
+}
+
+// flagText are the flags parsed into options only once checked.
+type flagText struct {
+	window, modeList, scenario string
+	seed                       int64
+	set                        map[string]bool // the flags given
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
+	var o options
+	var raw flagText
+	fs := defineFlags(&o, &raw, stderr)
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	raw.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { raw.set[f.Name] = true })
+	err := o.check(raw, fs.Args())
+	if err == nil {
+		err = o.checkRemote(&raw)
+	}
+	if err == nil {
+		err = o.pick(raw)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "simulate: %v\n", err)
+		fs.Usage()
+	}
+	return o, err
+}
+
+// defineFlags defines the command's flags, into o and raw.
+func defineFlags(o *options, raw *flagText, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var o options
-	var window, modeList, scenarioName string
-	var seed int64
 	fs.IntVar(&o.requests, "requests", 1200, "requests per mode")
 	fs.IntVar(&o.concurrency, "concurrency", 24, "requests in flight at once (the floor mode sends one at a time)")
-	fs.Int64Var(&seed, "seed", 1, "workload seed")
+	fs.Int64Var(&raw.seed, "seed", 1, "workload seed")
 	fs.StringVar(&o.workload, "workload", "batch", "the generated traffic: "+strings.Join(workloadNames(), ", "))
-	fs.StringVar(&scenarioName, "scenario", "outage", "the fleet's trouble: "+strings.Join(scenarioNames(), ", "))
-	fs.StringVar(&window, "window", "150-220", "the fleet's clustered prompt-token window, MIN-MAX")
-	fs.StringVar(&modeList, "modes", strings.Join(modeNames(), ","), "comma-separated modes: "+strings.Join(modeNames(), ", "))
+	fs.StringVar(&raw.scenario, "scenario", "outage", "the fleet's trouble: "+strings.Join(scenarioNames(), ", "))
+	fs.StringVar(&raw.window, "window", "150-220", "the fleet's clustered prompt-token window, MIN-MAX")
+	fs.StringVar(&raw.modeList, "modes", strings.Join(modeNames(), ","), "comma-separated modes: "+strings.Join(modeNames(), ", "))
 	fs.BoolVar(&o.json, "json", false, "print one JSON array, an object per mode, instead of the tables")
 	fs.IntVar(&o.floorSample, "floor-sample", 100, "requests the floor mode sends (whole sessions evenly spaced over the workload)")
 	fs.Float64Var(&o.loadFactor, "load-factor", 0, "Config.LoadFactor of the bounded mode (0: relay's default, 1.25)")
@@ -209,9 +264,16 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.Float64Var(&o.speed, "speed", 1, "with -replay: replay the recorded timestamps this many times faster")
 	fs.StringVar(&o.fast, "fast", fast, "the cluster-aware modes' fast model (ClusterPolicy.Fast)")
 	fs.StringVar(&o.cheap, "cheap", cheap, "the cluster-aware modes' cheap model (ClusterPolicy.Cheap)")
+	fs.StringVar(&o.plot, "plot", "", "also write SVG charts of the modes into `DIR` (created if needed): "+plotLatency+" (latency CDF, log axis),\n"+plotThroughput+", "+plotCache+", "+plotCost+" ($ per 1k requests)")
+	fs.IntVar(&o.replicas, "replicas", 0, "after the modes, compare `N` routers (one per simulated replica) over upstreams that enforce RPM/TPM limits:\nper-process state, then limits shared on Redis (0: no comparison)")
+	fs.StringVar(&o.redis, "redis", "", "with -replicas: the Redis server (`host:port`) of the shared state (default: an embedded, in-process server)")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: simulate [flags]\n\nRuns a seeded workload against a simulated fleet (relaytest.SimFleet) in several modes\nand prints a table (or, with -json, one JSON array) of latency, throughput, cost and cache hits.\n\n")
+		fmt.Fprint(stderr, usageHead)
 		fs.PrintDefaults()
+		fmt.Fprintf(stderr, "\nmodes (-modes):\n")
+		for _, m := range modes {
+			fmt.Fprintf(stderr, "  %-14s %s\n", m.name, m.about)
+		}
 		fmt.Fprintf(stderr, "\nworkloads (-workload):\n")
 		for _, g := range workloads {
 			fmt.Fprintf(stderr, "  %-7s %s\n", g.name, g.about)
@@ -221,102 +283,128 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			fmt.Fprintf(stderr, "  %-7s %s\n", sc.name, sc.about)
 		}
 	}
-	if err := fs.Parse(args); err != nil {
-		return o, err
+	return fs
+}
+
+// check checks the flags that stand on their own, and the seed, workload
+// and scenario.
+func (o *options) check(raw flagText, args []string) error {
+	switch {
+	case len(args) > 0:
+		return fmt.Errorf("unexpected arguments %q", args)
+	case o.requests <= 0:
+		return fmt.Errorf("-requests must be positive, got %d", o.requests)
+	case o.concurrency <= 0:
+		return fmt.Errorf("-concurrency must be positive, got %d", o.concurrency)
+	case o.floorSample <= 0:
+		return fmt.Errorf("-floor-sample must be positive, got %d", o.floorSample)
+	case raw.seed < 0:
+		return fmt.Errorf("-seed must not be negative, got %d", raw.seed)
 	}
-	bad := func(format string, a ...any) (options, error) {
-		err := fmt.Errorf(format, a...)
-		fmt.Fprintf(stderr, "simulate: %v\n", err)
-		fs.Usage()
-		return o, err
-	}
-	if fs.NArg() > 0 {
-		return bad("unexpected arguments %q", fs.Args())
-	}
-	if o.requests <= 0 {
-		return bad("-requests must be positive, got %d", o.requests)
-	}
-	if o.concurrency <= 0 {
-		return bad("-concurrency must be positive, got %d", o.concurrency)
-	}
-	if o.floorSample <= 0 {
-		return bad("-floor-sample must be positive, got %d", o.floorSample)
-	}
-	if seed < 0 {
-		return bad("-seed must not be negative, got %d", seed)
-	}
-	o.seed = uint64(seed)
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	o.requestsSet = set["requests"]
+	o.seed = uint64(raw.seed)
+	o.requestsSet = raw.set["requests"]
 	if !slices.Contains(workloadNames(), o.workload) {
-		return bad("unknown workload %q (workloads: %s)", o.workload, strings.Join(workloadNames(), ", "))
+		return fmt.Errorf("unknown workload %q (workloads: %s)", o.workload, strings.Join(workloadNames(), ", "))
 	}
-	i := slices.IndexFunc(scenarios, func(s scenario) bool { return s.name == scenarioName })
+	i := slices.IndexFunc(scenarios, func(s scenario) bool { return s.name == raw.scenario })
 	if i < 0 {
-		return bad("unknown scenario %q (scenarios: %s)", scenarioName, strings.Join(scenarioNames(), ", "))
+		return fmt.Errorf("unknown scenario %q (scenarios: %s)", raw.scenario, strings.Join(scenarioNames(), ", "))
 	}
 	o.scenario = scenarios[i]
-	if o.replay != "" && set["workload"] {
-		return bad("-workload and -replay exclude each other: a replay is its own workload")
+	switch {
+	case o.replay != "" && raw.set["workload"]:
+		return errors.New("-workload and -replay exclude each other: a replay is its own workload")
+	case o.loadFactor != 0 && !(o.loadFactor >= 1 && !math.IsInf(o.loadFactor, 0)):
+		return fmt.Errorf("-load-factor must be at least 1, got %g", o.loadFactor)
+	case o.replicas < 0:
+		return fmt.Errorf("-replicas must not be negative, got %d", o.replicas)
+	case o.redis != "" && o.replicas == 0:
+		return errors.New("-redis needs -replicas: only the replicas comparison shares state")
+	case o.cacheBlocks <= 0:
+		return fmt.Errorf("-cache-blocks must be positive, got %d", o.cacheBlocks)
+	case !(o.speed > 0) || math.IsInf(o.speed, 0):
+		return fmt.Errorf("-speed must be a positive number, got %g", o.speed)
 	}
-	if o.loadFactor != 0 && !(o.loadFactor >= 1 && !math.IsInf(o.loadFactor, 0)) {
-		return bad("-load-factor must be at least 1, got %g", o.loadFactor)
-	}
-	if o.cacheBlocks <= 0 {
-		return bad("-cache-blocks must be positive, got %d", o.cacheBlocks)
-	}
-	if !(o.speed > 0) || math.IsInf(o.speed, 0) {
-		return bad("-speed must be a positive number, got %g", o.speed)
-	}
+	return nil
+}
+
+// checkRemote checks the flags of a replay against a real endpoint
+// (-base-url), and sets what such a run changes: no scenario, the key from
+// the environment, the direct and striped modes unless -modes is given.
+func (o *options) checkRemote(raw *flagText) error {
 	if o.baseURL != "" {
 		if o.replay == "" {
-			return bad("-base-url needs -replay: only recorded traffic is sent to a real endpoint")
+			return errors.New("-base-url needs -replay: only recorded traffic is sent to a real endpoint")
 		}
 		if u, err := url.Parse(o.baseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return bad("-base-url must be an http or https URL, got %q", o.baseURL)
+			return fmt.Errorf("-base-url must be an http or https URL, got %q", o.baseURL)
 		}
-		if set["scenario"] || set["cache-blocks"] {
-			return bad("-scenario and -cache-blocks shape the simulated fleet; they do not apply to -base-url")
+		if o.replicas > 0 {
+			return errors.New("-replicas runs on the simulated fleet only, not with -base-url")
+		}
+		if raw.set["scenario"] || raw.set["cache-blocks"] {
+			return errors.New("-scenario and -cache-blocks shape the simulated fleet; they do not apply to -base-url")
 		}
 		o.scenario = scenario{name: "none", about: "no fault"}
 		if o.apiKey == "" {
 			o.apiKey = os.Getenv("OPENAI_API_KEY")
 		}
-		if !set["modes"] {
-			modeList = "direct,striped"
+		if !raw.set["modes"] {
+			raw.modeList = "direct,striped"
 		}
 	}
 	if o.fast == "" || o.cheap == "" {
-		return bad("-fast and -cheap must name models")
+		return errors.New("-fast and -cheap must name models")
 	}
 	if o.baseURL == "" && (o.fast != fast || o.cheap != cheap) {
-		return bad("-fast and -cheap apply to -base-url only: the simulated fleet serves %s, %s and %s", flagship, fast, cheap)
+		return fmt.Errorf("-fast and -cheap apply to -base-url only: the simulated fleet serves %s, %s and %s", flagship, fast, cheap)
 	}
-	lo, hi, ok := strings.Cut(window, "-")
+	return nil
+}
+
+// pick reads the clustered window and the modes to run.
+func (o *options) pick(raw flagText) error {
+	lo, hi, ok := strings.Cut(raw.window, "-")
 	wmin, err1 := strconv.Atoi(strings.TrimSpace(lo))
 	wmax, err2 := strconv.Atoi(strings.TrimSpace(hi))
 	switch {
 	case !ok || err1 != nil || err2 != nil:
-		return bad("-window must be MIN-MAX with MIN and MAX non-negative token counts, got %q", window)
+		return fmt.Errorf("-window must be MIN-MAX with MIN and MAX non-negative token counts, got %q", raw.window)
 	case wmin > wmax || wmax == 0:
-		return bad("-window %q is empty: MIN must be at most MAX, and MAX positive", window)
+		return fmt.Errorf("-window %q is empty: MIN must be at most MAX, and MAX positive", raw.window)
 	}
 	o.windowMin, o.windowMax = wmin, wmax
 	seen := map[string]bool{}
-	for _, name := range strings.Split(modeList, ",") {
+	for _, name := range strings.Split(raw.modeList, ",") {
 		name = strings.TrimSpace(name)
 		i := slices.IndexFunc(modes, func(m mode) bool { return m.name == name })
 		if i < 0 {
-			return bad("unknown mode %q (modes: %s)", name, strings.Join(modeNames(), ", "))
+			return fmt.Errorf("unknown mode %q (modes: %s)", name, strings.Join(modeNames(), ", "))
+		}
+		if modes[i].simOnly && o.baseURL != "" {
+			return fmt.Errorf("mode %s runs on the simulated fleet only, not with -base-url", name)
 		}
 		if !seen[name] {
 			seen[name] = true
 			o.modes = append(o.modes, modes[i])
 		}
 	}
-	return o, nil
+	return nil
 }
+
+// usageHead opens the usage text: what the command simulates.
+const usageHead = `usage: simulate [flags]
+
+Runs a seeded workload against a simulated fleet (relaytest.SimFleet: OpenAI-compatible
+servers on loopback with simulated queues, caches and service times, 1 simulated second =
+20 ms; no key, no network) in several modes and prints tables (or, with -json, one JSON
+array) of latency, throughput, cost and cache hits. The budget and priority modes and the
+-replicas comparison run their routers on a simulated clock, so their rate limits and budget
+windows count simulated minutes; in the -replicas comparison the fleet's upstreams enforce
+RPM/TPM limits as a provider would, and the shared state runs on an embedded Redis unless
+-redis names one. With -plot DIR it also draws the modes' results as SVG charts.
+
+`
 
 // isTerminal reports whether w is a terminal (a character device).
 func isTerminal(w io.Writer) bool {
@@ -368,6 +456,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		results = append(results, res)
 	}
+	if o.replicas > 0 {
+		rows, err := runReplicas(o, w, stderr)
+		if err != nil {
+			fmt.Fprintf(stderr, "simulate: replicas: %v\n", err)
+			return 1
+		}
+		for i := range rows {
+			rows[i].Workload, rows[i].Scenario = results[0].Workload, o.scenario.name
+		}
+		results = append(results, rows...)
+	}
+	if o.plot != "" {
+		files, err := writePlots(o.plot, o, results)
+		if err != nil {
+			fmt.Fprintf(stderr, "simulate: -plot: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stderr, "simulate: wrote %s\n", strings.Join(files, ", "))
+	}
 	if o.json {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -384,6 +491,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 // env is what a mode's sender is built over.
 type env struct {
 	fleet *relaytest.SimFleet // nil against a real endpoint
+	w     *workload
 	// direct is the upstream of the direct modes; all, every upstream of
 	// the relay modes (against a real endpoint, both are that endpoint).
 	direct     relay.Upstream
@@ -392,7 +500,7 @@ type env struct {
 	cheap      string
 	prices     map[string]relay.Price // nil: relay.DefaultPrices
 	loadFactor float64
-	base       *http.Transport
+	base       http.RoundTripper
 	onReport   func(relay.Report)
 }
 
@@ -400,21 +508,15 @@ type env struct {
 type sender struct {
 	do    func(ctx context.Context, q *request) error
 	close func()
+	// finish, when set, adds what the mode measured beyond the table's
+	// columns to its row, once every request is done; reports are the
+	// run's, in the order they came.
+	finish func(res *result, reports []relay.Report)
 }
 
 // routed sends through r.
 func routed(r *relay.Router) *sender {
 	return &sender{do: func(ctx context.Context, q *request) error { return send(ctx, r, q) }, close: r.CloseIdleConnections}
-}
-
-// retry is the routers' retry configuration, on the fleet's time scale: the
-// default 100 ms → 1.2 s backoff would be 10–120 s of simulated time.
-var retry = relay.RetryConfig{
-	MaxAttempts:     3,
-	InitialInterval: scaled(200 * time.Millisecond),
-	MaxInterval:     scaled(2 * time.Second),
-	MaxRetryAfter:   scaled(10 * time.Second),
-	AttemptTimeout:  scaled(attemptTimeout),
 }
 
 // direct sends every request to us-east's flagship, once: a Router with
@@ -442,30 +544,37 @@ type relayMode struct {
 	stream   relay.StreamConfig
 }
 
+// relayConfig is the configuration every relay mode starts from: the
+// run's transport, report hook and prices, with retries and breakers on
+// the fleet's time scale (see routerTiming). With clock set, the router
+// runs on it and every duration is simulated time: the fleet's retry hints
+// are turned to simulated time for it (simHints), and its reports back to
+// wall-clock time for the tables.
+func relayConfig(e *env, clock *simClock) relay.Config {
+	retry, breaker, stream := routerTiming(clock != nil)
+	cfg := relay.Config{Base: e.base, OnReport: e.onReport, Prices: e.prices,
+		Retry: retry, Breaker: breaker, Stream: stream}
+	if clock != nil {
+		cfg.Clock, cfg.Base = clock, simHints{e.base}
+		cfg.OnReport = func(r relay.Report) {
+			r.Latency, r.TTFT = scaled(r.Latency), scaled(r.TTFT)
+			e.onReport(r)
+		}
+	}
+	return cfg
+}
+
 // relayed sends through one Router over every region and model path, with
 // retries, ordering the upstreams of a model by the mode's strategy.
 func relayed(rm relayMode) func(e *env) (*sender, error) {
 	return func(e *env) (*sender, error) {
-		var p relay.Policy
+		cfg := relayConfig(e, nil)
+		cfg.Upstreams, cfg.Strategy, cfg.LoadFactor = e.all, rm.strategy, e.loadFactor
 		if rm.policy != nil {
-			p = rm.policy(e)
+			cfg.Policy = rm.policy(e)
 		}
-		r, err := relay.New(relay.Config{
-			Upstreams:  e.all,
-			Policy:     p,
-			Strategy:   rm.strategy,
-			LoadFactor: e.loadFactor,
-			Base:       e.base,
-			OnReport:   e.onReport,
-			Prices:     e.prices,
-			Retry:      retry,
-			Hedge:      rm.hedge,
-			Stream:     rm.stream,
-			// Busy: a recent p99 over 5 s of simulated time. The breaker's
-			// cooldown is on the fleet's clock too: the default 30 s would
-			// be 25 minutes of simulated time, longer than the whole run.
-			Breaker: relay.BreakerConfig{BusyP99: scaled(5 * time.Second), Cooldown: scaled(30 * time.Second)},
-		})
+		cfg.Hedge, cfg.Stream = rm.hedge, rm.stream
+		r, err := relay.New(cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -473,109 +582,181 @@ func relayed(rm relayMode) func(e *env) (*sender, error) {
 	}
 }
 
-func runMode(o options, m mode, w *workload, stderr io.Writer) (result, relaytest.SimConfig, error) {
-	e := &env{fast: o.fast, cheap: o.cheap, loadFactor: o.loadFactor}
-	var fleet *relaytest.SimFleet
+// rig is one run of a mode: the fleet (nil against a real endpoint), the
+// env its sender is built over, and the reports it collects.
+type rig struct {
+	e       *env
+	fleet   *relaytest.SimFleet
+	base    *http.Transport
+	mu      sync.Mutex
+	reports []relay.Report
+}
+
+// newRig starts a fleet for o (unless o names a real endpoint) and the
+// transport and report hook of one run of w.
+func newRig(o options, w *workload) *rig {
+	g := &rig{e: &env{w: w, fast: o.fast, cheap: o.cheap, loadFactor: o.loadFactor}}
+	e := g.e
 	if o.baseURL == "" {
-		fleet = relaytest.NewSimFleet(relaytest.SimConfig{
+		g.fleet = relaytest.NewSimFleet(relaytest.SimConfig{
 			TimeScale:   timeScale,
 			ClusterMin:  o.windowMin,
 			ClusterMax:  o.windowMax,
 			CacheBlocks: o.cacheBlocks,
 		})
-		defer fleet.Close()
-		e.fleet = fleet
+		e.fleet = g.fleet
 		e.prices = simPrices()
-		up, _ := fleet.Upstream("us-east", flagship)
+		up, _ := g.fleet.Upstream("us-east", flagship)
 		e.direct = relay.Upstream{Name: up.Name, BaseURL: up.URL, Models: []string{flagship}}
-		for _, u := range fleet.Upstreams() {
+		for _, u := range g.fleet.Upstreams() {
 			e.all = append(e.all, relay.Upstream{Name: u.Name, BaseURL: u.URL, Models: []string{u.Model}})
 		}
 		if o.scenario.stalls != (relaytest.SimStalls{}) {
 			st := o.scenario.stalls
 			st.Seed = o.seed
-			fleet.SetStalls(st)
+			g.fleet.SetStalls(st)
 		}
 	} else {
 		e.direct = relay.Upstream{Name: "remote", BaseURL: strings.TrimSuffix(o.baseURL, "/"), APIKey: o.apiKey}
 		e.all = []relay.Upstream{e.direct}
 	}
-	base := &http.Transport{
+	g.base = &http.Transport{
 		MaxIdleConns:        0,
 		MaxIdleConnsPerHost: 2*o.concurrency + 8,
 		IdleConnTimeout:     30 * time.Second,
 	}
-	defer base.CloseIdleConnections()
-
-	var mu sync.Mutex
-	var reports []relay.Report
-	e.base = base
+	e.base = g.base
 	e.onReport = func(r relay.Report) {
-		mu.Lock()
-		reports = append(reports, r)
-		mu.Unlock()
+		g.mu.Lock()
+		g.reports = append(g.reports, r)
+		g.mu.Unlock()
 	}
-	snd, err := m.newSender(e)
+	return g
+}
+
+// close closes the transport's idle connections, then the fleet.
+func (g *rig) close() {
+	g.base.CloseIdleConnections()
+	if g.fleet != nil {
+		g.fleet.Close()
+	}
+}
+
+// result summarizes the run's reports as m's row, with what snd adds;
+// total is the number of requests sent.
+func (g *rig) result(m mode, o options, snd *sender, wall time.Duration, conc, total int) (result, relaytest.SimConfig, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.reports) != total {
+		return result{}, relaytest.SimConfig{}, fmt.Errorf("%d reports for %d requests", len(g.reports), total)
+	}
+	var res result
+	var cfg relaytest.SimConfig
+	if g.fleet == nil {
+		res = summarize(m, o, g.reports, wall, conc, nil, relaytest.SimStats{})
+	} else {
+		res, cfg = summarize(m, o, g.reports, wall, conc, g.e.prices, g.fleet.Stats()), g.fleet.Config()
+	}
+	if snd.finish != nil {
+		snd.finish(&res, g.reports)
+	}
+	return res, cfg, nil
+}
+
+// traffic is what a run sends: sessions, by conc workers with users
+// sessions open at once, each request at its offset when timed, and the
+// faults to apply by share of requests sent.
+type traffic struct {
+	sessions    [][]request
+	conc, users int
+	timed       bool
+	faults      []fault
+}
+
+// modeTraffic is the traffic of mode m: the workload (the floor: a sample,
+// one request at a time), with the scenario's faults in the relay modes
+// against the simulated fleet.
+func modeTraffic(o options, m mode, w *workload, fleet *relaytest.SimFleet) traffic {
+	t := traffic{sessions: w.sessions, conc: o.concurrency, users: w.users, timed: w.timed, faults: o.scenario.faults}
+	if m.floor {
+		t.sessions = w.sample(o.floorSample)
+		t.conc, t.users, t.timed = 1, 1, false
+	}
+	if m.floor || fleet == nil {
+		t.faults = nil
+	}
+	if t.users <= 0 {
+		t.users = len(t.sessions)
+	}
+	return t
+}
+
+func (t traffic) total() int {
+	n := 0
+	for _, s := range t.sessions {
+		n += len(s)
+	}
+	return n
+}
+
+func runMode(o options, m mode, w *workload, stderr io.Writer) (result, relaytest.SimConfig, error) {
+	if m.run != nil {
+		return m.run(o, m, w, stderr)
+	}
+	g := newRig(o, w)
+	defer g.close()
+	snd, err := m.newSender(g.e)
 	if err != nil {
 		return result{}, relaytest.SimConfig{}, err
 	}
 	defer snd.close()
+	t := modeTraffic(o, m, w, g.fleet)
+	var done atomic.Int64
+	stop := progress(stderr, o.tty, m.name, t.total(), &done)
+	wall := drive(t, snd, g.fleet, &done)
+	stop()
+	return g.result(m, o, snd, wall, t.conc, t.total())
+}
 
-	sessions := w.sessions
-	conc, users := o.concurrency, w.users
-	if m.floor {
-		sessions = w.sample(o.floorSample)
-		conc, users = 1, 1
-	}
-	if users <= 0 {
-		users = len(sessions)
-	}
-	total := 0
-	for _, s := range sessions {
-		total += len(s)
-	}
-	faults := o.scenario.faults
-	if m.floor || fleet == nil {
-		faults = nil
-	}
-
-	// The open sessions wait in ready; a worker takes the one at the front,
-	// sends its next request, and puts it back at the end (or, when it is
-	// over, opens the next session). The last request closes ready.
+// drive sends t through snd and returns the wall-clock time from the first
+// request to the last answer; done counts the requests answered.
+//
+// The open sessions wait in ready; a worker takes the one at the front,
+// sends its next request, and puts it back at the end (or, when it is
+// over, opens the next session). The last request closes ready.
+func drive(t traffic, snd *sender, fleet *relaytest.SimFleet, done *atomic.Int64) time.Duration {
 	type open struct {
 		reqs []request
 		next int
 	}
+	sessions, total := t.sessions, t.total()
 	ready := make(chan *open, len(sessions))
 	var qmu sync.Mutex
 	opened, remaining := 0, total
-	for ; opened < min(users, len(sessions)); opened++ {
+	for ; opened < min(t.users, len(sessions)); opened++ {
 		ready <- &open{reqs: sessions[opened]}
 	}
 	if total == 0 {
 		close(ready)
 	}
-	var sent, done atomic.Int64
+	var sent atomic.Int64
 	nextFault := 0
-	stopProgress := progress(stderr, o.tty, m.name, total, &done)
 	start := time.Now()
 	var wg sync.WaitGroup
-	for range conc {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	for range t.conc {
+		wg.Go(func() {
 			for s := range ready {
 				q := &s.reqs[s.next]
 				i := int(sent.Add(1)) - 1
-				if w.timed && !m.floor {
+				if t.timed {
 					// Recorded traffic: wait for the request's time.
 					if d := time.Until(start.Add(q.at)); d > 0 {
 						time.Sleep(d)
 					}
 				}
 				qmu.Lock()
-				for nextFault < len(faults) && float64(i) >= faults[nextFault].at*float64(total) {
-					faults[nextFault].apply(fleet)
+				for nextFault < len(t.faults) && float64(i) >= t.faults[nextFault].at*float64(total) {
+					t.faults[nextFault].apply(fleet)
 					nextFault++
 				}
 				qmu.Unlock()
@@ -597,21 +778,10 @@ func runMode(o options, m mode, w *workload, stderr io.Writer) (result, relaytes
 				}
 				qmu.Unlock()
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	wall := time.Since(start)
-	stopProgress()
-
-	mu.Lock()
-	defer mu.Unlock()
-	if len(reports) != total {
-		return result{}, relaytest.SimConfig{}, fmt.Errorf("%d reports for %d requests", len(reports), total)
-	}
-	if fleet == nil {
-		return summarize(m, o, reports, wall, conc, nil, relaytest.SimStats{}), relaytest.SimConfig{}, nil
-	}
-	return summarize(m, o, reports, wall, conc, e.prices, fleet.Stats()), fleet.Config(), nil
+	return time.Since(start)
 }
 
 // send makes one request through rt and reads the answer to its end.
@@ -626,6 +796,9 @@ func send(ctx context.Context, rt *relay.Router, q *request) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if q.priority != "" {
+		req.Header.Set(relay.HeaderPriority, q.priority)
+	}
 	resp, err := rt.RoundTrip(req)
 	if err != nil {
 		return err

@@ -48,6 +48,10 @@ func TestFlagsRejected(t *testing.T) {
 		{[]string{"-load-factor", "0.5"}, "-load-factor must be at least 1"},
 		{[]string{"-cache-blocks", "0"}, "-cache-blocks must be positive"},
 		{[]string{"-replay", sampleFile, "-base-url", "http://x.invalid/v1", "-scenario", "stalls"}, "do not apply to -base-url"},
+		{[]string{"-replay", sampleFile, "-base-url", "http://x.invalid/v1", "-modes", "direct,budget"}, "mode budget runs on the simulated fleet only"},
+		{[]string{"-replicas", "-1"}, "-replicas must not be negative"},
+		{[]string{"-redis", "127.0.0.1:6379"}, "-redis needs -replicas"},
+		{[]string{"-replay", sampleFile, "-base-url", "http://x.invalid/v1", "-replicas", "2"}, "-replicas runs on the simulated fleet only"},
 		{[]string{"-nope"}, "flag provided but not defined"},
 		{[]string{"extra"}, "unexpected arguments"},
 	} {
@@ -65,6 +69,12 @@ func TestFlagsRejected(t *testing.T) {
 	assert.Contains(t, errb.String(), "one JSON array")
 	assert.Contains(t, errb.String(), "  chat    conversations of 3–30 turns")
 	assert.Contains(t, errb.String(), "  stalls  in every mode, 1.5% of calls")
+	assert.Contains(t, errb.String(), "-replicas N")
+	assert.Contains(t, errb.String(), "-redis host:port")
+	assert.Contains(t, errb.String(), "-plot DIR")
+	assert.Contains(t, errb.String(), "modes (-modes):\n  floor          direct, one request at a time")
+	assert.Contains(t, errb.String(), "  priority       the workload's first 400 requests to one upstream")
+	assert.Contains(t, errb.String(), "run their routers on a simulated clock")
 }
 
 // decide returns the router's view of a request body.
@@ -202,7 +212,7 @@ func runJSON(t *testing.T, args ...string) map[string]result {
 // TestShortRun runs every mode on a shortened workload and checks the
 // output. It asserts success in the assured relay modes (by construction)
 // but not the latency ratios, which depend on the machine's load on such
-// a short run.
+// a short run; the priority mode is checked by checkPriority.
 func TestShortRun(t *testing.T) {
 	var out, errb bytes.Buffer
 	code := run([]string{"-requests", "240", "-concurrency", "16", "-floor-sample", "40", "-json"}, &out, &errb)
@@ -243,6 +253,13 @@ func TestShortRun(t *testing.T) {
 		assert.Greater(t, f(m, "refused"), 0.0, "%s met the dark region", m)
 	}
 	assert.Greater(t, f("hedged", "hedges_pct"), 0.0, "hedges were sent")
+	var typed []result
+	require.NoError(t, json.Unmarshal(out.Bytes(), &typed))
+	for _, r := range typed {
+		if r.Mode == "priority" {
+			checkPriority(t, r.Priority, 240)
+		}
+	}
 	for _, m := range modes {
 		t.Logf("%-14s p50 %6.1f ms  p99 %6.1f ms  %6.0f req/s  success %.2f%%  cache-hit %.1f%%  hedges %.1f%%",
 			m.name, f(m.name, "p50_ms"), f(m.name, "p99_ms"), f(m.name, "throughput_rps"), f(m.name, "success_pct"), f(m.name, "cache_hit_pct"), f(m.name, "hedges_pct"))

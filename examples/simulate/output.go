@@ -54,6 +54,11 @@ type result struct {
 	QueueFull       int                `json:"queue_full"`
 	Slowed          int                `json:"slowed"`
 	Hung            int                `json:"hung"`
+	Budget          *budgetResult      `json:"budget,omitempty"`   // the budget mode's
+	Priority        *priorityResult    `json:"priority,omitempty"` // the priority mode's
+	Replicas        *replicasResult    `json:"replicas,omitempty"` // a row of the replicas comparison
+
+	okLatencies []time.Duration // the successful requests', sorted (for -plot)
 }
 
 func summarize(m mode, o options, reports []relay.Report, wall time.Duration, conc int, prices map[string]relay.Price, st relaytest.SimStats) result {
@@ -69,7 +74,7 @@ func summarize(m mode, o options, reports []relay.Report, wall time.Duration, co
 	if prices == nil {
 		prices = relay.DefaultPrices()
 	}
-	var lat []time.Duration
+	var lat, okLat []time.Duration
 	var ok, hedged, attempts int
 	var input float64
 	for _, r := range reports {
@@ -83,6 +88,7 @@ func summarize(m mode, o options, reports []relay.Report, wall time.Duration, co
 			continue
 		}
 		ok++
+		okLat = append(okLat, r.Latency)
 		res.ModelPaths[r.Model]++
 		res.CostUSD += r.CostUSD
 		if r.Usage == (relay.Usage{}) {
@@ -99,6 +105,8 @@ func summarize(m mode, o options, reports []relay.Report, wall time.Duration, co
 		res.ModelPaths[k] = round(100*v/float64(max(ok, 1)), 1)
 	}
 	slices.Sort(lat)
+	slices.Sort(okLat)
+	res.okLatencies = okLat
 	res.P50ms, res.P99ms, res.MaxMs = ms(quantile(lat, 0.50)), ms(quantile(lat, 0.99)), ms(lat[len(lat)-1])
 	res.ThroughputRPS = round(n/wall.Seconds(), 1)
 	res.SuccessPct = round(100*float64(ok)/n, 2)
@@ -113,8 +121,14 @@ func summarize(m mode, o options, reports []relay.Report, wall time.Duration, co
 	}
 	res.HedgesPct = round(100*float64(hedged)/n, 2)
 	res.AttemptsPerReq = round(float64(attempts)/n, 3)
-	served := 0
-	hot := 0
+	fleetCounts(&res, st)
+	return res
+}
+
+// fleetCounts adds the fleet's counters to a row: its faults, and how its
+// shards' queues and calls were spread.
+func fleetCounts(res *result, st relaytest.SimStats) {
+	served, hot := 0, 0
 	for _, p := range st.Paths {
 		res.Refused += p.Refused
 		res.Throttled += p.Throttled
@@ -132,7 +146,6 @@ func summarize(m mode, o options, reports []relay.Report, wall time.Duration, co
 	if served > 0 {
 		res.HotShardPct = round(100*float64(hot)/float64(served), 1)
 	}
-	return res
 }
 
 func quantile(sorted []time.Duration, q float64) time.Duration {
@@ -208,7 +221,9 @@ func printFleet(out io.Writer, o options, cfg relaytest.SimConfig, w *workload) 
 	fmt.Fprintf(out, "Latencies are wall-clock ms (×%g for simulated).\n\n", 1/timeScale)
 }
 
-func printTables(out io.Writer, o options, results []result) {
+func printTables(out io.Writer, o options, all []result) {
+	results := slices.DeleteFunc(slices.Clone(all), func(r result) bool { return r.Replicas != nil })
+	defer printReplicas(out, all)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "mode\tmodel paths\tp50 ms\tp99 ms\treq/s\tsuccess %\t$/1k req\tinput $/1k\t$/1M out\tcache-hit %\thedges %\t")
 	for _, r := range results {
@@ -240,6 +255,8 @@ func printTables(out io.Writer, o options, results []result) {
 	}
 	tw.Flush()
 	fmt.Fprint(out, legend)
+	printSpend(out, results)
+	printPriority(out, results)
 	if o.replay == "" {
 		printTargets(out, o, results)
 	}

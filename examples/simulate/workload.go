@@ -23,6 +23,7 @@ type request struct {
 	stream   bool
 	kind     string
 	at       time.Duration // send offset from the start (timed replays)
+	priority string        // X-Relay-Priority header value; "": none
 }
 
 // workload is the request list, the same in every mode: seeded, or read
@@ -305,10 +306,15 @@ func agentWorkload(seed uint64, n, concurrency int) *workload {
 
 // promptTokens counts a chat body's prompt as the router does (OpenAI's
 // chat formula in o200k_base, tool definitions by the cookbook's estimate).
-func promptTokens(body string) int {
+func promptTokens(body string) int { return bodyTokens(prompt.Chat, body) }
+
+// bodyTokens counts the prompt of a body sent to endpoint as the router
+// does, with its default estimate of 85 tokens per image part.
+func bodyTokens(endpoint, body string) int {
 	root := gjson.Parse(body)
-	f := prompt.Fields{Messages: root.Get("messages"), Tools: root.Get("tools")}
-	return prompt.Tokens(o200k{}, 0, prompt.Chat, &f)
+	f := prompt.Fields{Messages: root.Get("messages"), Input: root.Get("input"), Prompt: root.Get("prompt"),
+		Instructions: root.Get("instructions"), Tools: root.Get("tools")}
+	return prompt.Tokens(o200k{}, 85, endpoint, &f)
 }
 
 // o200k counts in o200k_base.
