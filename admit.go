@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -9,12 +10,13 @@ import (
 
 // admission is what the admission step knows of one request.
 type admission struct {
-	trip    *trip     // the request (budget reservations, state fallbacks); nil in benchmarks
-	tokens  int       // prompt tokens plus max output tokens, for the TPM charge
-	tried   uint64    // forced candidates already tried, by index (bit i%64)
-	exclude *upstream // skipped: a hedge's first upstream, already in flight
-	mayWait bool      // false: take only what is free now (a hedge)
-	prio    Priority  // its place in the queues of waiting requests
+	trip    *trip         // the request (budget reservations, state fallbacks); nil in benchmarks
+	tokens  int           // prompt tokens plus max output tokens, for the TPM charge
+	tried   uint64        // forced candidates already tried, by index (bit i%64)
+	exclude *upstream     // skipped: a hedge's first upstream, already in flight
+	mayWait bool          // false: take only what is free now (a hedge)
+	prio    Priority      // its place in the queues of waiting requests
+	maxWait time.Duration // what is left of Limits.MaxWait on a scan again; 0: all of it
 	// retry: an attempt after the first. Under bounded loads a retry
 	// ignores the cap: the cap spreads first attempts, and a retry held to
 	// it could only go back to the upstream that just failed (whose
@@ -64,6 +66,9 @@ func (r *Router) acquire(ctx context.Context, cands []candidate, start int, a ad
 		return i, tk, 0, nil
 	}
 	maxWait := r.s.maxWait
+	if a.maxWait > 0 {
+		maxWait = a.maxWait // a scan again after a wait (errFleetOpened)
+	}
 	if !a.mayWait {
 		maxWait = 0
 	}
@@ -75,7 +80,15 @@ func (r *Router) acquire(ctx context.Context, cands []candidate, start int, a ad
 	}
 	switch {
 	case sc.best >= 0 && sc.bestD <= maxWait:
-		return r.await(ctx, cands, sc.best, sc.bestD, a, maxWait, tooLong)
+		i, tk, waited, err := r.await(ctx, cands, sc.best, sc.bestD, a, maxWait, tooLong)
+		if err == errFleetOpened {
+			// Scan again with what is left of the wait; the scan now
+			// skips the candidate the fleet opened.
+			a.maxWait = maxWait - waited
+			i, tk, more, err := r.acquire(ctx, cands, start, a)
+			return i, tk, waited + more, err
+		}
+		return i, tk, waited, err
 	case sc.slotWait >= 0 && maxWait > 0:
 		return r.await(ctx, cands, sc.slotWait, -1, a, maxWait, tooLong)
 	case sc.best < 0 && sc.slotWait < 0 && sc.open > 0:
@@ -120,6 +133,10 @@ func (r *Router) takeOverCap(ctx context.Context, cands []candidate, sc scanResu
 	}
 	return sc.overCap, tk, true
 }
+
+// errFleetOpened: the candidate waited for was opened for the fleet
+// (shared State) during the wait; acquire scans the others again.
+var errFleetOpened = errors.New("relay: circuit opened for the fleet during the wait")
 
 // errWaitPastDeadline: the wait for an upstream's limits would end after
 // the request's deadline.
@@ -225,7 +242,9 @@ func (r *Router) waitFor(ctx context.Context, cands []candidate, c *candidate, d
 	if shared {
 		fellBack, err := r.waitShared(ctx, a, c, tpm, delay, maxWait, tooLong)
 		if err == ErrCircuitOpen {
-			return r.forceSoonest(cands, a, clock.Now())
+			// c's circuit opened for the fleet while we waited: the
+			// others may still take the request (acquire scans again).
+			return -1, ticket{}, errFleetOpened
 		}
 		if err != nil {
 			return -1, ticket{}, err
@@ -281,7 +300,11 @@ func (r *Router) forceSoonest(cands []candidate, a admission, now time.Time) (in
 		if c.up == a.exclude || (c.forced && a.tried&(1<<(i%64)) != 0) {
 			continue
 		}
-		if until, open := c.up.br.openUntil(now); open && (pick < 0 || until.Before(soonest)) {
+		until, open := c.up.br.openUntil(now)
+		if !open && c.fleetOpen.After(now) {
+			until, open = c.fleetOpen, true // open for the fleet (shared State)
+		}
+		if open && (pick < 0 || until.Before(soonest)) {
 			pick, soonest = i, until
 		}
 	}
@@ -290,12 +313,25 @@ func (r *Router) forceSoonest(cands []candidate, a admission, now time.Time) (in
 	}
 	c := &cands[pick]
 	tpm := c.up.lim.charge(a.tokens)
-	if (a.trip != nil && !a.trip.reserve(context.Background(), c, now)) || c.up.lim.delay(now, tpm) > 0 || r.claim(cands, c, false, a.prio) != claimed {
+	if (a.trip != nil && !a.trip.reserve(context.Background(), c, now)) || r.claim(cands, c, false, a.prio) != claimed {
 		return -1, ticket{}, ErrCircuitOpen
 	}
 	c.forced = true
+	// A shared State admits the forced candidate past the fleet's circuit
+	// (not past its limits); in-process, the local limiter does.
+	d, taken := c.up.lim.delay(now, tpm), false
+	if r.s.state != nil {
+		d, taken, _ = r.rate(context.Background(), a, c, tpm, now)
+	}
+	if d > 0 {
+		c.forced = false
+		c.up.unclaim()
+		return -1, ticket{}, ErrCircuitOpen
+	}
 	tk, _ := c.up.br.allow(now, true)
-	c.up.lim.take(now, tpm)
+	if !taken {
+		c.up.lim.take(now, tpm)
+	}
 	return pick, tk, nil
 }
 

@@ -109,6 +109,35 @@ func (l *limiter) release() {
 	}
 }
 
+// queued returns how long a request of priority p charging tpm would wait
+// behind the requests of at least its priority already queued for the
+// buckets (0 when none is): the time the buckets take to give them all,
+// and it, their tokens. It makes the upstream a request waits for the one
+// that serves it soonest, queues included, not the one whose bucket refills
+// first.
+func (l *limiter) queued(now time.Time, tpm int, p Priority) time.Duration {
+	if l.rq.n.Load() == 0 {
+		return 0
+	}
+	l.rq.mu.Lock()
+	defer l.rq.mu.Unlock()
+	n, tokens := 1.0, float64(tpm)
+	for _, w := range l.rq.h {
+		if w.prio >= p {
+			n++
+			tokens += float64(w.tpm)
+		}
+	}
+	if n == 1 {
+		return 0
+	}
+	var hold time.Duration
+	if h := l.hold.Load(); h > now.UnixNano() {
+		hold = time.Duration(h - now.UnixNano())
+	}
+	return max(hold, bucketETA(l.rpm, now, n), bucketETA(l.tpm, now, tokens))
+}
+
 // ahead reports whether requests of at least priority p wait for the
 // buckets: a request of priority p that finds tokens must queue behind them.
 func (l *limiter) ahead(p Priority) bool {

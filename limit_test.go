@@ -284,3 +284,56 @@ func TestLimiterTPMSettles(t *testing.T) {
 	}
 	assert.Empty(t, clock.Waits(), "each request gives back what it did not use")
 }
+
+// TestWaitGoesWhereTheQueueIsShorter: waiting requests take their tokens
+// when their turn comes, so an upstream's bucket alone does not show who
+// waits for it. a's next token comes in 1 s and b's in 2 s (tokens a second
+// after that on both); of four requests that must wait, the first two wait
+// for a (the second ties with b: a comes first), the third counts two
+// ahead of it at a and waits for b, the fourth ties again. All are served
+// within 3 s, where waiting by the buckets alone puts all four behind a,
+// the last served in 4 s.
+func TestWaitGoesWhereTheQueueIsShorter(t *testing.T) {
+	clock := newFakeClock()
+	var mu sync.Mutex
+	served := map[string]time.Duration{}
+	hosts := map[string]int{}
+	start := clock.Now()
+	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		mu.Lock()
+		served[req.Header.Get("X-Id")] = clock.Now().Sub(start)
+		hosts[req.URL.Host]++
+		mu.Unlock()
+		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}, nil
+	})
+	r, _ := newTestRouter(t, Config{Clock: clock, Base: base, Strategy: StrategyPriority, Limits: LimitConfig{MaxWait: time.Minute},
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 60}, {Name: "b", BaseURL: "http://b.test/v1", RPM: 60}}})
+	a, b := &r.ups[0].lim, &r.ups[1].lim
+	a.rpm.AllowN(clock.Now(), 60) // a's minute is spent: a token a second from now
+	b.rpm.AllowN(clock.Now(), 60)
+	b.rpm.ReserveN(clock.Now(), 1) // and one more of b's: its next token in 2 s
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "x")))
+			req.Header.Set("X-Id", itoa(i))
+			resp, err := r.RoundTrip(req)
+			if assert.NoError(t, err) {
+				resp.Body.Close()
+			}
+		})
+		require.Eventually(t, func() bool { return int(a.rq.n.Load()+b.rq.n.Load()) == i+1 }, 5*time.Second, time.Millisecond)
+	}
+	for len(served) < 4 {
+		clock.Advance(time.Second)
+		// Every waiter due has left its queue and called the upstream.
+		require.Eventually(t, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(served)+int(a.rq.n.Load()+b.rq.n.Load()) == 4
+		}, 5*time.Second, time.Millisecond)
+	}
+	wg.Wait()
+	assert.Equal(t, map[string]int{"a.test": 3, "b.test": 1}, hosts)
+	assert.Equal(t, map[string]time.Duration{"0": time.Second, "1": 2 * time.Second, "2": 2 * time.Second, "3": 3 * time.Second}, served)
+}

@@ -13,9 +13,10 @@ import (
 type candidate struct {
 	up           *upstream
 	model        string
-	forced       bool // its circuit is open, but it is the model's soonest to recover
-	fleetProbe   bool // it carries the fleet's half-open probe (shared State)
-	fleetFailing bool // the fleet has a run of failures on it (shared State): a success ends it
+	forced       bool      // its circuit is open, but it is the model's soonest to recover
+	fleetProbe   bool      // it carries the fleet's half-open probe (shared State)
+	fleetFailing bool      // the fleet has a run of failures on it (shared State): a success ends it
+	fleetOpen    time.Time // the end of its open period in the fleet (shared State); zero: not seen open
 }
 
 // Strategy decides the order in which the upstreams serving a model are

@@ -128,7 +128,7 @@ func (r *Router) rate(ctx context.Context, a admission, c *candidate, tpm int, n
 		}
 	}
 	lim := &c.up.lim
-	wait = lim.delay(now, tpm)
+	wait = max(lim.delay(now, tpm), lim.queued(now, tpm, a.prio))
 	if wait == 0 && lim.ahead(a.prio) {
 		wait = 1 // tokens are there, but requests of higher or equal priority wait for them
 	}
@@ -146,6 +146,7 @@ func (r *Router) admitShared(ctx context.Context, a admission, c *candidate, now
 	}
 	if v.Open && !c.forced {
 		if v.Until.After(now) {
+			c.fleetOpen = v.Until
 			return 0, false, true, true
 		}
 		sctx, cancel := r.stateCtx(ctx)
@@ -156,7 +157,8 @@ func (r *Router) admitShared(ctx context.Context, a admission, c *candidate, now
 			return 0, false, false, false
 		}
 		if !won {
-			return 0, false, true, true // another replica probes
+			c.fleetOpen = now.Add(r.probeTTL()) // another replica probes
+			return 0, false, true, true
 		}
 		c.fleetProbe = true
 		if v, err = r.stateAdmit(ctx, a, c, tpm, true, now); err != nil {

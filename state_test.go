@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
@@ -389,4 +390,84 @@ func TestSharedStateBudgetAcrossReplicas(t *testing.T) {
 	close(base.gate)
 	wg.Wait()
 	assert.InDelta(t, 10*18.0, routers[0].Spend()[0].Spent, 1e-9, "the fleet's spend, seen from any replica")
+}
+
+// scriptedState answers Admit with admit (the rest as memState); Probe
+// always loses: another replica probes.
+type scriptedState struct {
+	*memState
+	admit func(u Limits, force bool, now time.Time) Verdict
+}
+
+func (s *scriptedState) Admit(_ context.Context, u Limits, _ int, force bool, now time.Time) (Verdict, error) {
+	return s.admit(u, force, now), nil
+}
+
+func (s *scriptedState) Probe(context.Context, string, time.Duration) (bool, error) {
+	return false, nil
+}
+
+// hostsRouter is a router over upstreams a and b (tried in that order)
+// sharing st, on an auto clock, whose calls are counted by host.
+func hostsRouter(t *testing.T, st State, limits Limits) (*Router, func() map[string]int) {
+	var mu sync.Mutex
+	calls := map[string]int{}
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		mu.Lock()
+		calls[r.URL.Host]++
+		mu.Unlock()
+		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(`{}`))}, nil
+	})
+	r, err := New(Config{Base: base, Clock: newAutoClock(), State: st, StateTimeout: time.Second, Strategy: StrategyPriority,
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: limits.RPM}, {Name: "b", BaseURL: "http://b.test/v1", RPM: limits.RPM}},
+		Limits:    LimitConfig{MaxWait: time.Second}})
+	require.NoError(t, err)
+	return r, func() map[string]int { mu.Lock(); defer mu.Unlock(); return maps.Clone(calls) }
+}
+
+// TestFleetOpenedDuringWaitTriesOthers: a request waits for a's tokens (the
+// sooner of the two); meanwhile the fleet opens a's circuit. It goes to b,
+// whose tokens come later, instead of failing.
+func TestFleetOpenedDuringWaitTriesOthers(t *testing.T) {
+	var start time.Time
+	st := &scriptedState{memState: newMemState(), admit: func(u Limits, _ bool, now time.Time) Verdict {
+		if start.IsZero() {
+			start = now
+		}
+		el := now.Sub(start)
+		switch {
+		case u.Name == "a" && el < 100*time.Millisecond:
+			return Verdict{Wait: 100*time.Millisecond - el}
+		case u.Name == "a":
+			return Verdict{Open: true, Until: now.Add(time.Minute)}
+		case el < 200*time.Millisecond:
+			return Verdict{Wait: 200*time.Millisecond - el}
+		}
+		return Verdict{Taken: true}
+	}}
+	r, calls := hostsRouter(t, st, Limits{RPM: 10})
+	resp, _, err := send(t, r, chatBody("gpt-4.1", "x"))
+	require.NoError(t, err)
+	assert.Equal(t, 200, resp.StatusCode)
+	assert.Equal(t, map[string]int{"b.test": 1}, calls())
+}
+
+// TestAllOpenForTheFleetForcesSoonest: when every candidate's circuit is
+// open for the fleet (this replica's breakers are closed), the one that
+// recovers soonest is tried once, as when they are open in-process.
+func TestAllOpenForTheFleetForcesSoonest(t *testing.T) {
+	st := &scriptedState{memState: newMemState(), admit: func(u Limits, force bool, now time.Time) Verdict {
+		switch {
+		case force:
+			return Verdict{Taken: true}
+		case u.Name == "b":
+			return Verdict{Open: true, Until: now.Add(time.Second)}
+		}
+		return Verdict{Open: true, Until: now.Add(time.Minute)}
+	}}
+	r, calls := hostsRouter(t, st, Limits{})
+	resp, _, err := send(t, r, chatBody("gpt-4.1", "x"))
+	require.NoError(t, err)
+	assert.Equal(t, 200, resp.StatusCode)
+	assert.Equal(t, map[string]int{"b.test": 1}, calls())
 }
