@@ -152,7 +152,7 @@ func benchPrompt(n int) string {
 func BenchmarkAcquire(b *testing.B) {
 	ups := make([]Upstream, 8)
 	for i := range ups {
-		ups[i] = Upstream{Name: fmt.Sprintf("u%d", i), BaseURL: "http://127.0.0.1:1", RPM: 1 << 30, TPM: 1 << 30, MaxInFlight: 1 << 20}
+		ups[i] = Upstream{Name: fmt.Sprintf("u%d", i), BaseURL: "http://127.0.0.1:1", RPM: 1 << 40, TPM: 1 << 50, MaxInFlight: 1 << 20} // limits a long run does not exhaust
 	}
 	r, err := New(Config{Upstreams: ups})
 	if err != nil {

@@ -108,8 +108,8 @@ func overheadTransports(tb testing.TB, base http.RoundTripper, reports *atomic.I
 	)
 	r, err := New(Config{
 		Upstreams: []Upstream{
-			{Name: "a", BaseURL: "http://a.mem/v1", APIKey: "sk-bench", RPM: 1 << 30, TPM: 1 << 30},
-			{Name: "b", BaseURL: "http://b.mem/v1", APIKey: "sk-bench", RPM: 1 << 30, TPM: 1 << 30},
+			{Name: "a", BaseURL: "http://a.mem/v1", APIKey: "sk-bench", RPM: 1 << 40, TPM: 1 << 50},
+			{Name: "b", BaseURL: "http://b.mem/v1", APIKey: "sk-bench", RPM: 1 << 40, TPM: 1 << 50},
 		},
 		Base:     base,
 		OnReport: func(Report) { reports.Add(1) },

@@ -75,6 +75,16 @@ func (l *upstreamList) Set(v string) error {
 }
 
 // run is the command; it returns the exit code (2 for bad flags).
+// simulated points cfg at a simulated fleet's upstreams, with its models
+// as the defaults of the model flags left empty.
+func simulated(cfg *config, fleet *relaytest.SimFleet, fastM, cheapM *string) {
+	for _, u := range fleet.Upstreams() {
+		cfg.Upstreams = append(cfg.Upstreams, relay.Upstream{Name: u.Name, BaseURL: u.URL, Models: []string{u.Model}})
+	}
+	cfg.Model = "gpt-5.5-codex"
+	*fastM, *cheapM = or(*fastM, "gemini-2.5-flash"), or(*cheapM, "deepseek-v3.2")
+}
+
 func run(ctx context.Context, args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -119,11 +129,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	if len(ups) == 0 {
 		fleet := relaytest.NewSimFleet(relaytest.SimConfig{})
 		defer fleet.Close()
-		for _, u := range fleet.Upstreams() {
-			cfg.Upstreams = append(cfg.Upstreams, relay.Upstream{Name: u.Name, BaseURL: u.URL, Models: []string{u.Model}})
-		}
-		cfg.Model = "gpt-5.5-codex"
-		*fastM, *cheapM = or(*fastM, "gemini-2.5-flash"), or(*cheapM, "deepseek-v3.2")
+		simulated(&cfg, fleet, fastM, cheapM)
 		logger.Printf("no -upstream: serving a SIMULATED fleet (relaytest.SimFleet, %d upstreams on loopback)", len(cfg.Upstreams))
 	} else {
 		key := or(*apiKey, os.Getenv("OPENAI_API_KEY"))

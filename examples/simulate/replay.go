@@ -144,71 +144,13 @@ func parseReplayLine(line []byte, models []string, count func(string) int) (q re
 	if !root.IsObject() {
 		return q, tms, false, "not a JSON object"
 	}
-	body, endpoint := root, ""
-	if b := root.Get("body"); b.Exists() {
-		if !b.IsObject() {
-			return q, tms, false, `"body" is not an object`
-		}
-		body = b
-		if ep := root.Get("endpoint"); ep.Exists() {
-			if ep.Type != gjson.String {
-				return q, tms, false, `"endpoint" is not a string`
-			}
-			switch strings.Trim(ep.Str, "/") {
-			case "chat/completions", "chat", "v1/chat/completions":
-				endpoint = relay.EndpointChat
-			case "responses", "v1/responses":
-				endpoint = relay.EndpointResponses
-			default:
-				return q, tms, false, fmt.Sprintf("unknown endpoint %q", ep.Str)
-			}
-		}
-		if t := root.Get("t_ms"); t.Exists() {
-			if t.Type != gjson.Number || t.Num < 0 || t.Num > 1e12 {
-				return q, tms, false, `"t_ms" is not a non-negative number`
-			}
-			tms = int64(t.Num)
-		}
+	body, endpoint, tms, reason := replayWrapper(root)
+	if reason != "" {
+		return q, tms, false, reason
 	}
-	if endpoint == "" {
-		switch {
-		case body.Get("messages").Exists():
-			endpoint = relay.EndpointChat
-		case body.Get("input").Exists() || body.Get("instructions").Exists():
-			endpoint = relay.EndpointResponses
-		default:
-			return q, tms, false, `no "messages" or "input": neither a chat nor a responses body`
-		}
-	}
-	prompt := 0
-	switch endpoint {
-	case relay.EndpointChat:
-		msgs := body.Get("messages")
-		if !msgs.IsArray() || len(msgs.Array()) == 0 {
-			return q, tms, false, `"messages" is not a non-empty array`
-		}
-		prompt = 3
-		msgs.ForEach(func(_, m gjson.Result) bool {
-			prompt += 3 + count(m.Get("role").Str) + count(textOf(m.Get("content")))
-			return true
-		})
-	case relay.EndpointResponses:
-		in := body.Get("input")
-		if !in.Exists() && !body.Get("instructions").Exists() {
-			return q, tms, false, `no "input" in a responses body`
-		}
-		if in.Exists() && in.Type != gjson.String && !in.IsArray() {
-			return q, tms, false, `"input" is neither a string nor an array`
-		}
-		prompt = 3 + count(body.Get("instructions").Str)
-		if in.Type == gjson.String {
-			prompt += 3 + count(in.Str)
-		} else {
-			in.ForEach(func(_, m gjson.Result) bool {
-				prompt += 3 + count(m.Get("role").Str) + count(textOf(m.Get("content")))
-				return true
-			})
-		}
+	prompt, endpoint, reason := replayPrompt(body, endpoint, count)
+	if reason != "" {
+		return q, tms, false, reason
 	}
 	raw := []byte(body.Raw)
 	model := body.Get("model")
@@ -233,6 +175,87 @@ func parseReplayLine(line []byte, models []string, count func(string) int) (q re
 		}
 	}
 	return q, tms, rewritten, ""
+}
+
+// replayWrapper reads a line's wrapper, {"t_ms", "endpoint", "body"}, or
+// takes the line as the body when it has no "body": the body, the endpoint
+// the wrapper names ("" when none), the time (-1 when none) and, when the
+// wrapper is malformed, why.
+func replayWrapper(root gjson.Result) (body gjson.Result, endpoint string, tms int64, reason string) {
+	tms = -1
+	b := root.Get("body")
+	if !b.Exists() {
+		return root, "", tms, ""
+	}
+	if !b.IsObject() {
+		return b, "", tms, `"body" is not an object`
+	}
+	if ep := root.Get("endpoint"); ep.Exists() {
+		if ep.Type != gjson.String {
+			return b, "", tms, `"endpoint" is not a string`
+		}
+		switch strings.Trim(ep.Str, "/") {
+		case "chat/completions", "chat", "v1/chat/completions":
+			endpoint = relay.EndpointChat
+		case "responses", "v1/responses":
+			endpoint = relay.EndpointResponses
+		default:
+			return b, "", tms, fmt.Sprintf("unknown endpoint %q", ep.Str)
+		}
+	}
+	if t := root.Get("t_ms"); t.Exists() {
+		if t.Type != gjson.Number || t.Num < 0 || t.Num > 1e12 {
+			return b, "", tms, `"t_ms" is not a non-negative number`
+		}
+		tms = int64(t.Num)
+	}
+	return b, endpoint, tms, ""
+}
+
+// replayPrompt infers the endpoint of a body when its wrapper named none,
+// checks the body's shape for it, and estimates its prompt tokens with
+// count (3 per message and reply, as the chat formula counts).
+func replayPrompt(body gjson.Result, endpoint string, count func(string) int) (prompt int, _ string, reason string) {
+	if endpoint == "" {
+		switch {
+		case body.Get("messages").Exists():
+			endpoint = relay.EndpointChat
+		case body.Get("input").Exists() || body.Get("instructions").Exists():
+			endpoint = relay.EndpointResponses
+		default:
+			return 0, "", `no "messages" or "input": neither a chat nor a responses body`
+		}
+	}
+	messages := func(list gjson.Result) {
+		list.ForEach(func(_, m gjson.Result) bool {
+			prompt += 3 + count(m.Get("role").Str) + count(textOf(m.Get("content")))
+			return true
+		})
+	}
+	switch endpoint {
+	case relay.EndpointChat:
+		msgs := body.Get("messages")
+		if !msgs.IsArray() || len(msgs.Array()) == 0 {
+			return 0, "", `"messages" is not a non-empty array`
+		}
+		prompt = 3
+		messages(msgs)
+	case relay.EndpointResponses:
+		in := body.Get("input")
+		if !in.Exists() && !body.Get("instructions").Exists() {
+			return 0, "", `no "input" in a responses body`
+		}
+		if in.Exists() && in.Type != gjson.String && !in.IsArray() {
+			return 0, "", `"input" is neither a string nor an array`
+		}
+		prompt = 3 + count(body.Get("instructions").Str)
+		if in.Type == gjson.String {
+			prompt += 3 + count(in.Str)
+		} else {
+			messages(in)
+		}
+	}
+	return prompt, endpoint, ""
 }
 
 // textOf returns the text of a message content: a string, or the text
