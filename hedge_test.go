@@ -153,6 +153,10 @@ func TestHedgeBothCompletedBilledTwice(t *testing.T) {
 	a.open("1")
 	b.open("1")
 	require.NotNil(t, <-done)
+	// When the loser completed too, its usage is read on a goroutine of its
+	// own and the Report waits for it, not the caller: it may come after the
+	// caller has closed the winner's body.
+	require.Eventually(t, func() bool { return len(reps.all()) == 1 }, 5*time.Second, time.Millisecond)
 	rep := reps.all()[0]
 	assert.True(t, rep.Hedged)
 	// One answer costs 12 (10 prompt + 2 completion tokens at $1); both, 24,
