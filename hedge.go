@@ -59,11 +59,11 @@ type loserUsage struct {
 // candidate that can take the request at once (never the upstream already
 // in flight), and returns the first good answer. The second return is the
 // index after the hedge's candidate, or -1 when there was no hedge.
-func (t *trip) sendHedged(ctx context.Context, cands []candidate, idx int, tk ticket, adm admission, out outBody) (attempt, int) {
+func (t *trip) sendHedged(ctx context.Context, cands []candidate, idx int, tk ticket, adm admission, out outBody, at time.Time) (attempt, int) {
 	r := t.r
 	cand := cands[idx]
 	if !r.s.hedge.on {
-		a := t.send(ctx, cand, out, t.attempts, false)
+		a := t.send(ctx, cand, out, t.attempts, false, at)
 		a.tk = tk
 		return a, -1
 	}
@@ -74,7 +74,7 @@ func (t *trip) sendHedged(ctx context.Context, cands []candidate, idx int, tk ti
 		cancels[n] = cancel
 		seq := t.attempts
 		go func() {
-			a := t.send(actx, c, out, seq, n == 1)
+			a := t.send(actx, c, out, seq, n == 1, time.Time{})
 			a.tk, a.hedge = tk, n
 			if inner := a.cancel; inner != nil {
 				a.cancel = func() { inner(); cancel() }

@@ -316,7 +316,7 @@ func (t *trip) settleTPM(u Usage) {
 	if u.PromptTokens+u.CompletionTokens == 0 || unused <= 0 {
 		return
 	}
-	now := t.r.s.clock.Now()
+	now := t.end.at // the Report's
 	if shared {
 		t.r.refundShared(context.WithoutCancel(t.ctx), t, up, 0, unused, now)
 		return

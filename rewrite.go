@@ -5,7 +5,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"slices"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -24,7 +23,10 @@ import (
 func (t *trip) outgoing(ctx context.Context, cand candidate, ob outBody) *http.Request {
 	body := ob.b
 	req := t.req
-	out := req.Clone(ctx)
+	// A shallow copy, as Request.Clone makes but for the URL, replaced
+	// below, and the header, built by outHeader: the rest (trailer,
+	// transfer encoding) is only read.
+	out := req.WithContext(ctx)
 	u := *cand.up.base
 	u.Path = u.Path + "/" + t.pathFor()
 	u.RawPath = ""
@@ -36,26 +38,69 @@ func (t *trip) outgoing(ctx context.Context, cand candidate, ob outBody) *http.R
 	}
 	out.URL = &u
 	out.Host = ""
-	if out.Header == nil {
-		out.Header = make(http.Header) // a caller's nil Header is an empty one
-	}
-	// The router reads every answer: its Base negotiates the content coding
-	// (http.Transport asks for gzip and decompresses), not the caller.
-	out.Header.Del("Accept-Encoding")
-	if cand.up.auth != nil {
-		out.Header.Set("Authorization", cand.up.auth())
-	}
-	for k, vs := range cand.up.cfg.Header {
-		out.Header[k] = slices.Clone(vs) // a Base may add to them
-	}
+	out.Header = outHeader(req.Header, cand.up)
 	if body == nil {
 		out.Body, out.GetBody, out.ContentLength = nil, nil, 0
 		return out
 	}
 	out.ContentLength = int64(len(body))
-	out.Body = io.NopCloser(bytes.NewReader(body))
-	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	rb := &reqBody{b: body}
+	rb.Reset(body)
+	out.Body, out.GetBody = rb, rb.again
 	return out
+}
+
+// outHeader is the header of a request to up: the caller's, without
+// Accept-Encoding (the router reads every answer: its Base negotiates the
+// content coding, as http.Transport does, asking for gzip and
+// decompressing), with up's Authorization and header values. It is made
+// in two allocations, and shares no slice with the caller's header or
+// up's configuration (a Base may add to them).
+func outHeader(in http.Header, up *upstream) http.Header {
+	extra := up.cfg.Header
+	n := 0
+	for _, vs := range in {
+		n += len(vs)
+	}
+	for _, vs := range extra {
+		n += len(vs)
+	}
+	h := make(http.Header, len(in)+len(extra)+1)
+	all := make([]string, 0, n+1)
+	add := func(k string, vs []string) {
+		if vs == nil {
+			h[k] = nil
+			return
+		}
+		all = append(all, vs...)
+		h[k] = all[len(all)-len(vs) : len(all) : len(all)]
+	}
+	for k, vs := range in {
+		if k == "Accept-Encoding" || (up.auth != nil && k == "Authorization") || extra[k] != nil {
+			continue
+		}
+		add(k, vs)
+	}
+	if up.auth != nil {
+		add("Authorization", []string{up.auth()})
+	}
+	for k, vs := range extra {
+		add(k, vs)
+	}
+	return h
+}
+
+// reqBody is an outgoing request's body, and its GetBody, in one
+// allocation.
+type reqBody struct {
+	bytes.Reader
+	b []byte
+}
+
+func (*reqBody) Close() error { return nil }
+
+func (r *reqBody) again() (io.ReadCloser, error) {
+	return &reqBody{Reader: *bytes.NewReader(r.b), b: r.b}, nil
 }
 
 // pathFor is the path appended to an upstream's BaseURL: the endpoint for

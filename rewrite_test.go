@@ -171,3 +171,68 @@ func TestInjectStreamUsage(t *testing.T) {
 		}
 	}
 }
+
+func TestOutHeader(t *testing.T) {
+	r, err := New(Config{Upstreams: []Upstream{
+		{Name: "keyed", BaseURL: "http://a.test/v1", APIKey: "sk-up", Header: http.Header{"x-extra": {"1", "2"}, "Openai-Organization": {"org-up"}}},
+		{Name: "open", BaseURL: "http://b.test/v1"},
+	}})
+	require.NoError(t, err)
+	in := http.Header{
+		"Authorization":       {"Bearer caller"},
+		"Accept-Encoding":     {"gzip"},
+		"Openai-Organization": {"org-caller"},
+		"X-Trace":             {"t1", "t2"},
+		"X-Empty":             nil,
+	}
+	orig := in.Clone()
+	keyed := outHeader(in, r.ups[0])
+	assert.Equal(t, http.Header{
+		"Authorization":       {"Bearer sk-up"},
+		"Openai-Organization": {"org-up"},
+		"X-Extra":             {"1", "2"},
+		"X-Trace":             {"t1", "t2"},
+		"X-Empty":             nil,
+	}, keyed)
+	open := outHeader(in, r.ups[1])
+	assert.Equal(t, http.Header{
+		"Authorization":       {"Bearer caller"}, // no key: the caller's
+		"Openai-Organization": {"org-caller"},
+		"X-Trace":             {"t1", "t2"},
+		"X-Empty":             nil,
+	}, open)
+	// A Base that adds values touches neither the caller's header, nor the
+	// upstream's configuration, nor the header's other keys.
+	for _, h := range []http.Header{keyed, open} {
+		for k := range h {
+			h.Add(k, "added")
+		}
+	}
+	assert.Equal(t, orig, in)
+	assert.Equal(t, []string{"1", "2"}, r.ups[0].cfg.Header["X-Extra"])
+	assert.Equal(t, []string{"t1", "t2", "added"}, keyed["X-Trace"])
+	assert.Equal(t, []string{"Bearer sk-up", "added"}, keyed["Authorization"])
+	assert.Nil(t, outHeader(nil, r.ups[1])["Authorization"])
+	assert.Empty(t, outHeader(nil, r.ups[1]))
+}
+
+func TestOutgoingBodyRereads(t *testing.T) {
+	rb := &reqBody{b: []byte("abc")}
+	rb.Reset(rb.b)
+	got, err := io.ReadAll(rb)
+	require.NoError(t, err)
+	assert.Equal(t, "abc", string(got))
+	again, err := rb.again()
+	require.NoError(t, err)
+	got, err = io.ReadAll(again)
+	require.NoError(t, err)
+	assert.Equal(t, "abc", string(got), "GetBody starts over")
+	assert.NoError(t, again.Close())
+}
+
+func TestResponseHeaderNamesAreCanonical(t *testing.T) {
+	// finalize sets them without canonicalizing.
+	for _, k := range []string{HeaderModel, HeaderUpstream, HeaderPromptTokens} {
+		assert.Equal(t, http.CanonicalHeaderKey(k), k)
+	}
+}

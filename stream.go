@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 	"math/bits"
-	"mime"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,12 +31,12 @@ const (
 
 // isEventStream reports whether a response is a server-sent-event stream.
 func isEventStream(h http.Header) bool {
-	ct := h.Get("Content-Type")
-	if ct == "" {
-		return false
+	var ct string
+	if v := h["Content-Type"]; len(v) > 0 {
+		ct = v[0]
 	}
-	mt, _, err := mime.ParseMediaType(ct)
-	return err == nil && mt == "text/event-stream"
+	mt, _, _ := strings.Cut(ct, ";") // the parameters do not matter
+	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
 }
 
 // streamBody passes an SSE response body through unchanged and finishes the

@@ -851,3 +851,25 @@ func TestStreamErrorEventKeyRedacted(t *testing.T) {
 		assert.NotContains(t, msg, secret)
 	}
 }
+
+func TestIsEventStream(t *testing.T) {
+	for ct, want := range map[string]bool{
+		"text/event-stream":                     true,
+		"text/event-stream; charset=utf-8":      true,
+		"Text/Event-Stream;charset=UTF-8":       true,
+		" text/event-stream ":                   true,
+		"text/event-stream;":                    true,
+		"text/event-streams":                    false,
+		"text/event":                            false,
+		"application/json":                      false,
+		"application/json; x=text/event-stream": false,
+		"":                                      false,
+	} {
+		h := http.Header{}
+		if ct != "" {
+			h.Set("Content-Type", ct)
+		}
+		assert.Equal(t, want, isEventStream(h), "%q", ct)
+	}
+	assert.False(t, isEventStream(nil))
+}

@@ -67,17 +67,42 @@ func (r *Router) readBody(req *http.Request) ([]byte, error) {
 	if req.ContentLength > r.s.maxBody {
 		return nil, ErrBodyTooLarge
 	}
-	var buf bytes.Buffer
-	if req.ContentLength > 0 {
-		buf.Grow(int(req.ContentLength) + 1)
+	if n := req.ContentLength; n > 0 {
+		// The declared length, read into a buffer of that size. A body
+		// shorter than it declared is what it is; one longer is read on,
+		// as a body of unknown length.
+		buf := make([]byte, n)
+		m, err := io.ReadFull(req.Body, buf)
+		switch {
+		case err == io.ErrUnexpectedEOF:
+			return buf[:m], nil
+		case err != nil:
+			return nil, err
+		}
+		var one [1]byte
+		m, err = req.Body.Read(one[:])
+		switch {
+		case m == 0 && err == io.EOF:
+			return buf, nil // the common case: the read after the end is an EOF
+		case m == 0 && err != nil:
+			return nil, err
+		}
+		return readRest(append(buf, one[:m]...), req.Body, r.s.maxBody)
 	}
-	if _, err := buf.ReadFrom(io.LimitReader(req.Body, r.s.maxBody+1)); err != nil {
+	return readRest(nil, req.Body, r.s.maxBody)
+}
+
+// readRest reads src to its end after buf, failing with ErrBodyTooLarge
+// past max bytes.
+func readRest(buf []byte, src io.Reader, max int64) ([]byte, error) {
+	b := bytes.NewBuffer(buf)
+	if _, err := b.ReadFrom(io.LimitReader(src, max+1-int64(len(buf)))); err != nil {
 		return nil, err
 	}
-	if int64(buf.Len()) > r.s.maxBody {
+	if int64(b.Len()) > max {
 		return nil, ErrBodyTooLarge
 	}
-	return buf.Bytes(), nil
+	return b.Bytes(), nil
 }
 
 // trip is the state of one RoundTrip. What the request is (body, class,
@@ -125,8 +150,9 @@ type attempt struct {
 	resp     *http.Response
 	err      error
 	cancel   context.CancelFunc
-	sent     time.Time
-	injected bool // its body asked for the stream's usage chunk
+	sent     time.Time // when it was sent
+	done     time.Time // when its response (or error) came
+	injected bool      // its body asked for the stream's usage chunk
 	latency  time.Duration
 	hookDone func(AttemptDone) // Hooks.OnAttempt's, run by observe
 	stream   *streamBody       // set when the stream was read ahead (first-token failover)
@@ -154,8 +180,8 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 	)
 	defer prev.close(t)
 	for i := 0; i < r.s.retry.maxAttempts; i++ {
-		idx, tk, waited, err := r.acquire(ctx, cands, next, adm)
-		t.outside += waited
+		idx, tk, queued, err := r.acquire(ctx, cands, next, adm)
+		t.outside += queued
 		if err == ErrBudgetExceeded && t.downgrade(&cands) {
 			i-- // a cheaper route, not an attempt
 			continue
@@ -171,15 +197,19 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 		out := bodies.get(t, cand)
 		at := r.s.clock.Now()
 		t.attempts++
-		a, hedgeNext := t.sendHedged(ctx, cands, idx, tk, adm, out)
+		a, hedgeNext := t.sendHedged(ctx, cands, idx, tk, adm, out, at)
 		adm.retry = true
+		waited := false // for a stream's first token
 		if hedgeNext >= 0 {
 			next = hedgeNext
 		}
 		if i < r.s.retry.maxAttempts-1 {
-			t.awaitFirstToken(&a)
+			waited = t.awaitFirstToken(&a)
 		}
-		now := r.s.clock.Now()
+		now := a.done // no clock read when nothing happened since
+		if hedgeNext >= 0 || waited || now.IsZero() {
+			now = r.s.clock.Now()
+		}
 		t.outside += now.Sub(at)
 		t.observe(&a, now)
 		wait, final := t.retryWait(&a, cands[next%len(cands)], i, &rt)
@@ -272,16 +302,17 @@ func (bc *bodyCache) get(t *trip, cand candidate) outBody {
 // its first content chunk; if none comes in time, the attempt becomes a
 // failure to retry. The loop skips it on the last attempt: a slow stream
 // beats none.
-func (t *trip) awaitFirstToken(a *attempt) {
+func (t *trip) awaitFirstToken(a *attempt) (waited bool) {
 	d := t.r.s.stream.firstToken
 	if a.err != nil || d <= 0 || a.resp.StatusCode >= 300 || !isEventStream(a.resp.Header) {
-		return
+		return false
 	}
 	a.stream = newStreamBody(t, a)
 	if err := a.stream.awaitFirstToken(d); err != nil {
 		a.stream.abandon()
 		a.resp, a.stream, a.err = nil, nil, err
 	}
+	return true
 }
 
 // observe feeds an attempt's outcome to its upstream's breaker, limiter and
@@ -317,7 +348,7 @@ func (t *trip) observe(a *attempt, now time.Time) {
 
 // send makes one upstream call. The attempt holds the in-flight count and
 // slot acquire took until it is released.
-func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, hedge bool) attempt {
+func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, hedge bool, sent time.Time) attempt {
 	r := t.r
 	a := attempt{cand: cand, held: true, injected: body.injected}
 	// state settles the race between the attempt timer and the response:
@@ -333,7 +364,10 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 			}
 		})
 	}
-	a.sent = r.s.clock.Now()
+	a.sent = sent
+	if sent.IsZero() {
+		a.sent = r.s.clock.Now()
+	}
 	if err := ctx.Err(); err != nil {
 		// The call never goes out: its tokens go back.
 		cand.up.lim.refund(a.sent, cand.up.lim.charge(t.tokens))
@@ -369,7 +403,7 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 		}
 	}
 	now := r.s.clock.Now()
-	a.latency = now.Sub(a.sent)
+	a.done, a.latency = now, now.Sub(a.sent)
 	if a.err == nil || a.err == ErrAttemptTimeout {
 		cand.up.lat.add(a.latency, now)
 	}
@@ -557,9 +591,12 @@ func (t *trip) finalize(a attempt) (*http.Response, error) {
 		resp.Header = make(http.Header)
 	}
 	decompress(resp)
-	resp.Header.Set(HeaderModel, t.model())
-	resp.Header.Set(HeaderUpstream, t.upstreamName())
-	resp.Header.Set(HeaderPromptTokens, strconv.Itoa(t.c.req.PromptTokens))
+	// The header names are canonical: set them without Set's
+	// canonicalization, and in one allocation.
+	vs := []string{t.model(), t.upstreamName(), strconv.Itoa(t.c.req.PromptTokens)}
+	resp.Header[HeaderModel] = vs[0:1:1]
+	resp.Header[HeaderUpstream] = vs[1:2:2]
+	resp.Header[HeaderPromptTokens] = vs[2:3:3]
 	switch {
 	case a.stream != nil:
 		resp.Body = a.stream

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/iotest"
 	"time"
 	"unicode/utf8"
 
@@ -464,4 +466,58 @@ func TestNilHeaderDoesNotPanic(t *testing.T) {
 	got := up.got()[0]
 	assert.Equal(t, "Bearer sk-key-123456", got.Header.Get("Authorization"))
 	assert.Equal(t, "t", got.Header.Get("X-Tag"))
+}
+
+// oneByteReader returns its text a byte at a time, and (0, nil) between
+// bytes, as io.Reader allows.
+type oneByteReader struct {
+	s    string
+	idle bool
+}
+
+func (o *oneByteReader) Read(p []byte) (int, error) {
+	if o.idle = !o.idle; o.idle {
+		return 0, nil
+	}
+	if o.s == "" {
+		return 0, io.EOF
+	}
+	p[0], o.s = o.s[0], o.s[1:]
+	return 1, nil
+}
+
+func TestReadBodyAgainstItsContentLength(t *testing.T) {
+	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test"}}, MaxBodyBytes: 8})
+	require.NoError(t, err)
+	boom := errors.New("boom")
+	for _, c := range []struct {
+		name     string
+		body     io.Reader
+		declared int64
+		want     string
+		err      error
+	}{
+		{"exact", strings.NewReader("abcd"), 4, "abcd", nil},
+		{"unknown length", strings.NewReader("abcd"), -1, "abcd", nil},
+		{"shorter than declared", strings.NewReader("ab"), 4, "ab", nil},
+		{"longer than declared", strings.NewReader("abcdef"), 4, "abcdef", nil},
+		{"longer than declared, past the limit", strings.NewReader("abcdefghi"), 4, "", ErrBodyTooLarge},
+		{"unknown length, past the limit", strings.NewReader("abcdefghi"), -1, "", ErrBodyTooLarge},
+		{"declared past the limit", strings.NewReader("abcd"), 9, "", ErrBodyTooLarge},
+		{"a reader that pauses", &oneByteReader{s: "abcdefg"}, 4, "abcdefg", nil},
+		{"a failing reader", io.MultiReader(strings.NewReader("ab"), iotest.ErrReader(boom)), 4, "", boom},
+		{"failing after its declared length", io.MultiReader(strings.NewReader("abcd"), iotest.ErrReader(boom)), 4, "", boom},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			req, _ := http.NewRequest("POST", "http://x/v1/chat/completions", io.NopCloser(c.body))
+			req.ContentLength = c.declared
+			got, err := r.readBody(req)
+			if c.err != nil {
+				assert.ErrorIs(t, err, c.err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, c.want, string(got))
+		})
+	}
 }
