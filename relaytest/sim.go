@@ -487,6 +487,29 @@ func retryAfterMs(d time.Duration) http.Header {
 	return http.Header{"Retry-After-Ms": {strconv.FormatFloat(ms, 'f', -1, 64)}}
 }
 
+// outage answers a call to a dark region, or one of a region's scripted
+// burst of 429s.
+func (p *simPath) outage() (Fault, bool) {
+	if p.region.dark.Load() {
+		p.refused.Add(1)
+		if p.fleet.cfg.DarkStatus != 0 {
+			return Fault{Status: p.fleet.cfg.DarkStatus}, true
+		}
+		return Fault{Drop: true}, true
+	}
+	for {
+		n := p.region.burst.Load()
+		if n <= 0 {
+			return Fault{}, false
+		}
+		if p.region.burst.CompareAndSwap(n, n-1) {
+			p.throttled.Add(1)
+			return Fault{Status: http.StatusTooManyRequests,
+				Header: retryAfterMs(time.Duration(p.region.burstHint.Load()))}, true
+		}
+	}
+}
+
 // hook schedules one call: faults first, then the shard, the cache and the
 // service time.
 func (p *simPath) hook(r *http.Request, rec *Recorded, f Fault) (Fault, func()) {
@@ -495,23 +518,8 @@ func (p *simPath) hook(r *http.Request, rec *Recorded, f Fault) (Fault, func()) 
 	default:
 		return f, nil
 	}
-	if p.region.dark.Load() {
-		p.refused.Add(1)
-		if p.fleet.cfg.DarkStatus != 0 {
-			return Fault{Status: p.fleet.cfg.DarkStatus}, nil
-		}
-		return Fault{Drop: true}, nil
-	}
-	for {
-		n := p.region.burst.Load()
-		if n <= 0 {
-			break
-		}
-		if p.region.burst.CompareAndSwap(n, n-1) {
-			p.throttled.Add(1)
-			return Fault{Status: http.StatusTooManyRequests,
-				Header: retryAfterMs(time.Duration(p.region.burstHint.Load()))}, nil
-		}
+	if g, ok := p.outage(); ok {
+		return g, nil
 	}
 	if len(rec.Body) == 0 || !gjson.ValidBytes(rec.Body) {
 		return f, nil // the Server answers 400

@@ -122,23 +122,8 @@ func ValidValue(s string, i, depth int) (end int, ok bool) {
 				}
 			}
 			continue
-		case 't':
-			if !strings.HasPrefix(s[i:], "true") {
-				return i, false
-			}
-			i += 4
-		case 'f':
-			if !strings.HasPrefix(s[i:], "false") {
-				return i, false
-			}
-			i += 5
-		case 'n':
-			if !strings.HasPrefix(s[i:], "null") {
-				return i, false
-			}
-			i += 4
 		default:
-			if i, ok = validNumber(s, i); !ok {
+			if i, ok = validScalar(s, i); !ok {
 				return i, false
 			}
 		}
@@ -170,6 +155,25 @@ func ValidValue(s string, i, depth int) (end int, ok bool) {
 			break
 		}
 	}
+}
+
+// validScalar checks the literal or number at s[i] and returns its end.
+func validScalar(s string, i int) (int, bool) {
+	var lit string
+	switch s[i] {
+	case 't':
+		lit = "true"
+	case 'f':
+		lit = "false"
+	case 'n':
+		lit = "null"
+	default:
+		return validNumber(s, i)
+	}
+	if !strings.HasPrefix(s[i:], lit) {
+		return i, false
+	}
+	return i + len(lit), true
 }
 
 // validKey checks a member name and its colon at s[i] and returns the
