@@ -197,41 +197,101 @@ func validKey(s string, i int) (int, bool) {
 // the offset just past its closing quote, and whether it has escapes.
 func ValidString(s string, i int) (end int, esc, ok bool) {
 	i++
+	// Most strings are short (member names, roles, numbers): look for
+	// their end eight bytes at a time over the first 32 bytes, then go on
+	// as a long string would.
+	for n := 0; n < 4 && i+8 <= len(s); n++ {
+		if special8(binary.LittleEndian.Uint64(unsafe.Slice(unsafe.StringData(s), len(s))[i:i+8])) != 0 {
+			for s[i] != '"' && s[i] != '\\' && s[i] >= 0x20 {
+				i++
+			}
+			if s[i] == '"' {
+				return i + 1, false, true
+			}
+			break // an escape or a control character at i
+		}
+		i += 8
+	}
+	return validLongString(s, i)
+}
+
+// validLongString is ValidString from s[i], inside the string.
+func validLongString(s string, i int) (end int, esc, ok bool) {
+	// q is the next quote at or after i: the end, unless an escape holds
+	// it. Between escapes, the text only needs its control characters
+	// checked; quotes and backslashes are found by strings.IndexByte,
+	// which is vectorized.
+	q := nextByte(s, i, '"')
 	for {
-		// Eight bytes at a time while none is a quote, a backslash or a
-		// control character, then byte by byte to the one that is.
-		for b := unsafe.Slice(unsafe.StringData(s), len(s)); i+8 <= len(b) && special8(binary.LittleEndian.Uint64(b[i:i+8])) == 0; {
-			i += 8
+		lim := q
+		if q < 0 {
+			lim = len(s)
 		}
-		for i < len(s) && s[i] != '"' && s[i] != '\\' && s[i] >= 0x20 {
-			i++
+		b := nextByte(s[:lim], i, '\\')
+		seg := lim
+		if b >= 0 {
+			seg = b
 		}
-		if i >= len(s) {
-			return i, esc, false
+		if c := firstControl(s, i, seg); c >= 0 {
+			return c, esc, false
 		}
-		switch c := s[i]; {
-		case c == '"':
-			return i + 1, esc, true
-		case c == '\\':
-			esc = true
-			if i+1 >= len(s) {
-				return i + 1, esc, false
+		if b < 0 {
+			if q < 0 {
+				return len(s), esc, false
 			}
-			switch s[i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				i += 2
-			case 'u':
-				if i+6 > len(s) || !isHex(s[i+2]) || !isHex(s[i+3]) || !isHex(s[i+4]) || !isHex(s[i+5]) {
-					return i, esc, false
-				}
-				i += 6
-			default:
-				return i, esc, false
+			return q + 1, esc, true
+		}
+		esc = true
+		if b+1 >= len(s) {
+			return b + 1, esc, false
+		}
+		switch s[b+1] {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			i = b + 2
+		case 'u':
+			if b+6 > len(s) || !isHex(s[b+2]) || !isHex(s[b+3]) || !isHex(s[b+4]) || !isHex(s[b+5]) {
+				return b, esc, false
 			}
-		case c < 0x20:
-			return i, esc, false
+			i = b + 6
+		default:
+			return b, esc, false
+		}
+		if q >= 0 && i > q { // an escaped quote: the end is further on
+			q = nextByte(s, i, '"')
 		}
 	}
+}
+
+// special8 is not zero when a byte of x is a quote, a backslash or below
+// 0x20.
+func special8(x uint64) uint64 {
+	q := x ^ ('"' * ones)
+	b := x ^ ('\\' * ones)
+	return ((q-ones)&^q | (b-ones)&^b | (x-0x20*ones)&^x) & highs
+}
+
+// nextByte returns the index of the first c in s at or after i, or -1.
+func nextByte(s string, i int, c byte) int {
+	if j := strings.IndexByte(s[i:], c); j >= 0 {
+		return i + j
+	}
+	return -1
+}
+
+// firstControl returns the index of the first byte of s[i:j] below 0x20,
+// or -1.
+func firstControl(s string, i, j int) int {
+	for b := unsafe.Slice(unsafe.StringData(s), len(s)); i+8 <= j; i += 8 {
+		if x := binary.LittleEndian.Uint64(b[i : i+8]); (x-0x20*ones)&^x&highs != 0 {
+			break // one of these eight: found below
+		}
+	}
+	for ; i < j; i++ {
+		if s[i] < 0x20 {
+			return i
+		}
+	}
+	return -1
 }
 
 func isHex(c byte) bool {
@@ -242,14 +302,6 @@ const (
 	ones  = 0x0101010101010101
 	highs = 0x8080808080808080
 )
-
-// special8 is not zero when a byte of x is a quote, a backslash or below
-// 0x20.
-func special8(x uint64) uint64 {
-	q := x ^ ('"' * ones)
-	b := x ^ ('\\' * ones)
-	return ((q-ones)&^q | (b-ones)&^b | (x-0x20*ones)&^x) & highs
-}
 
 // validNumber checks the JSON number at s[i:] and returns its end.
 func validNumber(s string, i int) (int, bool) {
@@ -323,7 +375,7 @@ func Depth[T Text](s T) int {
 // SkipSpace returns the index of the first byte of s at or after i that is
 // not JSON white space.
 func SkipSpace[T Text](s T, i int) int {
-	for i < len(s) && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r') {
+	for i < len(s) && s[i] <= ' ' && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r') {
 		i++
 	}
 	return i

@@ -1,6 +1,7 @@
 package jsonscan
 
 import (
+	"encoding/binary"
 	"slices"
 	"strings"
 	"testing"
@@ -250,4 +251,89 @@ func BenchmarkValid(b *testing.B) {
 			}
 		}
 	})
+}
+
+// refValidString is ValidString as it was before it used
+// strings.IndexByte: eight bytes at a time while none is a quote, a
+// backslash or a control character, then byte by byte.
+func refValidString(s string, i int) (end int, esc, ok bool) {
+	i++
+	for {
+		for b := []byte(s); i+8 <= len(b) && special8(binary.LittleEndian.Uint64(b[i:i+8])) == 0; {
+			i += 8
+		}
+		for i < len(s) && s[i] != '"' && s[i] != '\\' && s[i] >= 0x20 {
+			i++
+		}
+		if i >= len(s) {
+			return i, esc, false
+		}
+		switch c := s[i]; {
+		case c == '"':
+			return i + 1, esc, true
+		case c == '\\':
+			esc = true
+			if i+1 >= len(s) {
+				return i + 1, esc, false
+			}
+			switch s[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if i+6 > len(s) || !isHex(s[i+2]) || !isHex(s[i+3]) || !isHex(s[i+4]) || !isHex(s[i+5]) {
+					return i, esc, false
+				}
+				i += 6
+			default:
+				return i, esc, false
+			}
+		case c < 0x20:
+			return i, esc, false
+		}
+	}
+}
+
+func FuzzValidString(f *testing.F) {
+	for _, s := range []string{`"abc"`, `"a\"c"x`, `"0123456789\nbcdefghij"`, "\"0123456789\x01", `"\u12`, `"\u12x4"`, `"ab\\"cd"`,
+		`"` + strings.Repeat(`long text without escapes `, 9) + `\"quoted\" \\ \u00e9"`, `"\"`, `"\`, "\"\t\"", `"abc\"\"`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if s == "" || s[0] != '"' {
+			s = `"` + s
+		}
+		end, esc, ok := ValidString(s, 0)
+		wEnd, wEsc, wOK := refValidString(s, 0)
+		if end != wEnd || esc != wEsc || ok != wOK {
+			t.Fatalf("ValidString(%q) = %d, %v, %v; the reference gives %d, %v, %v", s, end, esc, ok, wEnd, wEsc, wOK)
+		}
+	})
+}
+
+// BenchmarkValidString checks a member name and 4 KB JSON strings: prose
+// without escapes,
+// prose with a \n escape every 80 bytes (as chat prompts are), and CJK
+// text; "ref" is the eight-bytes-at-a-time scan ValidString replaced.
+func BenchmarkValidString(b *testing.B) {
+	line := strings.Repeat("the quick brown fox jumps over the lazy dog ", 2)[:78]
+	for _, c := range []struct{ name, s string }{
+		{"name", `"prompt_tokens_details":{"cached_tokens":0}`},
+		{"plain", `"` + strings.Repeat(line+"  ", 52) + `"`},
+		{"lines", `"` + strings.Repeat(line+`\n`, 52) + `"`},
+		{"cjk", `"` + strings.Repeat("日本語のテキストと絵文字😀", 120) + `"`},
+	} {
+		for _, f := range []struct {
+			name string
+			fn   func(string, int) (int, bool, bool)
+		}{{"jsonscan", ValidString}, {"ref", refValidString}} {
+			b.Run(c.name+"/"+f.name, func(b *testing.B) {
+				b.SetBytes(int64(len(c.s)))
+				for b.Loop() {
+					if _, _, ok := f.fn(c.s, 0); !ok {
+						b.Fatal("invalid")
+					}
+				}
+			})
+		}
+	}
 }
