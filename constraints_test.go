@@ -188,7 +188,7 @@ func TestRequiredTagsNeverLeaveTheBoundary(t *testing.T) {
 // lost; without priorities both wait alike.
 func TestPriorityUnderBackpressure(t *testing.T) {
 	for _, prioritized := range []bool{true, false} {
-		batch, interactive := priorityRun(t, prioritized)
+		batch, interactive := priorityRun(t, prioritized, nil)
 		require.Len(t, batch, 40, "nothing lost")
 		require.Len(t, interactive, 5, "nothing lost")
 		ratio := float64(p99(interactive)) / float64(p99(batch))
@@ -201,12 +201,36 @@ func TestPriorityUnderBackpressure(t *testing.T) {
 	}
 }
 
+// TestPriorityUnderSharedLimits: the same with the limit kept by a shared
+// State (the fleet's RPM): a replica's waiting requests go by priority too,
+// and only the head of its queue asks the State, so a flood of waiting
+// requests costs a round trip per verdict, not one per request.
+func TestPriorityUnderSharedLimits(t *testing.T) {
+	for _, prioritized := range []bool{true, false} {
+		st := newMemState()
+		batch, interactive := priorityRun(t, prioritized, st)
+		require.Len(t, batch, 40, "nothing lost")
+		require.Len(t, interactive, 5, "nothing lost")
+		ratio := float64(p99(interactive)) / float64(p99(batch))
+		t.Logf("prioritized=%v: interactive p99 wait %s, batch p99 wait %s (%.2f); %d admissions asked of the State",
+			prioritized, p99(interactive), p99(batch), ratio, st.admits.Load())
+		if prioritized {
+			assert.Less(t, ratio, 0.10)
+		} else {
+			assert.Greater(t, ratio, 0.5, "FIFO: interactive requests wait behind the flood")
+		}
+		// 45 requests served one a second: each is admitted once, and each
+		// head asks once more to learn when its turn's token is due.
+		assert.LessOrEqual(t, st.admits.Load(), int64(3*45), "the State is asked per verdict, not per waiting request")
+	}
+}
+
 // priorityRun queues a flood of 40 batch requests for one upstream with RPM
 // 60 whose bucket is empty, then sends a trickle of interactive ones, one
 // every 5 s, and returns each class's waits, measured on the fake clock
 // (moved a second at a time, each second once its request reached the
-// upstream).
-func priorityRun(t *testing.T, prioritized bool) (batch, interactive []time.Duration) {
+// upstream). With st, the limit is the fleet's, kept by st.
+func priorityRun(t *testing.T, prioritized bool, st *memState) (batch, interactive []time.Duration) {
 	clock := newFakeClock()
 	var mu sync.Mutex
 	start := map[string]time.Time{}
@@ -220,10 +244,18 @@ func priorityRun(t *testing.T, prioritized bool) (batch, interactive []time.Dura
 		mu.Unlock()
 		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}, nil
 	})
-	r, _ := newTestRouter(t, Config{Clock: clock, Base: base, Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 60}},
-		Limits: LimitConfig{MaxWait: time.Hour}})
+	cfg := Config{Clock: clock, Base: base, Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 60}},
+		Limits: LimitConfig{MaxWait: time.Hour}}
+	if st != nil {
+		cfg.State, cfg.StateTimeout = st, time.Hour
+	}
+	r, _ := newTestRouter(t, cfg)
 	r.ups[0].lim.rpm.AllowN(clock.Now(), 60) // the minute's quota is spent
-	q := &r.ups[0].lim.rq
+	q := &r.ups[0].lim.rq.n
+	if st != nil {
+		st.bucket(st.rpm, "a", 60).AllowN(clock.Now(), 60)
+		q = &r.ups[0].lim.turns.n
+	}
 	var wg sync.WaitGroup
 	send := func(id, prio string) {
 		defer wg.Done()
@@ -243,16 +275,16 @@ func priorityRun(t *testing.T, prioritized bool) (batch, interactive []time.Dura
 	for i := range 40 { // the flood
 		wg.Add(1)
 		go send("b"+itoa(i+1), "batch")
-		require.Eventually(t, func() bool { return int(q.n.Load()) == i+1 }, 5*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return int(q.Load()) == i+1 }, 5*time.Second, time.Millisecond)
 	}
 	sent := 0
-	for k := 1; q.n.Load() > 0 || sent < 5; k++ {
+	for k := 1; q.Load() > 0 || sent < 5; k++ {
 		if k%5 == 0 && sent < 5 { // the trickle: one interactive request every 5 s
 			sent++
-			n := q.n.Load()
+			n := q.Load()
 			wg.Add(1)
 			go send("i"+itoa(sent), "interactive")
-			require.Eventually(t, func() bool { return q.n.Load() == n+1 }, 5*time.Second, time.Millisecond)
+			require.Eventually(t, func() bool { return q.Load() == n+1 }, 5*time.Second, time.Millisecond)
 		}
 		clock.Advance(time.Second)
 		require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return calls == k }, 5*time.Second, time.Millisecond)

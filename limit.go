@@ -22,6 +22,7 @@ type limiter struct {
 	slots    *slots        // nil: no in-flight cap
 	hold     atomic.Int64  // unix nanoseconds until which the upstream asked to be left alone
 	rq       queue         // requests waiting for the buckets
+	turns    turns         // requests waiting for the fleet's buckets (shared State)
 }
 
 func (l *limiter) init(rpm, tpm, maxInFlight int) {

@@ -3,6 +3,7 @@ package relay
 import (
 	"container/heap"
 	"context"
+	"errors"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -309,4 +310,98 @@ func (s *slots) release() {
 		return
 	}
 	s.used--
+}
+
+// turns orders a replica's requests that wait for the fleet's limits of
+// one upstream (shared State): highest priority first, then first come.
+// Only the head asks the State again, when its last verdict said the
+// tokens would be there; the others wait for their turn without a round
+// trip, and a request that arrives while requests of at least its priority
+// wait queues behind them instead of asking. So waiting costs the State
+// one call per verdict per replica, not one per waiting request, and
+// interactive requests go before batch ones within each replica. Across
+// replicas there is no order: each replica's head asks when it is due.
+type turns struct {
+	queue
+	eta atomic.Int64 // unix nanoseconds when the head's tokens are due
+}
+
+// join queues w; the head gets its turn at once.
+func (q *turns) join(w *waiter) {
+	q.mu.Lock()
+	q.push(w)
+	q.wakeHeadLocked()
+	q.mu.Unlock()
+}
+
+// wakeHeadLocked tells the head it is its turn; q.mu is held.
+func (q *turns) wakeHeadLocked() {
+	if len(q.h) > 0 && q.h[0].err == nil {
+		q.h[0].err = errTurn
+		close(q.h[0].done)
+	}
+}
+
+// errTurn marks a waiter whose done channel was closed for its turn.
+var errTurn = errors.New("relay: turn")
+
+// await returns once w is the head, and whether it had to wait for that;
+// it fails when ctx ends or the deadline passes first (then tooLong).
+func (q *turns) await(ctx context.Context, c Clock, w *waiter, deadline time.Time, tooLong error) (waited bool, err error) {
+	var expired chan struct{}
+	for {
+		q.mu.Lock()
+		if q.h[0] == w {
+			q.mu.Unlock()
+			return waited, nil
+		}
+		if w.err != nil { // it was the head, and one of higher priority came
+			w.err, w.done = nil, make(chan struct{})
+		}
+		done := w.done
+		q.mu.Unlock()
+		if expired == nil { // a timer only for a request that waits its turn
+			expired = make(chan struct{})
+			stop := c.AfterFunc(deadline.Sub(c.Now()), func() { close(expired) })
+			defer stop()
+		}
+		waited = true
+		select {
+		case <-done:
+		case <-expired:
+			return waited, tooLong
+		case <-ctx.Done():
+			return waited, ctx.Err()
+		}
+	}
+}
+
+// head reports whether w is the head.
+func (q *turns) head(w *waiter) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.h) > 0 && q.h[0] == w
+}
+
+// leave takes w out and gives the next head its turn.
+func (q *turns) leave(w *waiter) {
+	q.mu.Lock()
+	if w.index >= 0 {
+		heap.Remove(&q.h, w.index)
+		q.n.Store(int32(len(q.h)))
+	}
+	q.wakeHeadLocked()
+	q.mu.Unlock()
+}
+
+// ahead reports whether requests of at least priority p wait, and how
+// long until the head's tokens are due (at least 1).
+func (q *turns) ahead(p Priority, now time.Time) (time.Duration, bool) {
+	if q.n.Load() == 0 {
+		return 0, false
+	}
+	q.mu.Lock()
+	ahead := q.queue.ahead(p)
+	q.mu.Unlock()
+	return max(time.Duration(q.eta.Load()-now.UnixNano()), 1), ahead
 }

@@ -123,6 +123,9 @@ func limitsOf(u *upstream) Limits {
 // keeps c out.
 func (r *Router) rate(ctx context.Context, a admission, c *candidate, tpm int, now time.Time) (wait time.Duration, taken, open bool) {
 	if r.s.state != nil {
+		if wait, ahead := c.up.lim.turns.ahead(a.prio, now); ahead {
+			return wait, false, false // it queues behind them, without asking (see turns)
+		}
 		if wait, taken, open, ok := r.admitShared(ctx, a, c, now); ok {
 			return wait, taken, open
 		}
@@ -217,18 +220,36 @@ func (r *Router) refundShared(ctx context.Context, t *trip, u *upstream, request
 	}
 }
 
-// waitShared waits for c's tokens in the fleet's limits: it sleeps for the
-// verdict's wait and asks again, within maxWait. fellBack reports that the
-// State stopped answering: the in-process limiter then decides.
+// waitShared waits for c's tokens in the fleet's limits, in the
+// upstream's turns (see turns): as the head, it sleeps for the last
+// verdict's wait and asks again, within maxWait; behind others, it waits
+// for its turn, then asks at once. fellBack reports that the State stopped
+// answering: the in-process limiter then decides.
 func (r *Router) waitShared(ctx context.Context, a admission, c *candidate, tpm int, wait, maxWait time.Duration, tooLong error) (fellBack bool, err error) {
 	clock := r.s.clock
 	deadline := clock.Now().Add(maxWait)
+	q := &c.up.lim.turns
+	w := &waiter{prio: a.prio}
+	q.join(w)
+	defer q.leave(w)
 	for {
-		if clock.Now().Add(wait).After(deadline) {
+		waited, err := q.await(ctx, clock, w, deadline, tooLong)
+		if err != nil {
+			return false, err
+		}
+		if waited {
+			wait = 0 // its verdict is stale: ask now
+		}
+		now := clock.Now()
+		if now.Add(wait).After(deadline) {
 			return false, tooLong
 		}
+		q.eta.Store(now.Add(wait).UnixNano())
 		if err := sleep(ctx, clock, wait); err != nil {
 			return false, err
+		}
+		if !q.head(w) {
+			continue // a request of higher priority came: it asks first
 		}
 		d, taken, open, ok := r.admitShared(ctx, a, c, clock.Now())
 		switch {

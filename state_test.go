@@ -471,3 +471,74 @@ func TestAllOpenForTheFleetForcesSoonest(t *testing.T) {
 	assert.Equal(t, 200, resp.StatusCode)
 	assert.Equal(t, map[string]int{"b.test": 1}, calls())
 }
+
+// TestTurnsOrder: the head of a replica's turns for the fleet's limits is
+// the highest priority, then the first come; a request of higher priority
+// takes the head from one that had it, which gets it back after.
+func TestTurnsOrder(t *testing.T) {
+	clock := newFakeClock()
+	var q turns
+	deadline := clock.Now().Add(time.Hour)
+	low, mid, high := &waiter{prio: PriorityBatch}, &waiter{prio: 0}, &waiter{prio: PriorityInteractive}
+	q.join(mid)
+	waited, err := q.await(context.Background(), clock, mid, deadline, ErrRateLimited)
+	require.NoError(t, err)
+	assert.False(t, waited, "alone, it is the head at once")
+	q.join(low)
+	q.join(high)
+	assert.True(t, q.head(high))
+	order := make(chan *waiter, 3)
+	var wg sync.WaitGroup
+	for _, w := range []*waiter{low, mid, high} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := q.await(context.Background(), clock, w, deadline, ErrRateLimited)
+			assert.NoError(t, err)
+			order <- w
+			q.leave(w) // served: the next one's turn
+		}()
+	}
+	wg.Wait()
+	close(order)
+	var got []Priority
+	for w := range order {
+		got = append(got, w.prio)
+	}
+	assert.Equal(t, []Priority{PriorityInteractive, 0, PriorityBatch}, got)
+	assert.Zero(t, q.n.Load())
+}
+
+// TestTurnsWaitIsBounded: a request waiting behind others gives up at its
+// deadline (tooLong) or when its context ends, and leaves the queue.
+func TestTurnsWaitIsBounded(t *testing.T) {
+	clock := newFakeClock()
+	var q turns
+	head, behind := &waiter{}, &waiter{}
+	q.join(head)
+	q.join(behind)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := q.await(context.Background(), clock, behind, clock.Now().Add(time.Second), ErrRateLimited)
+		q.leave(behind)
+		errc <- err
+	}()
+	require.Equal(t, time.Second, <-clock.armed)
+	clock.Advance(time.Second)
+	assert.ErrorIs(t, <-errc, ErrRateLimited)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	q.join(behind)
+	go func() {
+		_, err := q.await(ctx, clock, behind, clock.Now().Add(time.Hour), ErrRateLimited)
+		q.leave(behind)
+		errc <- err
+	}()
+	<-clock.armed
+	cancel()
+	assert.ErrorIs(t, <-errc, context.Canceled)
+	assert.True(t, q.head(head))
+	assert.EqualValues(t, 1, q.n.Load())
+	q.leave(head)
+	assert.Zero(t, q.n.Load())
+}
