@@ -214,9 +214,21 @@ func prefixCut(text string) string {
 // of it and more builds the rest. need is how much of the text the shards
 // looked at: they depend on text[:need] alone.
 type shardText struct {
-	t    string
-	more func() string // nil once t holds all the text
-	need int
+	t     string
+	more  func() string // nil once t holds all the text
+	need  int
+	valid int8 // t is valid UTF-8: 0 unknown, 1 yes, -1 no
+}
+
+// isValid reports whether t is valid UTF-8, checked once per text.
+func (x *shardText) isValid() bool {
+	if x.valid == 0 {
+		x.valid = -1
+		if utf8.ValidString(x.t) {
+			x.valid = 1
+		}
+	}
+	return x.valid > 0
 }
 
 // has reports whether the text has at least n bytes, building the rest of
@@ -224,7 +236,7 @@ type shardText struct {
 func (x *shardText) has(n int) bool {
 	x.need = max(x.need, n)
 	if n > len(x.t) && x.more != nil {
-		x.t, x.more = x.more(), nil
+		x.t, x.more, x.valid = x.more(), nil, 0
 	}
 	return n <= len(x.t)
 }
@@ -324,6 +336,67 @@ func nextShard(m *memo, enc tokens.Encoding, x *shardText, start, covered int, k
 // between consecutive pre-token boundaries, whose counts add up exactly.
 // Each piece's end goes to kn, with covered plus the count up to it.
 func scanShard(enc tokens.Encoding, x *shardText, start, covered int, kn *[]known) (end, n int, ok bool) {
+	if end, n, ok, sure := scanShardPieces(enc, x, start, covered, kn); sure {
+		return end, n, ok
+	}
+	return scanShardRunes(enc, x, start, covered, kn)
+}
+
+// scanShardPieces is scanShard in one pass of the counter over the text
+// from start: every known boundary (tokens.SafeAt) is the end of a
+// pre-token, so the boundaries are found among the pre-token ends, and the
+// count up to each comes with it. It is not sure (and leaves kn as it was)
+// when the text is not valid UTF-8 (the counter would read other offsets),
+// or when a boundary would have to be judged within utf8.UTFMax bytes of
+// the end of a text that may go on (x.more): scanShardRunes then builds
+// the rest and decides.
+func scanShardPieces(enc tokens.Encoding, x *shardText, start, covered int, kn *[]known) (end, n int, ok, sure bool) {
+	t := x.t
+	if !x.isValid() {
+		return 0, 0, false, false
+	}
+	mark := 0
+	if kn != nil {
+		mark = len(*kn)
+	}
+	sure = true
+	enc.Pieces(t[start:], func(e, cum int) bool {
+		p := start + e
+		if x.more != nil && p+utf8.UTFMax > len(t) {
+			sure = false // the rune at p may be cut short, or the text go on
+			return false
+		}
+		if p >= len(t) || !tokens.SafeAt(t, p) {
+			return true
+		}
+		if kn != nil {
+			*kn = append(*kn, known{p, covered + cum})
+		}
+		if cum >= shardTokens {
+			end, n, ok = p, cum, true
+			return false
+		}
+		return true
+	})
+	if !ok && x.more != nil {
+		sure = false // the text goes on (an empty one gives no piece end to see it by)
+	}
+	switch {
+	case !sure:
+		if kn != nil {
+			*kn = (*kn)[:mark]
+		}
+	case ok:
+		x.has(end + utf8.UTFMax) // what the text needed, as scanShardRunes notes it
+	default:
+		x.has(len(t) + utf8.UTFMax)
+	}
+	return end, n, ok, sure
+}
+
+// scanShardRunes is scanShard rune by rune: at each boundary, the piece
+// since the last one is counted.
+func scanShardRunes(enc tokens.Encoding, x *shardText, start, covered int, kn *[]known) (end, n int, ok bool) {
 	sum, piece := 0, start
 	prev := tokens.ClassNone
 	for p := start; x.has(p+utf8.UTFMax) || p < len(x.t); {

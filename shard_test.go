@@ -322,3 +322,97 @@ func TestAffinityKeyConversation(t *testing.T) {
 	items := `{"model":"gpt-4o","instructions":` + affJSON(system) + `,"input":[{"role":"user","content":"How do I reset my password?"},{"role":"assistant","content":"Open settings."},{"role":"user","content":"I did."}]}`
 	assert.Equal(t, a2, affKeyOf(r, "/v1/responses", items), "the same conversation through either API")
 }
+
+// scanBoth runs scanShardPieces and scanShardRunes on copies of the same
+// text from start and checks they agree: the shard (end, count, found),
+// the boundaries learned, what the text needed and the text built. It
+// returns whether scanShardPieces was sure.
+func scanBoth(t *testing.T, enc tokens.Encoding, x shardText, start, covered int) bool {
+	t.Helper()
+	xr, xp := x, x
+	var kr, kp []known
+	endR, nR, okR := scanShardRunes(enc, &xr, start, covered, &kr)
+	endP, nP, okP, sure := scanShardPieces(enc, &xp, start, covered, &kp)
+	if !sure {
+		assert.Empty(t, kp, "an unsure scan leaves kn alone")
+		endP, nP, okP = scanShardRunes(enc, &xp, start, covered, &kp)
+	}
+	ctx := fmt.Sprintf("%s from %d of %q (%d built)", enc, start, x.t[start:min(len(x.t), start+80)], len(x.t))
+	require.Equal(t, [3]any{endR, nR, okR}, [3]any{endP, nP, okP}, ctx)
+	require.Equal(t, kr, kp, ctx)
+	require.Equal(t, xr.need, xp.need, ctx)
+	require.Equal(t, xr.t, xp.t, ctx)
+	return sure
+}
+
+// TestScanShardPiecesMatchesRunes: finding shards among the counter's
+// pre-token ends gives what the rune-by-rune scan gives, shard after
+// shard, on whole texts and on texts built in two steps (cut anywhere,
+// in a rune too), in both encodings. Invalid UTF-8 goes the rune way.
+func TestScanShardPiecesMatchesRunes(t *testing.T) {
+	texts := []string{
+		benchPrompt(3000),
+		strings.Repeat("東京の天気は晴れです。😀👍🏽 ", 40),
+		strings.Repeat("x", 700) + " tail",
+		strings.Repeat("1234567890", 60),
+		strings.Repeat("  \n\n\t line\r\n", 50),
+		strings.Repeat("don't we'll it's O'Neil's /path/to/file ./x //y ", 20),
+		strings.Repeat("a-b_c.d,e;f:g!h?i(j)k[l]{m}n<o>p=q+r*s&t^u%v$w#x@y~z`", 12),
+		"system\nYou are a helpful assistant.\nuser\nWhat is 2+2?\nassistant\n4\nuser\nAnd 3+3?\n",
+		"short text",
+		"",
+		"bad \xff\xfe bytes " + strings.Repeat("word ", 80),
+		strings.Repeat("é", 500) + strings.Repeat(" ü", 100),
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	scans, sure := 0, 0
+	for _, enc := range []tokens.Encoding{tokens.O200K, tokens.CL100K} {
+		for _, text := range texts {
+			cuts := []int{len(text)}
+			for range 6 {
+				cuts = append(cuts, rng.IntN(len(text)+1))
+			}
+			for _, cut := range cuts {
+				x := shardText{t: text[:cut]}
+				if cut < len(text) {
+					x.more = func() string { return text }
+				}
+				start, covered := 0, 0
+				for start >= 0 && covered < prefixTokens {
+					scans++
+					if scanBoth(t, enc, x, start, covered) {
+						sure++
+					}
+					// go on as shardEnds does, on the text the scan built
+					xr := x
+					e, n, ok := scanShardRunes(enc, &xr, start, covered, nil)
+					if !ok {
+						break
+					}
+					x.t, x.more = xr.t, xr.more
+					start, covered = e, covered+n
+				}
+			}
+		}
+	}
+	t.Logf("%d scans, %d decided among pre-token ends", scans, sure)
+	assert.Greater(t, sure, scans*3/4, "most scans take the one-pass way")
+}
+
+func FuzzScanShard(f *testing.F) {
+	f.Add("The quick brown fox jumps over the lazy dog. "+strings.Repeat("Hello, world! ", 10), uint16(30))
+	f.Add(strings.Repeat("東京 ", 30), uint16(7))
+	f.Add("a\r\n\r\n b's /x 12345 é", uint16(3))
+	f.Fuzz(func(t *testing.T, text string, cut uint16) {
+		if len(text) > 4096 {
+			return
+		}
+		for _, enc := range []tokens.Encoding{tokens.O200K, tokens.CL100K} {
+			x := shardText{t: text}
+			if c := int(cut) % (len(text) + 1); c < len(text) {
+				x = shardText{t: text[:c], more: func() string { return text }}
+			}
+			scanBoth(t, enc, x, 0, 0)
+		}
+	})
+}

@@ -266,3 +266,31 @@ func TestParityCorpora(t *testing.T) {
 		checkParity(t, []string{cutRunes(c.text, 64<<10)})
 	}
 }
+
+// TestPieces: at each pre-token end Pieces reports the count of the text up
+// to it, the ends rise to the text's end, and it stops when asked.
+func TestPieces(t *testing.T) {
+	text := "Hello, world! It's 12345 tokens\n\n  東京の天気 😀👍🏽 don't /path ok"
+	for _, e := range []*Encoding{O200K(), CL100K()} {
+		prev, calls := 0, 0
+		e.Pieces(text, func(end, cum int) bool {
+			calls++
+			if end <= prev {
+				t.Fatalf("%s: end %d after %d", e.Name(), end, prev)
+			}
+			if want := e.Count(text[:end]); cum != want {
+				t.Fatalf("%s: cum %d at %d, Count gives %d", e.Name(), cum, end, want)
+			}
+			prev = end
+			return true
+		})
+		if prev != len(text) || calls < 10 {
+			t.Fatalf("%s: last end %d of %d after %d pieces", e.Name(), prev, len(text), calls)
+		}
+		calls = 0
+		e.Pieces(text, func(int, int) bool { calls++; return calls < 3 })
+		if calls != 3 {
+			t.Fatalf("%s: %d calls after asking to stop at the third", e.Name(), calls)
+		}
+	}
+}

@@ -40,6 +40,18 @@ func (e Encoding) Count(s string) int {
 	return bpe.O200K().Count(s)
 }
 
+// Pieces calls f with the end of each pre-token of s, in order, and the
+// count of s up to it, until f returns false. s must be valid UTF-8 (Count
+// reads an invalid byte as U+FFFD, which moves the offsets). Every known
+// boundary (SafeAt) is a pre-token end.
+func (e Encoding) Pieces(s string, f func(end, cum int) bool) {
+	if e == CL100K {
+		bpe.CL100K().Pieces(s, f)
+		return
+	}
+	bpe.O200K().Pieces(s, f)
+}
+
 // ForModel returns the encoding that bills model: cl100k_base for gpt-4,
 // gpt-3.5 and the text-embedding-3/ada-002 models, o200k_base for gpt-4o,
 // gpt-4.1, gpt-5, the o-series and, as an estimate, every other vendor's
