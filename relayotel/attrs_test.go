@@ -1,65 +1,10 @@
 package relayotel
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"io"
-	"net"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
-
-	"github.com/tokenrelay/relay"
 )
-
-type timeout struct{}
-
-func (timeout) Error() string { return "i/o timeout" }
-func (timeout) Timeout() bool { return true }
-
-// TestErrorType: error.type names the router's errors, an error status by
-// its code, and transport errors by kind.
-func TestErrorType(t *testing.T) {
-	wrap := func(err error) error { return &relay.Error{Op: "send", Upstream: "a", Err: err} }
-	cases := []struct {
-		err    error
-		status int
-		want   string
-	}{
-		{nil, 200, ""},
-		{wrap(relay.ErrUpstreamStatus), 503, "503"},
-		{wrap(relay.ErrUpstreamStatus), 429, "429"},
-		{wrap(relay.ErrStreamError), 200, "stream_error"},
-		{wrap(relay.ErrNoUpstream), 0, "no_upstream"},
-		{wrap(relay.ErrBodyTooLarge), 0, "body_too_large"},
-		{wrap(relay.ErrRateLimited), 0, "rate_limited"},
-		{wrap(relay.ErrCircuitOpen), 0, "circuit_open"},
-		{wrap(relay.ErrFirstTokenTimeout), 0, "first_token_timeout"},
-		{wrap(relay.ErrStreamStalled), 200, "stream_stalled"},
-		{wrap(relay.ErrAttemptTimeout), 0, "attempt_timeout"},
-		{wrap(context.Canceled), 0, "canceled"},
-		{wrap(context.DeadlineExceeded), 0, "deadline_exceeded"},
-		{wrap(timeout{}), 0, "timeout"},
-		{wrap(&net.OpError{Op: "dial", Err: errors.New("connection refused")}), 0, "connection"},
-		{wrap(io.EOF), 0, "connection"},
-		{wrap(fmt.Errorf("read: %w", io.ErrUnexpectedEOF)), 200, "connection"},
-		{wrap(errors.New("odd")), 0, "_OTHER"},
-	}
-	for _, c := range cases {
-		assert.Equal(t, c.want, errorType(c.err, c.status), "%v", c.err)
-	}
-}
-
-// TestOutcome: an attempt's outcome is its status class, 429 apart, or its
-// error's kind.
-func TestOutcome(t *testing.T) {
-	for status, want := range map[int]string{200: "2xx", 204: "2xx", 301: "3xx", 400: "4xx", 404: "4xx", 429: "429", 500: "5xx", 503: "5xx"} {
-		assert.Equal(t, want, outcomeOf(status, nil), "%d", status)
-	}
-	assert.Equal(t, "attempt_timeout", outcomeOf(0, relay.ErrAttemptTimeout))
-	assert.Equal(t, "canceled", outcomeOf(0, context.Canceled))
-}
 
 // TestAddress: server.address and server.port come from the base URL, the
 // port from the scheme when the URL has none.

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tokenrelay/relay"
+	"github.com/tokenrelay/relay/internal/errclass"
 )
 
 // scope is the instrumentation scope of the tracer and the meter.
@@ -185,7 +186,7 @@ func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http
 	}
 	o.prop.Inject(ctx, headerCarrier(out.Header))
 	return func(d relay.AttemptDone) {
-		outcome := outcomeOf(d.StatusCode, d.Err)
+		outcome := errclass.Outcome(d.StatusCode, d.Err)
 		if span != nil && span.IsRecording() {
 			failed := d.Err != nil || d.StatusCode >= 400
 			var kv [10]attribute.KeyValue
@@ -209,7 +210,7 @@ func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http
 			if failed {
 				et := outcome
 				if d.StatusCode >= 400 {
-					et = statusText(d.StatusCode)
+					et = errclass.Status(d.StatusCode)
 				}
 				kv[n] = semconv.ErrorTypeKey.String(et)
 				n++
@@ -265,7 +266,7 @@ func attemptError(d relay.AttemptDone) string {
 func (o *Observer) onWait(w relay.WaitEvent) {
 	et := ""
 	if w.Err != nil {
-		et = errorType(w.Err, 0)
+		et = errclass.Type(w.Err, 0)
 	}
 	ctx := w.Context
 	if ctx == nil {
@@ -303,7 +304,7 @@ func (o *Observer) onReport(r relay.Report) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	et := errorType(r.Err, r.StatusCode)
+	et := errclass.Type(r.Err, r.StatusCode)
 	ops := o.ops[r.Endpoint]
 	if ops == nil {
 		ops = o.ops[""]

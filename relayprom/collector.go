@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenrelay/relay"
+	"github.com/tokenrelay/relay/internal/errclass"
 )
 
 // Bucket boundaries: durationBuckets are the ones the OpenTelemetry GenAI
@@ -216,7 +217,7 @@ func (c *Collector) onAttempt(ctx context.Context, a relay.AttemptInfo, _ *http.
 		}
 	}
 	return func(d relay.AttemptDone) {
-		outcome := outcomeOf(d.StatusCode, d.Err)
+		outcome := errclass.Outcome(d.StatusCode, d.Err)
 		c.attemptC.get(c, [2]string{up, outcome}, newAttempt).Inc()
 		if k != nil {
 			k.mu.Lock()
@@ -302,7 +303,7 @@ func (c *Collector) onReport(r relay.Report) {
 	up, model := c.upstream(r.Upstream), c.model(r.Model)
 	m := c.reports.get(c, reportKey{up, model, c.label(c.buckets, r.Bucket), statusClass(r.StatusCode)}, newReport)
 	m.requests.Inc()
-	if et := errorType(r.Err, r.StatusCode); et != "" {
+	if et := errclass.Type(r.Err, r.StatusCode); et != "" {
 		c.errs.get(c, [3]string{up, model, et}, newError).Inc()
 	}
 	if u := r.Usage; u.PromptTokens > 0 || u.CompletionTokens > 0 {

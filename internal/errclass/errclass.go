@@ -1,7 +1,8 @@
-package relayprom
-
-// The classification of outcomes and errors is relayotel's, so that both
-// integrations name the same facts the same way.
+// Package errclass names what happened to a call the same way in every
+// integration (relayotel's error.type, relayprom's labels): an attempt's
+// outcome (a status class, or its error's kind) and a call's error type
+// (the router's sentinel, an error status, or a transport error's kind).
+package errclass
 
 import (
 	"context"
@@ -21,19 +22,20 @@ var statusTexts = func() (t [600]string) {
 	return t
 }()
 
-func statusText(code int) string {
+// Status is code as a string.
+func Status(code int) string {
 	if code >= 100 && code < len(statusTexts) {
 		return statusTexts[code]
 	}
 	return strconv.Itoa(code)
 }
 
-// outcomeOf classifies an upstream call: a status class, with 429 apart, or
+// Outcome classifies an upstream call: a status class, with 429 apart, or
 // the kind of its error.
-func outcomeOf(status int, err error) string {
+func Outcome(status int, err error) string {
 	switch {
 	case err != nil:
-		return errorKind(err)
+		return Kind(err)
 	case status == 429:
 		return "429"
 	case status >= 500:
@@ -62,8 +64,8 @@ var sentinels = []struct {
 	{relay.ErrStreamStalled, "stream_stalled"},
 }
 
-// errorType is the type of a call's error: "" when it succeeded.
-func errorType(err error, status int) string {
+// Type is the type of a call's error: "" when it succeeded.
+func Type(err error, status int) string {
 	if err == nil {
 		return ""
 	}
@@ -73,13 +75,13 @@ func errorType(err error, status int) string {
 		}
 	}
 	if status >= 400 {
-		return statusText(status)
+		return Status(status)
 	}
-	return errorKind(err)
+	return Kind(err)
 }
 
-// errorKind names a transport error.
-func errorKind(err error) string {
+// Kind names a transport error.
+func Kind(err error) string {
 	switch {
 	case errors.Is(err, relay.ErrAttemptTimeout):
 		return "attempt_timeout"

@@ -1,4 +1,4 @@
-package relayprom
+package errclass
 
 import (
 	"context"
@@ -9,9 +9,14 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"go.uber.org/goleak"
 
 	"github.com/tokenrelay/relay"
 )
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
 
 type timeout struct{}
 
@@ -47,7 +52,7 @@ func TestErrorType(t *testing.T) {
 		{wrap(errors.New("odd")), 0, "_OTHER"},
 	}
 	for _, c := range cases {
-		assert.Equal(t, c.want, errorType(c.err, c.status), "%v", c.err)
+		assert.Equal(t, c.want, Type(c.err, c.status), "%v", c.err)
 	}
 }
 
@@ -55,8 +60,14 @@ func TestErrorType(t *testing.T) {
 // error's kind.
 func TestOutcome(t *testing.T) {
 	for status, want := range map[int]string{200: "2xx", 204: "2xx", 301: "3xx", 400: "4xx", 404: "4xx", 429: "429", 500: "5xx", 503: "5xx"} {
-		assert.Equal(t, want, outcomeOf(status, nil), "%d", status)
+		assert.Equal(t, want, Outcome(status, nil), "%d", status)
 	}
-	assert.Equal(t, "attempt_timeout", outcomeOf(0, relay.ErrAttemptTimeout))
-	assert.Equal(t, "canceled", outcomeOf(0, context.Canceled))
+	assert.Equal(t, "attempt_timeout", Outcome(0, relay.ErrAttemptTimeout))
+	assert.Equal(t, "canceled", Outcome(0, context.Canceled))
+}
+
+func TestStatus(t *testing.T) {
+	assert.Equal(t, "404", Status(404))
+	assert.Equal(t, "99", Status(99))
+	assert.Equal(t, "600", Status(600))
 }
