@@ -286,9 +286,9 @@ func priorityRun(t *testing.T, prioritized bool, st *memState) (batch, interacti
 			go send("i"+itoa(sent), "interactive")
 			require.Eventually(t, func() bool { return q.Load() == n+1 }, 5*time.Second, time.Millisecond)
 		}
-		// A second of fake time per call. A waiter that computed its wait
-		// just before the clock moved may arm its timer a second late (it
-		// sleeps a duration, from when it arms): then one more second.
+		// A second of fake time per call. A waiter that read the clock
+		// just before it moved arms its timer a second late (a Clock timer
+		// runs for a duration from when it is armed): then one more second.
 		for tries := 0; ; tries++ {
 			clock.Advance(time.Second)
 			if within(time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return calls >= k }) {

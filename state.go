@@ -227,7 +227,9 @@ func (r *Router) refundShared(ctx context.Context, t *trip, u *upstream, request
 // answering: the in-process limiter then decides.
 func (r *Router) waitShared(ctx context.Context, a admission, c *candidate, tpm int, wait, maxWait time.Duration, tooLong error) (fellBack bool, err error) {
 	clock := r.s.clock
-	deadline := clock.Now().Add(maxWait)
+	start := clock.Now()
+	deadline := start.Add(maxWait)
+	due := start.Add(wait) // when the last verdict said the tokens would be there
 	q := &c.up.lim.turns
 	w := &waiter{prio: a.prio}
 	q.join(w)
@@ -237,21 +239,24 @@ func (r *Router) waitShared(ctx context.Context, a admission, c *candidate, tpm 
 		if err != nil {
 			return false, err
 		}
-		if waited {
-			wait = 0 // its verdict is stale: ask now
-		}
 		now := clock.Now()
-		if now.Add(wait).After(deadline) {
+		if waited {
+			due = now // its verdict is stale: ask now
+		}
+		if due.After(deadline) {
 			return false, tooLong
 		}
-		q.eta.Store(now.Add(wait).UnixNano())
-		if err := sleep(ctx, clock, wait); err != nil {
+		q.eta.Store(due.UnixNano())
+		// Until the verdict's time, not for its duration from now: a head
+		// that got the CPU late does not sleep longer for it.
+		if err := sleep(ctx, clock, due.Sub(now)); err != nil {
 			return false, err
 		}
 		if !q.head(w) {
 			continue // a request of higher priority came: it asks first
 		}
-		d, taken, open, ok := r.admitShared(ctx, a, c, clock.Now())
+		asked := clock.Now()
+		d, taken, open, ok := r.admitShared(ctx, a, c, asked)
 		switch {
 		case !ok:
 			return true, nil
@@ -260,7 +265,7 @@ func (r *Router) waitShared(ctx context.Context, a admission, c *candidate, tpm 
 		case taken:
 			return false, nil
 		}
-		wait = d
+		due = asked.Add(d)
 	}
 }
 
