@@ -281,7 +281,11 @@ type HedgeConfig struct {
 	P95 bool
 	// Budget caps hedges to a fraction of requests, so an outage does not
 	// double the load: each request adds Budget to a balance (capped at 10
-	// hedges) and each hedge spends 1. If 0, 0.05; at most 1.
+	// hedges) and each hedge spends 1. If 0, 0.05; at most 1. An attempt
+	// is looked at when the delay is up and again after 2, 4, 8… delays,
+	// until it answers or a look finds a hedge; the first look leaves 2
+	// hedges in the balance for the later ones, so that a short budget
+	// goes to the attempts that stay slow longest.
 	Budget float64
 }
 

@@ -16,6 +16,12 @@ type hedgeBudget struct {
 
 const hedgeBudgetCap = 10 * 1000
 
+// hedgeReserve is the part of the balance, in thousandths, that an
+// attempt's first look at the hedge delay leaves for later looks (see
+// sendHedged): a hedge at the first look needs 1 + 2 hedges in the
+// balance, one at a later look 1.
+const hedgeReserve = 2 * 1000
+
 func (b *hedgeBudget) add() {
 	for {
 		old := b.bal.Load()
@@ -26,10 +32,11 @@ func (b *hedgeBudget) add() {
 	}
 }
 
-func (b *hedgeBudget) take() bool {
+// take spends a hedge if the balance holds one more than reserve.
+func (b *hedgeBudget) take(reserve int64) bool {
 	for {
 		old := b.bal.Load()
-		if old < 1000 {
+		if old < 1000+reserve {
 			return false
 		}
 		if b.bal.CompareAndSwap(old, old-1000) {
@@ -85,19 +92,33 @@ func (t *trip) sendHedged(ctx context.Context, cands []candidate, idx int, tk ti
 		}()
 	}
 	launch(0, cand, tk, out)
-	fire := make(chan struct{})
-	stop := r.s.clock.AfterFunc(r.hedgeDelay(cand.up), func() { close(fire) })
-	select {
-	case a := <-results:
-		stop()
-		return a, -1
-	case <-ctx.Done():
-		stop()
-		return <-results, -1
-	case <-fire:
-	}
-	if !r.hedges.take() {
-		return <-results, -1
+	// The attempt is looked at once the hedge delay is up, then each time
+	// it has waited as long again (2, 4, 8… delays), until it answers or a
+	// look finds a hedge in the budget. The first look leaves a reserve:
+	// when more attempts pass the delay than the budget pays for (a stall
+	// holds up the requests queued behind it; the delay itself lets 5% of
+	// normal answers through), the hedges go to those still waiting at a
+	// later look, the slowest, instead of to whichever came first.
+	for wait, waited := r.hedgeDelay(cand.up), time.Duration(0); ; wait = waited {
+		fire := make(chan struct{})
+		stop := r.s.clock.AfterFunc(wait, func() { close(fire) })
+		select {
+		case a := <-results:
+			stop()
+			return a, -1
+		case <-ctx.Done():
+			stop()
+			return <-results, -1
+		case <-fire:
+		}
+		reserve := int64(hedgeReserve)
+		if waited > 0 {
+			reserve = 0
+		}
+		waited += wait
+		if r.hedges.take(reserve) {
+			break
+		}
 	}
 	adm.exclude, adm.mayWait = cand.up, false // a hedge goes elsewhere, at once
 	idx2, tk2, _, err := r.acquire(ctx, cands, idx+1, adm)

@@ -177,6 +177,9 @@ func TestHedgeBudgetHoldsUnderOutage(t *testing.T) {
 		clock.Advance(50 * time.Millisecond)
 		a.open(id) // the slow primary answers eventually
 		require.NotNil(t, <-done)
+		for len(clock.armed) > 0 { // a later look's timer, stopped
+			<-clock.armed
+		}
 	}
 	hedged := 0
 	for _, rep := range reps.all() {
@@ -187,6 +190,56 @@ func TestHedgeBudgetHoldsUnderOutage(t *testing.T) {
 	assert.Positive(t, hedged)
 	assert.LessOrEqual(t, hedged, n*5/100, "at most 5%% of requests hedged")
 	assert.LessOrEqual(t, b.Calls(), hedged, "only hedges reach the second upstream")
+}
+
+// An attempt still waiting is looked at again at 2, 4… delays; the first
+// look leaves the budget's reserve to the later ones.
+func TestHedgeLaterLooksGetTheReserve(t *testing.T) {
+	a, b := newGatedUpstream(t), newGatedUpstream(t)
+	const d = 100 * time.Millisecond
+	r, reps, clock := hedgeRouter(t, HedgeConfig{Delay: d, Budget: 0.01}, a.URL, b.URL)
+	r.hedges.bal.Store(hedgeReserve) // one hedge and one less than the reserve: a first look finds none
+	b.open("1")
+	done := sendWithID(t, r, "1")
+	require.Equal(t, d, <-clock.armed)
+	require.Eventually(t, func() bool { return a.Calls() == 1 }, 5*time.Second, time.Millisecond)
+	clock.Advance(d)
+	require.Equal(t, d, <-clock.armed, "the second look, after as long again")
+	assert.Zero(t, b.Calls(), "no hedge at the first look")
+	clock.Advance(d)
+	resp := <-done
+	require.NotNil(t, resp)
+	assert.Equal(t, "b", resp.Header.Get(HeaderUpstream), "hedged at the second look, from the reserve")
+	assert.Equal(t, int64(hedgeReserve+10-1000), r.hedges.bal.Load(), "the reserve and the request's deposit, less the hedge")
+	rep := reps.all()[0]
+	assert.True(t, rep.Hedged)
+	assert.Equal(t, 2, rep.Attempts)
+}
+
+// With no budget at all, the looks go on at doubling delays, and the first
+// look after the budget has a hedge again sends it.
+func TestHedgeLooksUntilTheBudgetPays(t *testing.T) {
+	a, b := newGatedUpstream(t), newGatedUpstream(t)
+	const d = 100 * time.Millisecond
+	r, reps, clock := hedgeRouter(t, HedgeConfig{Delay: d, Budget: 0.01}, a.URL, b.URL)
+	b.open("1")
+	done := sendWithID(t, r, "1")
+	require.Equal(t, d, <-clock.armed)
+	require.Eventually(t, func() bool { return a.Calls() == 1 }, 5*time.Second, time.Millisecond)
+	armed := d
+	for _, next := range []time.Duration{d, 2 * d, 4 * d} { // looks at 2, 4 and 8 delays
+		clock.Advance(armed)
+		armed = <-clock.armed
+		require.Equal(t, next, armed)
+	}
+	assert.Zero(t, b.Calls(), "no hedge without budget")
+	r.hedges.bal.Store(1000) // other requests paid in one hedge
+	clock.Advance(4 * d)
+	resp := <-done
+	require.NotNil(t, resp)
+	assert.Equal(t, "b", resp.Header.Get(HeaderUpstream))
+	assert.Zero(t, r.hedges.bal.Load())
+	assert.True(t, reps.all()[0].Hedged)
 }
 
 func TestHedgeLoserUsageAddsToCost(t *testing.T) {
