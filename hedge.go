@@ -19,7 +19,8 @@ const hedgeBudgetCap = 10 * 1000
 // hedgeReserve is the part of the balance, in thousandths, that an
 // attempt's first look at the hedge delay leaves for later looks (see
 // sendHedged): a hedge at the first look needs 1 + 2 hedges in the
-// balance, one at a later look 1.
+// balance, one at a later look 1. A new router's balance starts at the
+// reserve.
 const hedgeReserve = 2 * 1000
 
 func (b *hedgeBudget) add() {

@@ -216,12 +216,31 @@ func TestHedgeLaterLooksGetTheReserve(t *testing.T) {
 	assert.Equal(t, 2, rep.Attempts)
 }
 
+// A new router's balance starts at the reserve: with Budget 1, its first
+// request can hedge at the first look.
+func TestHedgeReserveFromTheStart(t *testing.T) {
+	a, b := newGatedUpstream(t), newGatedUpstream(t)
+	const d = 100 * time.Millisecond
+	r, reps, clock := hedgeRouter(t, HedgeConfig{Delay: d, Budget: 1}, a.URL, b.URL)
+	assert.Equal(t, int64(hedgeReserve), r.hedges.bal.Load())
+	b.open("1")
+	done := sendWithID(t, r, "1")
+	require.Equal(t, d, <-clock.armed)
+	require.Eventually(t, func() bool { return a.Calls() == 1 }, 5*time.Second, time.Millisecond)
+	clock.Advance(d)
+	resp := <-done
+	require.NotNil(t, resp)
+	assert.Equal(t, "b", resp.Header.Get(HeaderUpstream))
+	assert.True(t, reps.all()[0].Hedged)
+}
+
 // With no budget at all, the looks go on at doubling delays, and the first
 // look after the budget has a hedge again sends it.
 func TestHedgeLooksUntilTheBudgetPays(t *testing.T) {
 	a, b := newGatedUpstream(t), newGatedUpstream(t)
 	const d = 100 * time.Millisecond
 	r, reps, clock := hedgeRouter(t, HedgeConfig{Delay: d, Budget: 0.01}, a.URL, b.URL)
+	r.hedges.bal.Store(0) // spent by others
 	b.open("1")
 	done := sendWithID(t, r, "1")
 	require.Equal(t, d, <-clock.armed)

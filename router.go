@@ -62,6 +62,7 @@ func New(cfg Config) (*Router, error) {
 	}
 	r.counter = newCounter(s.memoEntries, s.imageTokens)
 	r.hedges.deposit = s.hedge.deposit
+	r.hedges.bal.Store(hedgeReserve) // the reserve is there from the start: it orders hedges, it does not delay the first
 	for _, us := range s.upstreams {
 		u := newUpstream(us, &r.s)
 		r.byName[u.cfg.Name] = u
