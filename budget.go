@@ -413,6 +413,9 @@ func (t *trip) settle(cost float64) {
 			}
 		}
 		t.r.settleLedger(t, h, charge)
+		if hook := t.r.s.hooks.OnSpend; hook != nil && charge > 0 {
+			hook(SpendEvent{Context: t.ctx, Budget: h.b.Name, Key: h.k.Key, Amount: float64(charge) / 1e9, Currency: t.r.s.currency.Code})
+		}
 	}
 	res.list = res.list[:0]
 }
@@ -541,7 +544,7 @@ func (r *Router) reserveLedger(ctx context.Context, t *trip, k BudgetKey, limit,
 		if err == nil {
 			return ok, false
 		}
-		r.stateFailed(t)
+		r.stateFailed(t, "reserve", err)
 	}
 	ok, _ = r.fallbackLedger.Reserve(ctx, k, limit/int64(r.s.replicas), amount)
 	return ok, true
@@ -560,6 +563,6 @@ func (r *Router) settleLedger(t *trip, h *held, spent int64) {
 	ctx, cancel := r.stateCtx(context.Background())
 	defer cancel()
 	if err := r.ledger.Settle(ctx, h.k, h.amount, spent); err != nil {
-		r.stateFailed(t)
+		r.stateFailed(t, "settle", err)
 	}
 }

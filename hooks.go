@@ -33,6 +33,34 @@ type Hooks struct {
 	OnBreaker func(BreakerEvent)
 	// OnReport runs with each request's Report, as Config.OnReport does.
 	OnReport func(Report)
+	// OnSpend runs when a request's cost is charged to a budget's ledger:
+	// once per budget that covers its answering attempt, as the request
+	// settles (see Budget). A budget's refusal is in Report.Budget.
+	OnSpend func(SpendEvent)
+	// OnStateFallback runs each time a call to Config.State or to a shared
+	// Config.Ledger fails or times out, and in-process state decides
+	// instead (Router.StateFallbacks counts them).
+	OnStateFallback func(StateFallbackEvent)
+}
+
+// SpendEvent is one charge to a budget's ledger.
+type SpendEvent struct {
+	Context  context.Context // the request's
+	Budget   string          // the budget's name
+	Key      string          // the ledger's key, from the budget's Scope
+	Amount   float64         // what was charged, in the billing currency
+	Currency string          // its ISO code (Config.Currency)
+}
+
+// StateFallbackEvent is a shared-state call that failed.
+type StateFallbackEvent struct {
+	// Context is the request's, or nil for a call no request made.
+	Context context.Context
+	// Op is the call: "admit", "refund" or "probe" (limits and circuits),
+	// "observe" (a hold, a failure, a success or an open circuit told to
+	// the fleet), "reserve" or "settle" (a budget's ledger).
+	Op  string
+	Err error // what the call returned (a timeout is context.DeadlineExceeded)
 }
 
 // AttemptInfo describes one upstream call as it starts.
@@ -71,6 +99,8 @@ func JoinHooks(hs ...Hooks) Hooks {
 		j.OnWait = join1(j.OnWait, h.OnWait)
 		j.OnBreaker = join1(j.OnBreaker, h.OnBreaker)
 		j.OnReport = join1(j.OnReport, h.OnReport)
+		j.OnSpend = join1(j.OnSpend, h.OnSpend)
+		j.OnStateFallback = join1(j.OnStateFallback, h.OnStateFallback)
 	}
 	return j
 }

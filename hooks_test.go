@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -140,4 +141,91 @@ func TestReportOverhead(t *testing.T) {
 	rep := reps.all()[0]
 	assert.Equal(t, time.Second, rep.Latency)
 	assert.Zero(t, rep.Overhead, "the fake clock moved only in the upstream")
+}
+
+// TestHooksOnSpend: a settled request tells OnSpend what each budget that
+// covers it was charged, in the billing currency, with the request's
+// context; a failed request charges nothing and tells nothing.
+func TestHooksOnSpend(t *testing.T) {
+	status := http.StatusOK
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: status, Header: http.Header{},
+			Body: io.NopCloser(strings.NewReader(`{"usage":{"prompt_tokens":8,"completion_tokens":2}}`))}, nil
+	})
+	var mu sync.Mutex
+	var got []SpendEvent
+	r, reps := newTestRouter(t, Config{Base: base, Prices: budgetPrices, Clock: newAutoClock(),
+		Currency:  Currency{Code: "EUR", PerUSD: 2},
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1"}},
+		Budgets: []Budget{
+			{Name: "all", Limit: 1000, Window: Window{Every: time.Hour}},
+			{Name: "per-model", Scope: PerModel(), Limit: 1000, Window: Window{Every: time.Hour}},
+			{Name: "other-model", Scope: func(_ Request, model, _ string) (string, bool) { return model, model == "x" }, Limit: 1000, Window: Window{Every: time.Hour}},
+		},
+		Hooks: Hooks{OnSpend: func(e SpendEvent) {
+			mu.Lock()
+			got = append(got, e)
+			mu.Unlock()
+		}},
+	})
+	send := func() {
+		ctx := context.WithValue(context.Background(), ctxKey{}, "caller")
+		resp, err := r.RoundTrip(budgetRequest(ctx, "m", ""))
+		require.NoError(t, err)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	send()
+	rep := reps.all()[0]
+	require.Positive(t, rep.Cost)
+	mu.Lock()
+	require.Len(t, got, 2, "one event per budget that covers the request")
+	for i, name := range []string{"all", "per-model"} {
+		assert.Equal(t, name, got[i].Budget)
+		assert.InDelta(t, rep.Cost, got[i].Amount, 1e-9)
+		assert.Equal(t, "EUR", got[i].Currency)
+		assert.Equal(t, "caller", got[i].Context.Value(ctxKey{}))
+	}
+	assert.Equal(t, "m", got[1].Key, "the ledger's key")
+	mu.Unlock()
+
+	status = http.StatusBadRequest
+	send()
+	mu.Lock()
+	assert.Len(t, got, 2, "a failed request charges nothing")
+	mu.Unlock()
+}
+
+// TestHooksOnStateFallback: each shared-state call that fails is told, with
+// its operation, its error and the request's context.
+func TestHooksOnStateFallback(t *testing.T) {
+	st := newMemState()
+	st.failing.Store(true)
+	var mu sync.Mutex
+	var got []StateFallbackEvent
+	r, _ := newTestRouter(t, Config{State: st, Replicas: 2, Clock: newAutoClock(),
+		Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"application/json"}},
+				Body: io.NopCloser(strings.NewReader(string(fixtureBytes)))}, nil
+		}),
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 100}},
+		Hooks: Hooks{OnStateFallback: func(e StateFallbackEvent) {
+			mu.Lock()
+			got = append(got, e)
+			mu.Unlock()
+		}},
+	})
+	ctx := context.WithValue(context.Background(), ctxKey{}, "caller")
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "hi")))
+	resp, err := r.RoundTrip(req)
+	require.NoError(t, err)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotEmpty(t, got)
+	assert.Equal(t, "admit", got[0].Op)
+	assert.ErrorIs(t, got[0].Err, errDown)
+	assert.Equal(t, "caller", got[0].Context.Value(ctxKey{}))
+	assert.EqualValues(t, len(got), r.StateFallbacks(), "every fallback counted is told")
 }

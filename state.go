@@ -104,11 +104,17 @@ func (r *Router) stateCtx(ctx context.Context) (context.Context, context.CancelF
 	return context.WithTimeout(ctx, r.s.stateTimeout)
 }
 
-// stateFailed counts a failed State call for the request.
-func (r *Router) stateFailed(t *trip) {
+// stateFailed counts a failed State call (op, see StateFallbackEvent) for
+// the request, if a request made it, and tells Hooks.OnStateFallback.
+func (r *Router) stateFailed(t *trip, op string, err error) {
 	r.stateCount.fallbacks.Add(1)
+	var ctx context.Context
 	if t != nil {
 		t.stateFallback.Store(true)
+		ctx = t.ctx
+	}
+	if h := r.s.hooks.OnStateFallback; h != nil {
+		h(StateFallbackEvent{Context: ctx, Op: op, Err: err})
 	}
 }
 
@@ -156,7 +162,7 @@ func (r *Router) admitShared(ctx context.Context, a admission, c *candidate, now
 		won, err := r.s.state.Probe(sctx, c.up.cfg.Name, r.probeTTL())
 		cancel()
 		if err != nil {
-			r.stateFailed(a.trip)
+			r.stateFailed(a.trip, "probe", err)
 			return 0, false, false, false
 		}
 		if !won {
@@ -180,7 +186,7 @@ func (r *Router) stateAdmit(ctx context.Context, a admission, c *candidate, tpm 
 	defer cancel()
 	v, err := r.s.state.Admit(sctx, limitsOf(c.up), tpm, force, now)
 	if err != nil {
-		r.stateFailed(a.trip)
+		r.stateFailed(a.trip, "admit", err)
 	}
 	return v, err
 }
@@ -216,7 +222,7 @@ func (r *Router) refundShared(ctx context.Context, t *trip, u *upstream, request
 	sctx, cancel := r.stateCtx(ctx)
 	defer cancel()
 	if err := r.s.state.Refund(sctx, limitsOf(u), requests, tokens, now); err != nil {
-		r.stateFailed(t)
+		r.stateFailed(t, "refund", err)
 	}
 }
 
@@ -293,6 +299,6 @@ func (r *Router) observeShared(t *trip, a *attempt, o outcome, hold, opened time
 		err = errors.Join(err, r.s.state.Success(ctx, name, a.tk.probe || a.cand.fleetProbe))
 	}
 	if err != nil {
-		r.stateFailed(t)
+		r.stateFailed(t, "observe", err)
 	}
 }

@@ -264,3 +264,15 @@ func (b *breakers) observe(_ context.Context, obs metric.Int64Observer) error {
 	}
 	return nil
 }
+
+func newSpendSets(_ *Observer, k [2]string) []metric.AddOption {
+	return addOpts(attribute.NewSet(attribute.String("relay.budget", k[0]), attribute.String("relay.budget.currency", k[1])))
+}
+
+func newRefusalSets(_ *Observer, budget string) []metric.AddOption {
+	return addOpts(attribute.NewSet(attribute.String("relay.budget", budget)))
+}
+
+func newFallbackSets(_ *Observer, op string) []metric.AddOption {
+	return addOpts(attribute.NewSet(attribute.String("relay.state.operation", op)))
+}

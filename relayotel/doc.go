@@ -59,6 +59,9 @@
 //	relay.limiter.wait         histogram  s             relay.upstream, relay.wait.reason, error.type
 //	relay.breaker.state        gauge      1             relay.upstream, relay.breaker.state: 1 for the current state, 0 for the others
 //	relay.breaker.transitions  counter    {transition}  relay.upstream, relay.breaker.state (the new state)
+//	relay.budget.spend         counter    {currency_unit} relay.budget, relay.budget.currency
+//	relay.budget.refusals      counter    {request}     relay.budget (the one that refused)
+//	relay.state.fallbacks      counter    {call}        relay.state.operation
 //
 // An attempt's outcome (and a retry's reason, the outcome of the attempt it
 // follows) is a status class ("2xx", "4xx", "429", "5xx") or an error kind

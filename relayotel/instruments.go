@@ -35,11 +35,9 @@ type instruments struct {
 	wait        metric.Float64Histogram // relay.limiter.wait
 	transitions metric.Int64Counter     // relay.breaker.transitions
 	// relay.breaker.state is observed from breakers at each collection.
-
-	// Budget spend (relay.budget.spend, counter, {USD}, by budget) and
-	// Redis fallbacks (relay.redis.fallbacks, counter, {fallback}, by
-	// operation) belong here once the router reports them through Report
-	// or Hooks.
+	spend     metric.Float64Counter // relay.budget.spend
+	refusals  metric.Int64Counter   // relay.budget.refusals
+	fallbacks metric.Int64Counter   // relay.state.fallbacks
 }
 
 func newInstruments(mp metric.MeterProvider, b *breakers) instruments {
@@ -61,6 +59,14 @@ func newInstruments(mp metric.MeterProvider, b *breakers) instruments {
 			h, _ = nop.Float64Histogram(name)
 		}
 		return h
+	}
+	f64c := func(name, unit, desc string) metric.Float64Counter {
+		c, e := m.Float64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		check(e)
+		if c == nil {
+			c, _ = nop.Float64Counter(name)
+		}
+		return c
 	}
 	i64c := func(name, unit, desc string) metric.Int64Counter {
 		c, e := m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
@@ -85,18 +91,16 @@ func newInstruments(mp metric.MeterProvider, b *breakers) instruments {
 	}
 	in.ttfc = f64h(ttfc.Name(), ttfc.Unit(), ttfc.Description(), durationBounds)
 
-	in.cost, err = m.Float64Counter("relay.client.cost", metric.WithUnit("{USD}"),
-		metric.WithDescription("Cost of the calls in US dollars, after each upstream's price factor; a hedge's losing call that completed is included."))
-	check(err)
-	if in.cost == nil {
-		in.cost, _ = nop.Float64Counter("relay.client.cost")
-	}
+	in.cost = f64c("relay.client.cost", "{USD}", "Cost of the calls in US dollars, after each upstream's price factor; a hedge's losing call that completed is included.")
 	in.attempts = i64c("relay.client.attempts", "{attempt}", "Upstream calls, hedges included, by outcome.")
 	in.retries = i64c("relay.client.retries", "{retry}", "Upstream calls made again after a failed one, by the outcome of the failed one.")
 	in.hedges = i64c("relay.client.hedges", "{hedge}", "Hedges sent: won when the hedge's answer was the one returned.")
 	in.overhead = f64h("relay.client.overhead", "s", "Time a call spent in the router itself, upstream calls and waits excluded.", overheadBounds)
 	in.wait = f64h("relay.limiter.wait", "s", "Time a call waited for an upstream's rate limits or in-flight slot.", waitBounds)
 	in.transitions = i64c("relay.breaker.transitions", "{transition}", "Circuit breaker state changes, by the new state.")
+	in.spend = f64c("relay.budget.spend", "{currency_unit}", "Spend charged to each budget's ledgers, in the billing currency (relay.budget.currency).")
+	in.refusals = i64c("relay.budget.refusals", "{request}", "Requests a budget refused (relay.ErrBudgetExceeded), no upstream called.")
+	in.fallbacks = i64c("relay.state.fallbacks", "{call}", "Calls to the shared state (Config.State, a shared Ledger) that failed or timed out, decided in-process instead, by operation.")
 	_, err = m.Int64ObservableGauge("relay.breaker.state", metric.WithUnit("1"),
 		metric.WithDescription("Circuit breaker state of each upstream: 1 for the current state, 0 for the others."),
 		metric.WithInt64Callback(b.observe))

@@ -36,13 +36,16 @@ type Observer struct {
 	addrMu sync.RWMutex
 	addrs  map[string]address // upstream name → where it is
 
-	reports  cache[reportKey, *reportSets]
-	attempts cache[attemptKey, []metric.AddOption]
-	retries  cache[retryKey, []metric.AddOption]
-	waits    cache[waitKey, []metric.RecordOption]
-	breakers breakers
-	ops      map[string]*opSets    // per Report.Endpoint, "" included
-	hedge    [2][]metric.AddOption // relay.hedge.result lost, won
+	reports   cache[reportKey, *reportSets]
+	attempts  cache[attemptKey, []metric.AddOption]
+	retries   cache[retryKey, []metric.AddOption]
+	waits     cache[waitKey, []metric.RecordOption]
+	spends    cache[[2]string, []metric.AddOption] // budget, currency
+	refusals  cache[string, []metric.AddOption]    // budget
+	fallbacks cache[string, []metric.AddOption]    // operation
+	breakers  breakers
+	ops       map[string]*opSets    // per Report.Endpoint, "" included
+	hedge     [2][]metric.AddOption // relay.hedge.result lost, won
 }
 
 // address is an upstream's server.address and server.port.
@@ -106,8 +109,43 @@ func (o *Observer) Hooks() relay.Hooks {
 		OnWait:    o.onWait,
 		OnBreaker: o.onBreaker,
 		OnReport:  o.onReport,
+
+		OnSpend:         o.onSpend,
+		OnStateFallback: o.onStateFallback,
 	}
 }
+
+// onSpend records a charge to a budget's ledger.
+func (o *Observer) onSpend(e relay.SpendEvent) {
+	ctx := e.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	o.inst.spend.Add(ctx, e.Amount, o.spends.get(o, [2]string{e.Budget, e.Currency}, newSpendSets)...)
+}
+
+// onStateFallback records a failed shared-state call, and notes it on the
+// request's span.
+func (o *Observer) onStateFallback(e relay.StateFallbackEvent) {
+	ctx := e.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	op := e.Op
+	if !stateOps[op] {
+		op = "other"
+	}
+	o.inst.fallbacks.Add(ctx, 1, o.fallbacks.get(o, op, newFallbackSets)...)
+	if c := o.callOf(e.Context); c != nil && c.span.IsRecording() {
+		c.span.AddEvent("relay.state.fallback", trace.WithAttributes(
+			attribute.String("relay.state.operation", op),
+			semconv.ErrorTypeKey.String(errclass.Type(e.Err, 0)),
+		))
+	}
+}
+
+// stateOps are the operations of relay.StateFallbackEvent.
+var stateOps = map[string]bool{"admit": true, "refund": true, "probe": true, "observe": true, "reserve": true, "settle": true}
 
 // call is a RoundTrip's state, kept in its context: the context carries the
 // span, and answers Value(callKey{o}) with the call itself, so that keeping
@@ -330,6 +368,9 @@ func (o *Observer) onReport(r relay.Report) {
 	}
 	if r.Hedged {
 		o.inst.hedges.Add(ctx, 1, o.hedge[b2i(r.HedgeWon)]...)
+	}
+	if r.Budget != "" {
+		o.inst.refusals.Add(ctx, 1, o.refusals.get(o, r.Budget, newRefusalSets)...)
 	}
 	o.inst.overhead.Record(ctx, r.Overhead.Seconds(), ops.overhead...)
 

@@ -2,6 +2,7 @@ package relayotel_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"slices"
@@ -581,4 +582,76 @@ func TestUnsampledCall(t *testing.T) {
 	assert.True(t, strings.HasSuffix(tpHeader, "-00"), "not sampled: %s", tpHeader)
 	assert.NotContains(t, tpHeader, parent.SpanContext().SpanID().String(), "the call's own span is the parent")
 	assert.Len(t, h.metrics(t)["relay.client.attempts"].Points, 1)
+}
+
+// TestBudgetSpendAndRefusals: a settled call's cost is added to
+// relay.budget.spend for each budget that covers it, in the billing
+// currency; a refused call adds to relay.budget.refusals.
+func TestBudgetSpendAndRefusals(t *testing.T) {
+	a := server(t, "a")
+	h := newHarness(t, relay.Config{Upstreams: []relay.Upstream{{Name: "a", BaseURL: a.URL}},
+		Currency: relay.Currency{Code: "EUR", PerUSD: 0.5},
+		Budgets:  []relay.Budget{{Name: "team", Limit: 1000, Window: relay.Window{Every: time.Hour}}}})
+	h.chat(t, chatBody("gpt-4.1", false))
+	rep := h.report(t)
+	require.Positive(t, rep.Cost)
+	m := h.metrics(t)
+	assert.Equal(t, instrument{Unit: "{currency_unit}", Kind: "counter", Points: []point{
+		{Attrs: "relay.budget=team,relay.budget.currency=EUR", Value: rep.Cost}, // sorted by key
+	}}, m["relay.budget.spend"])
+	assert.NotContains(t, m, "relay.budget.refusals", "nothing refused")
+
+	h = newHarness(t, relay.Config{Upstreams: []relay.Upstream{{Name: "a", BaseURL: a.URL}},
+		Budgets: []relay.Budget{{Name: "tight", Limit: 1e-9, Window: relay.Window{Every: time.Hour}}}})
+	_, err := h.do(t, context.Background(), http.MethodPost, "chat/completions", chatBody("gpt-4.1", false))
+	require.ErrorIs(t, err, relay.ErrBudgetExceeded)
+	m = h.metrics(t)
+	assert.Equal(t, instrument{Unit: "{request}", Kind: "counter", Points: []point{
+		{Attrs: "relay.budget=tight", Value: 1},
+	}}, m["relay.budget.refusals"])
+	assert.NotContains(t, m, "relay.budget.spend", "nothing spent")
+}
+
+// downState is a shared State whose every call fails, as when Redis is
+// down.
+type downState struct{ relay.Ledger }
+
+var errDown = errors.New("state down")
+
+func (downState) Admit(context.Context, relay.Limits, int, bool, time.Time) (relay.Verdict, error) {
+	return relay.Verdict{}, errDown
+}
+func (downState) Refund(context.Context, relay.Limits, int, int, time.Time) error { return errDown }
+func (downState) Hold(context.Context, string, time.Time) error                   { return errDown }
+func (downState) Failure(context.Context, string, relay.CircuitPolicy, time.Time) (time.Time, error) {
+	return time.Time{}, errDown
+}
+func (downState) Success(context.Context, string, bool) error                { return errDown }
+func (downState) Open(context.Context, string, time.Time) error              { return errDown }
+func (downState) Probe(context.Context, string, time.Duration) (bool, error) { return false, errDown }
+
+// TestStateFallbacks: a failed shared-state call adds to
+// relay.state.fallbacks by operation, and shows as an event on the call's
+// span.
+func TestStateFallbacks(t *testing.T) {
+	a := server(t, "a")
+	h := newHarness(t, relay.Config{Upstreams: []relay.Upstream{{Name: "a", BaseURL: a.URL, RPM: 100}},
+		State: downState{relay.NewLocalLedger()}, Replicas: 2})
+	h.chat(t, chatBody("gpt-4.1", false))
+	require.True(t, h.report(t).StateFallback)
+	require.EqualValues(t, 1, h.router.StateFallbacks())
+	assert.Equal(t, instrument{Unit: "{call}", Kind: "counter", Points: []point{
+		{Attrs: "relay.state.operation=admit", Value: 1},
+	}}, h.metrics(t)["relay.state.fallbacks"])
+	span := h.spans(t)["chat gpt-4.1"]
+	require.NotNil(t, span)
+	var events []string
+	for _, e := range span.Events() {
+		m := map[string]string{}
+		for _, kv := range e.Attributes {
+			m[string(kv.Key)] = kv.Value.Emit()
+		}
+		events = append(events, e.Name+" "+m["relay.state.operation"])
+	}
+	assert.Contains(t, events, "relay.state.fallback admit")
 }

@@ -63,11 +63,21 @@ func WithBuckets(labels ...string) Option {
 	}
 }
 
+// WithBudgets gives the budget names (Config.Budgets) that label the
+// budget metrics as themselves.
+func WithBudgets(budgets ...relay.Budget) Option {
+	return func(c *Collector) {
+		for _, b := range budgets {
+			c.budgets[b.Name] = true
+		}
+	}
+}
+
 // Collector is a prometheus.Collector of a Router's metrics, fed by the
 // hooks Hooks returns. It is safe for concurrent use; one Collector may
 // serve several routers. Register it once (prometheus.MustRegister).
 type Collector struct {
-	upstreams, models, buckets map[string]bool // read-only after New
+	upstreams, models, buckets, budgets map[string]bool // read-only after New
 
 	requests    *prometheus.CounterVec
 	errors      *prometheus.CounterVec
@@ -82,10 +92,10 @@ type Collector struct {
 	wait        *prometheus.HistogramVec
 	breaker     *prometheus.GaugeVec
 	transitions *prometheus.CounterVec
+	spend       *prometheus.CounterVec
+	refusals    *prometheus.CounterVec
+	fallbacks   *prometheus.CounterVec
 	all         []prometheus.Collector
-	// Budget spend (relay_budget_spend_usd_total, by budget) and Redis
-	// fallbacks (relay_redis_fallbacks_total, by operation) belong here
-	// once the router reports them through Report or Hooks.
 
 	// The metrics' children, resolved once per label set: recording a call
 	// then takes no label lookup and allocates nothing. The label values
@@ -105,6 +115,7 @@ func New(opts ...Option) *Collector {
 		upstreams: map[string]bool{},
 		models:    map[string]bool{},
 		buckets:   map[string]bool{relay.BucketShort: true, relay.BucketMid: true, relay.BucketLong: true},
+		budgets:   map[string]bool{},
 	}
 	for _, opt := range opts {
 		opt(c)
@@ -136,6 +147,9 @@ func New(opts ...Option) *Collector {
 		Help: "Circuit breaker state of each upstream: 1 for the current state, 0 for the others."}, []string{"upstream", "state"})
 	c.all = append(c.all, c.breaker)
 	c.transitions = counter("relay_breaker_transitions_total", "Circuit breaker state changes, by the new state.", "upstream", "state")
+	c.spend = counter("relay_budget_spend_total", "Spend charged to each budget's ledgers, in the billing currency.", "budget", "currency")
+	c.refusals = counter("relay_budget_refusals_total", "Requests a budget refused (relay.ErrBudgetExceeded), no upstream called.", "budget")
+	c.fallbacks = counter("relay_state_fallbacks_total", "Calls to the shared state (Config.State, a shared Ledger) that failed or timed out, decided in-process instead, by operation.", "operation")
 	c.hedgeC = [2]prometheus.Counter{c.hedges.WithLabelValues("lost"), c.hedges.WithLabelValues("won")}
 	for u := range c.upstreams {
 		c.setBreaker(u, relay.StateClosed)
@@ -165,7 +179,21 @@ func (c *Collector) Hooks() relay.Hooks {
 		OnWait:    c.onWait,
 		OnBreaker: c.onBreaker,
 		OnReport:  c.onReport,
+
+		OnSpend:         c.onSpend,
+		OnStateFallback: c.onStateFallback,
 	}
+}
+
+func (c *Collector) onSpend(e relay.SpendEvent) {
+	c.spend.WithLabelValues(c.label(c.budgets, e.Budget), e.Currency).Add(e.Amount)
+}
+
+// stateOps are the operations of relay.StateFallbackEvent.
+var stateOps = map[string]bool{"admit": true, "refund": true, "probe": true, "observe": true, "reserve": true, "settle": true}
+
+func (c *Collector) onStateFallback(e relay.StateFallbackEvent) {
+	c.fallbacks.WithLabelValues(c.label(stateOps, e.Op)).Inc()
 }
 
 func (c *Collector) upstream(name string) string { return c.label(c.upstreams, name) }
@@ -327,6 +355,9 @@ func (c *Collector) onReport(r relay.Report) {
 		c.hedgeC[b2i(r.HedgeWon)].Inc()
 	}
 	c.overhead.Observe(r.Overhead.Seconds())
+	if r.Budget != "" {
+		c.refusals.WithLabelValues(c.label(c.budgets, r.Budget)).Inc()
+	}
 }
 
 func statusClass(code int) string {

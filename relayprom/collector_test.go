@@ -1,6 +1,8 @@
 package relayprom_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -275,4 +277,61 @@ func buckets(name, labels string, bounds []float64, obs ...float64) string {
 	}
 	fmt.Fprintf(&b, "%s_sum%s %v\n%s_count%s %d\n", name, labels, sum, name, labels, len(obs))
 	return b.String()
+}
+
+// TestBudgetSpendAndRefusals: a settled call's cost counts under each
+// budget that covers it, in the billing currency (a budget not given to
+// New as "other"); a refused call counts under the budget that refused it.
+func TestBudgetSpendAndRefusals(t *testing.T) {
+	a := server(t, "a")
+	budgets := []relay.Budget{
+		{Name: "team", Limit: 1000, Window: relay.Window{Every: time.Hour}},
+		{Name: "unlisted", Limit: 1000, Window: relay.Window{Every: time.Hour}},
+	}
+	h := newHarness(t, relay.Config{Upstreams: []relay.Upstream{{Name: "a", BaseURL: a.URL}},
+		Currency: relay.Currency{Code: "EUR", PerUSD: 0.5}, Budgets: budgets}, relayprom.WithBudgets(budgets[0]))
+	h.chat(t, chatBody("gpt-4.1", false))
+	rep := h.report(t)
+	require.Positive(t, rep.Cost)
+	h.compare(t, helpSpend+fmt.Sprintf(`relay_budget_spend_total{budget="other",currency="EUR"} %v
+relay_budget_spend_total{budget="team",currency="EUR"} %v
+`, rep.Cost, rep.Cost), "relay_budget_spend_total", "relay_budget_refusals_total")
+
+	tight := []relay.Budget{{Name: "team", Limit: 1e-9, Window: relay.Window{Every: time.Hour}}}
+	h = newHarness(t, relay.Config{Upstreams: []relay.Upstream{{Name: "a", BaseURL: a.URL}}, Budgets: tight}, relayprom.WithBudgets(tight...))
+	_, err := h.do(t, http.MethodPost, "chat/completions", chatBody("gpt-4.1", false))
+	require.ErrorIs(t, err, relay.ErrBudgetExceeded)
+	h.compare(t, helpRefusals+`relay_budget_refusals_total{budget="team"} 1
+`, "relay_budget_spend_total", "relay_budget_refusals_total")
+}
+
+// downState is a shared State whose every call fails, as when Redis is
+// down.
+type downState struct{ relay.Ledger }
+
+var errDown = errors.New("state down")
+
+func (downState) Admit(context.Context, relay.Limits, int, bool, time.Time) (relay.Verdict, error) {
+	return relay.Verdict{}, errDown
+}
+func (downState) Refund(context.Context, relay.Limits, int, int, time.Time) error { return errDown }
+func (downState) Hold(context.Context, string, time.Time) error                   { return errDown }
+func (downState) Failure(context.Context, string, relay.CircuitPolicy, time.Time) (time.Time, error) {
+	return time.Time{}, errDown
+}
+func (downState) Success(context.Context, string, bool) error                { return errDown }
+func (downState) Open(context.Context, string, time.Time) error              { return errDown }
+func (downState) Probe(context.Context, string, time.Duration) (bool, error) { return false, errDown }
+
+// TestStateFallbacks: each failed shared-state call counts by operation,
+// as many as the router counts.
+func TestStateFallbacks(t *testing.T) {
+	a := server(t, "a")
+	h := newHarness(t, relay.Config{Upstreams: []relay.Upstream{{Name: "a", BaseURL: a.URL, RPM: 100}},
+		State: downState{relay.NewLocalLedger()}, Replicas: 2})
+	h.chat(t, chatBody("gpt-4.1", false))
+	require.True(t, h.report(t).StateFallback)
+	require.EqualValues(t, 1, h.router.StateFallbacks())
+	h.compare(t, helpFallbacks+`relay_state_fallbacks_total{operation="admit"} 1
+`, "relay_state_fallbacks_total")
 }

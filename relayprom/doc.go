@@ -20,6 +20,9 @@
 //	relay_limiter_wait_seconds        histogram  upstream, reason                  waits for an upstream's rate limits ("rate") or in-flight slot ("slot")
 //	relay_breaker_state               gauge      upstream, state                   1 for each upstream's current breaker state, 0 for the others ("closed", "open", "half_open")
 //	relay_breaker_transitions_total   counter    upstream, state                   breaker state changes, by the new state
+//	relay_budget_spend_total          counter    budget, currency                  spend charged to each budget's ledgers, in the billing currency
+//	relay_budget_refusals_total       counter    budget                            requests a budget refused, no upstream called
+//	relay_state_fallbacks_total       counter    operation                         shared-state calls that failed, decided in-process ("admit", "refund", "probe", "observe", "reserve", "settle")
 //
 // Token counts include those the router estimated for an answer without
 // usage, as the cost does. Sum type="input" and type="output" for totals:
@@ -28,8 +31,9 @@
 // # Cardinality
 //
 // Every label has a bounded set of values. Upstreams and models are the ones
-// given to New (WithUpstreams, WithModels); buckets are "short", "mid",
-// "long" and those given with WithBuckets. Any other value is "other", and
+// given to New (WithUpstreams, WithModels), and so are budgets
+// (WithBudgets); buckets are "short", "mid", "long" and those given with
+// WithBuckets. Any other value is "other", and
 // a missing one (no upstream reached, no model in the request) is "none".
 // Outcomes, reasons and error types are the fixed classifications below;
 // the only open-ended part, an HTTP status code, is at most three digits.

@@ -158,6 +158,9 @@ const (
 	helpHedges      = "# HELP relay_hedges_total Hedges sent: won when the hedge's answer was the one returned.\n# TYPE relay_hedges_total counter\n"
 	helpBreaker     = "# HELP relay_breaker_state Circuit breaker state of each upstream: 1 for the current state, 0 for the others.\n# TYPE relay_breaker_state gauge\n"
 	helpTransitions = "# HELP relay_breaker_transitions_total Circuit breaker state changes, by the new state.\n# TYPE relay_breaker_transitions_total counter\n"
+	helpSpend       = "# HELP relay_budget_spend_total Spend charged to each budget's ledgers, in the billing currency.\n# TYPE relay_budget_spend_total counter\n"
+	helpRefusals    = "# HELP relay_budget_refusals_total Requests a budget refused (relay.ErrBudgetExceeded), no upstream called.\n# TYPE relay_budget_refusals_total counter\n"
+	helpFallbacks   = "# HELP relay_state_fallbacks_total Calls to the shared state (Config.State, a shared Ledger) that failed or timed out, decided in-process instead, by operation.\n# TYPE relay_state_fallbacks_total counter\n"
 )
 
 // breakerLines are the relay_breaker_state series of an upstream in state.
