@@ -8,6 +8,7 @@
 package chunk
 
 import (
+	"strings"
 	"unicode"
 	"unicode/utf8"
 
@@ -330,7 +331,7 @@ func units(enc tokens.Encoding, text string, minB, maxB int) []unit {
 	prev, known := tokens.ClassNone, true // known: prev is the class of the rune before p
 	for p := 0; p < len(text); {
 		c := text[p]
-		if c == '.' || c == '\n' || c == '!' || c == '?' || c == '\r' || (c >= 0xD8 && mayStartTerminator(c)) {
+		if c == '.' || c == '\n' || c == '!' || c == '?' || c == '\r' || (c >= 0xD8 && terminatorAt(text, p)) {
 			if q, ok := sentenceEndAt(text, p); ok {
 				emit(q, true)
 				prev, known = tokens.ClassBefore(text, q), true
@@ -344,7 +345,7 @@ func units(enc tokens.Encoding, text string, minB, maxB int) []unit {
 			if c < utf8.RuneSelf {
 				p++
 			} else {
-				_, n := utf8.DecodeRuneInString(text[p:])
+				_, n := tokens.DecodeRune(text, p)
 				p += n
 			}
 			known = false
@@ -368,12 +369,24 @@ func units(enc tokens.Encoding, text string, minB, maxB int) []unit {
 	return units
 }
 
-// mayStartTerminator reports whether c is the first byte of a non-ASCII
-// terminator's UTF-8 encoding.
-func mayStartTerminator(c byte) bool {
-	switch c {
-	case 0xD8, 0xDB, 0xE0, 0xE2, 0xE3, 0xEF: // ؟ ۔ । … 。 ！？．｡
-		return true
+// terminatorAt reports whether a non-ASCII terminator (see Split) starts at
+// text[p], by its UTF-8 bytes: text that is mostly non-ASCII (CJK) asks at
+// every rune.
+func terminatorAt(text string, p int) bool {
+	t := text[p:]
+	switch t[0] {
+	case 0xD8: // ؟
+		return strings.HasPrefix(t, "؟")
+	case 0xDB: // ۔
+		return strings.HasPrefix(t, "۔")
+	case 0xE0: // ।
+		return strings.HasPrefix(t, "।")
+	case 0xE2: // …
+		return strings.HasPrefix(t, "…")
+	case 0xE3: // 。
+		return strings.HasPrefix(t, "。")
+	case 0xEF: // ！？．｡
+		return strings.HasPrefix(t, "！") || strings.HasPrefix(t, "？") || strings.HasPrefix(t, "．") || strings.HasPrefix(t, "｡")
 	}
 	return false
 }

@@ -92,6 +92,10 @@ func (c classifier) atSlow(s string, i int) (uint8, int) {
 		r := rune(b&0x1F)<<6 | rune(s[i+1]&0x3F)
 		return c.t[r], 2
 	}
+	if b < 0xF0 && i+2 < len(s) { // 3-byte: the rest of the BMP, CJK and kana among it
+		r := rune(b&0x0F)<<12 | rune(s[i+1]&0x3F)<<6 | rune(s[i+2]&0x3F)
+		return c.t[r], 3
+	}
 	r, n := utf8.DecodeRuneInString(s[i:])
 	if r < tableLimit {
 		return c.t[r], n

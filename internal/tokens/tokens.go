@@ -119,6 +119,11 @@ var asciiClass = func() (t [utf8.RuneSelf]Class) {
 
 func classOf(r rune, size int) Class {
 	switch {
+	case 0x4E00 <= r && r <= 0x9FFF, 0xAC00 <= r && r <= 0xD7A3, 0x3041 <= r && r <= 0x3096, 0x30A1 <= r && r <= 0x30FA:
+		// CJK Unified Ideographs, Hangul syllables, hiragana and katakana:
+		// letters, all of them (TestClassOfFastRanges), found without a
+		// table search.
+		return ClassLetter
 	case r == '\n' || r == '\r':
 		return ClassNewline
 	case r == '\'':
@@ -144,8 +149,21 @@ func ClassAt(s string, p int) (Class, int) {
 	if c := s[p]; c < utf8.RuneSelf {
 		return asciiClass[c], 1
 	}
-	r, n := utf8.DecodeRuneInString(s[p:])
+	r, n := DecodeRune(s, p)
 	return classOf(r, n), n
+}
+
+// DecodeRune is utf8.DecodeRuneInString(s[p:]), with the common 3-byte
+// sequences (CJK, kana, Hangul, most symbols) decoded inline.
+func DecodeRune(s string, p int) (rune, int) {
+	if c := s[p]; c >= 0xE1 && c <= 0xEF && c != 0xED && p+2 < len(s) {
+		// After E1–EC and EE–EF, any two continuation bytes make a valid
+		// sequence (E0 and ED restrict the second byte: left to utf8).
+		if b1, b2 := s[p+1], s[p+2]; b1&0xC0 == 0x80 && b2&0xC0 == 0x80 {
+			return rune(c&0x0F)<<12 | rune(b1&0x3F)<<6 | rune(b2&0x3F), 3
+		}
+	}
+	return utf8.DecodeRuneInString(s[p:])
 }
 
 // ClassBefore returns the class of the rune that ends at s[:p].
@@ -155,6 +173,13 @@ func ClassBefore(s string, p int) Class {
 	}
 	if c := s[p-1]; c < utf8.RuneSelf {
 		return asciiClass[c]
+	}
+	if p >= 3 {
+		// A 3-byte sequence that DecodeRune decodes inline ends here: it
+		// is the last rune (its lead is not a continuation byte).
+		if c := s[p-3]; c >= 0xE1 && c <= 0xEF && c != 0xED && s[p-2]&0xC0 == 0x80 && s[p-1]&0xC0 == 0x80 {
+			return classOf(rune(c&0x0F)<<12|rune(s[p-2]&0x3F)<<6|rune(s[p-1]&0x3F), 3)
+		}
 	}
 	r, n := utf8.DecodeLastRuneInString(s[:p])
 	return classOf(r, n)

@@ -2,6 +2,8 @@ package tokens
 
 import (
 	"testing"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"go.uber.org/goleak"
@@ -42,4 +44,60 @@ func TestSafeCutsAddUp(t *testing.T) {
 		}
 	}
 	assert.Zero(t, O200K.Count(""))
+}
+
+// TestDecodeRuneMatchesUTF8: DecodeRune agrees with
+// utf8.DecodeRuneInString on every 3-byte sequence led by E0–EF, valid or
+// not, and on the same sequences cut short.
+func TestDecodeRuneMatchesUTF8(t *testing.T) {
+	buf := make([]byte, 3)
+	for c := 0xE0; c <= 0xEF; c++ {
+		for b1 := range 256 {
+			for b2 := range 256 {
+				buf[0], buf[1], buf[2] = byte(c), byte(b1), byte(b2)
+				for n := 1; n <= 3; n++ {
+					s := string(buf[:n])
+					r, size := DecodeRune(s, 0)
+					wr, wsize := utf8.DecodeRuneInString(s)
+					if r != wr || size != wsize {
+						t.Fatalf("% x: DecodeRune = %U, %d; utf8 = %U, %d", buf[:n], r, size, wr, wsize)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestClassBeforeMatchesUTF8: ClassBefore classifies the rune that
+// utf8.DecodeLastRuneInString finds, after any byte and before any 3-byte
+// sequence led by E0–EF, valid or not.
+func TestClassBeforeMatchesUTF8(t *testing.T) {
+	buf := make([]byte, 4)
+	for _, prev := range []byte{'a', 0x80, 0xE3, 0xC3} {
+		buf[0] = prev
+		for c := 0xE0; c <= 0xEF; c++ {
+			for b1 := range 256 {
+				for b2 := range 256 {
+					buf[1], buf[2], buf[3] = byte(c), byte(b1), byte(b2)
+					s := string(buf)
+					r, n := utf8.DecodeLastRuneInString(s)
+					if got, want := ClassBefore(s, len(s)), classOf(r, n); got != want {
+						t.Fatalf("% x: ClassBefore = %v, want %v", buf, got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestClassOfFastRanges: the ranges classOf answers without a table search
+// are letters by the unicode tables, every code point of them.
+func TestClassOfFastRanges(t *testing.T) {
+	for _, rg := range [][2]rune{{0x4E00, 0x9FFF}, {0xAC00, 0xD7A3}, {0x3041, 0x3096}, {0x30A1, 0x30FA}} {
+		for r := rg[0]; r <= rg[1]; r++ {
+			if !unicode.IsLetter(r) || unicode.IsSpace(r) || unicode.IsNumber(r) || unicode.IsMark(r) {
+				t.Fatalf("%U is not only a letter", r)
+			}
+		}
+	}
 }
