@@ -660,7 +660,7 @@ func FuzzParseUsage(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		u, ok := parseUsage(body)
-		if ru, rok := parseUsageRef(body); ru != u || rok != ok {
+		if ru, rok := parseUsageRef(t, body); ru != u || rok != ok {
 			t.Fatalf("parseUsage(%q) = %+v, %v; the reference reads %+v, %v", body, u, ok, ru, rok)
 		}
 		if !ok {
@@ -690,10 +690,20 @@ func FuzzParseUsage(f *testing.F) {
 	})
 }
 
-// parseUsageRef is the reference of parseUsage: the same rules, each field
-// found with gjson (the first member of a name, as gjson.Get finds it).
-// FuzzParseUsage checks that the two agree.
-func parseUsageRef(body []byte) (Usage, bool) {
+// usagePaths are the gjson paths of the usage fields parseUsage reads.
+var usagePaths = [numUsageFields]string{
+	uPrompt: "prompt_tokens", uInput: "input_tokens", uCompletion: "completion_tokens", uOutput: "output_tokens",
+	uCachedPrompt: "prompt_tokens_details.cached_tokens", uCachedInput: "input_tokens_details.cached_tokens",
+	uCacheRead: "cache_read_input_tokens", uReasoningCompletion: "completion_tokens_details.reasoning_tokens",
+	uReasoningOutput: "output_tokens_details.reasoning_tokens", uTotal: "total_tokens",
+	uCacheWrite: "cache_creation_input_tokens",
+}
+
+// parseUsageRef is the reference of parseUsage's reading: the usage object
+// and each of its fields found with gjson (the first member of a name, as
+// gjson.Get finds it), each field's count read by gjson as a float, then
+// the same rules (usageFrom). FuzzParseUsage checks that the two agree.
+func parseUsageRef(t testing.TB, body []byte) (Usage, bool) {
 	s := usageTrimEvent(unsafe.String(unsafe.SliceData(body), len(body)))
 	if s == "" || (s[0] != '{') || !jsonscan.Valid(s) {
 		return Usage{}, false
@@ -705,74 +715,19 @@ func parseUsageRef(body []byte) (Usage, bool) {
 	if !usage.IsObject() {
 		return Usage{}, false
 	}
-
-	prompt, hasPrompt, ok1 := usageIntRef(usage, "prompt_tokens")
-	fromInputTokens := false
-	if ok1 && !hasPrompt {
-		prompt, hasPrompt, ok1 = usageIntRef(usage, "input_tokens")
-		fromInputTokens = hasPrompt
-	}
-	completion, hasCompletion, ok2 := usageIntRef(usage, "completion_tokens")
-	if ok2 && !hasCompletion {
-		completion, hasCompletion, ok2 = usageIntRef(usage, "output_tokens")
-	}
-	cached, hasCached, ok3 := usageIntRef(usage, "prompt_tokens_details.cached_tokens")
-	if ok3 && !hasCached {
-		cached, hasCached, ok3 = usageIntRef(usage, "input_tokens_details.cached_tokens")
-	}
-	anthropic := false
-	if ok3 && !hasCached {
-		cached, hasCached, ok3 = usageIntRef(usage, "cache_read_input_tokens")
-		anthropic = hasCached && fromInputTokens
-	}
-	reasoning, hasReasoning, ok4 := usageIntRef(usage, "completion_tokens_details.reasoning_tokens")
-	if ok4 && !hasReasoning {
-		reasoning, _, ok4 = usageIntRef(usage, "output_tokens_details.reasoning_tokens")
-	}
-	total, hasTotal, ok5 := usageIntRef(usage, "total_tokens")
-	cacheWrite, ok6 := 0, true
-	if anthropic {
-		cacheWrite, _, ok6 = usageIntRef(usage, "cache_creation_input_tokens")
-	}
-	if !(ok1 && ok2 && ok3 && ok4 && ok5 && ok6) || !(hasPrompt || hasCompletion) {
-		return Usage{}, false
-	}
-
-	u := Usage{PromptTokens: prompt, CompletionTokens: completion, ReasoningTokens: reasoning, CachedTokens: cached}
-	if anthropic {
-		u.PromptTokens += cached + cacheWrite
-	}
-	cachedOut := u.CachedTokens > u.PromptTokens
-	reasoningOut := u.ReasoningTokens > u.CompletionTokens
-	if hasTotal {
-		p, c := u.PromptTokens, u.CompletionTokens
-		if cachedOut {
-			p += u.CachedTokens
-		}
-		if reasoningOut {
-			c += u.ReasoningTokens
-		}
-		r, ca := u.ReasoningTokens, u.CachedTokens
-		switch {
-		case total == p+c:
-		case !reasoningOut && r > 0 && total == p+c+r:
-			reasoningOut = true
-		case !cachedOut && ca > 0 && total == p+c+ca:
-			cachedOut = true
-		case !reasoningOut && !cachedOut && r > 0 && ca > 0 && total == p+c+r+ca:
-			reasoningOut, cachedOut = true, true
+	var f usageFields
+	for i, path := range usagePaths {
+		v := usage.Get(path)
+		f[i] = v.Raw
+		n, present, ok := usageNum(v.Raw)
+		if rn, rpresent, rok := usageIntRef(v); n != rn || present != rpresent || ok != rok {
+			t.Fatalf("%s = %s: usageNum reads %d, %v, %v; gjson %d, %v, %v", path, v.Raw, n, present, ok, rn, rpresent, rok)
 		}
 	}
-	if cachedOut {
-		u.PromptTokens += u.CachedTokens
-	}
-	if reasoningOut {
-		u.CompletionTokens += u.ReasoningTokens
-	}
-	return u, true
+	return usageFrom(&f)
 }
-func usageIntRef(usage gjson.Result, path string) (n int, present, ok bool) {
-	v := usage.Get(path)
+
+func usageIntRef(v gjson.Result) (n int, present, ok bool) {
 	switch v.Type {
 	case gjson.Null:
 		return 0, false, true

@@ -11,39 +11,11 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tokenrelay/relay"
+	"github.com/tokenrelay/relay/internal/labelcache"
 )
 
-// The attribute sets of the metrics are built once per combination of
-// their values and kept, so that recording a call allocates nothing. Each
-// cache holds at most maxCached combinations (requested model names come
-// from callers); past that, sets are built for each call.
-const maxCached = 4096
-
-type cache[K comparable, V any] struct {
-	mu sync.RWMutex
-	m  map[K]V
-}
-
-func (c *cache[K, V]) get(o *Observer, k K, build func(*Observer, K) V) V {
-	c.mu.RLock()
-	v, ok := c.m[k]
-	c.mu.RUnlock()
-	if ok {
-		return v
-	}
-	v = build(o, k)
-	c.mu.Lock()
-	if old, ok := c.m[k]; ok {
-		v = old
-	} else if len(c.m) < maxCached {
-		if c.m == nil {
-			c.m = map[K]V{}
-		}
-		c.m[k] = v
-	}
-	c.mu.Unlock()
-	return v
-}
+// maxCached bounds the other per-name state kept (breakers, addresses).
+const maxCached = labelcache.Max
 
 func recordOpts(s attribute.Set) []metric.RecordOption {
 	return []metric.RecordOption{metric.WithAttributeSet(s)}

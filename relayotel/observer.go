@@ -18,6 +18,7 @@ import (
 
 	"github.com/tokenrelay/relay"
 	"github.com/tokenrelay/relay/internal/errclass"
+	"github.com/tokenrelay/relay/internal/labelcache"
 )
 
 // scope is the instrumentation scope of the tracer and the meter.
@@ -36,13 +37,13 @@ type Observer struct {
 	addrMu sync.RWMutex
 	addrs  map[string]address // upstream name → where it is
 
-	reports   cache[reportKey, *reportSets]
-	attempts  cache[attemptKey, []metric.AddOption]
-	retries   cache[retryKey, []metric.AddOption]
-	waits     cache[waitKey, []metric.RecordOption]
-	spends    cache[[2]string, []metric.AddOption] // budget, currency
-	refusals  cache[string, []metric.AddOption]    // budget
-	fallbacks cache[string, []metric.AddOption]    // operation
+	reports   labelcache.Cache[*Observer, reportKey, *reportSets]
+	attempts  labelcache.Cache[*Observer, attemptKey, []metric.AddOption]
+	retries   labelcache.Cache[*Observer, retryKey, []metric.AddOption]
+	waits     labelcache.Cache[*Observer, waitKey, []metric.RecordOption]
+	spends    labelcache.Cache[*Observer, [2]string, []metric.AddOption] // budget, currency
+	refusals  labelcache.Cache[*Observer, string, []metric.AddOption]    // budget
+	fallbacks labelcache.Cache[*Observer, string, []metric.AddOption]    // operation
 	breakers  breakers
 	ops       map[string]*opSets    // per Report.Endpoint, "" included
 	hedge     [2][]metric.AddOption // relay.hedge.result lost, won
@@ -121,7 +122,7 @@ func (o *Observer) onSpend(e relay.SpendEvent) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	o.inst.spend.Add(ctx, e.Amount, o.spends.get(o, [2]string{e.Budget, e.Currency}, newSpendSets)...)
+	o.inst.spend.Add(ctx, e.Amount, o.spends.Get(o, [2]string{e.Budget, e.Currency}, newSpendSets)...)
 }
 
 // onStateFallback records a failed shared-state call, and notes it on the
@@ -135,7 +136,7 @@ func (o *Observer) onStateFallback(e relay.StateFallbackEvent) {
 	if !stateOps[op] {
 		op = "other"
 	}
-	o.inst.fallbacks.Add(ctx, 1, o.fallbacks.get(o, op, newFallbackSets)...)
+	o.inst.fallbacks.Add(ctx, 1, o.fallbacks.Get(o, op, newFallbackSets)...)
 	if c := o.callOf(e.Context); c != nil && c.span.IsRecording() {
 		c.span.AddEvent("relay.state.fallback", trace.WithAttributes(
 			attribute.String("relay.state.operation", op),
@@ -219,7 +220,7 @@ func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http
 		up, reason := c.lastUp, c.lastOut
 		c.mu.Unlock()
 		if a.N > 1 && !a.Hedge && reason != "" {
-			o.inst.retries.Add(ctx, 1, o.retries.get(o, retryKey{up, reason}, newRetrySets)...)
+			o.inst.retries.Add(ctx, 1, o.retries.Get(o, retryKey{up, reason}, newRetrySets)...)
 		}
 	}
 	o.prop.Inject(ctx, headerCarrier(out.Header))
@@ -259,7 +260,7 @@ func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http
 			}
 		}
 		// The count first: whoever sees the span ended sees the attempt counted.
-		o.inst.attempts.Add(ctx, 1, o.attempts.get(o, attemptKey{a.Upstream, outcome, a.Hedge}, newAttemptSets)...)
+		o.inst.attempts.Add(ctx, 1, o.attempts.Get(o, attemptKey{a.Upstream, outcome, a.Hedge}, newAttemptSets)...)
 		if span != nil {
 			span.End()
 		}
@@ -310,7 +311,7 @@ func (o *Observer) onWait(w relay.WaitEvent) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	o.inst.wait.Record(ctx, w.Wait.Seconds(), o.waits.get(o, waitKey{w.Upstream, w.Reason, et}, newWaitSets)...)
+	o.inst.wait.Record(ctx, w.Wait.Seconds(), o.waits.Get(o, waitKey{w.Upstream, w.Reason, et}, newWaitSets)...)
 	c := o.callOf(w.Context)
 	if c == nil {
 		return
@@ -349,7 +350,7 @@ func (o *Observer) onReport(r relay.Report) {
 	}
 	var rs *reportSets
 	if ops.op != "" {
-		rs = o.reports.get(o, reportKey{r.Endpoint, r.RequestedModel, r.Model, r.Upstream, r.Bucket, et}, newReportSets)
+		rs = o.reports.Get(o, reportKey{r.Endpoint, r.RequestedModel, r.Model, r.Upstream, r.Bucket, et}, newReportSets)
 		o.inst.duration.Record(ctx, r.Latency.Seconds(), rs.duration...)
 		if o.estimated || !r.Usage.Estimated {
 			if r.Usage.PromptTokens > 0 || r.Usage.CompletionTokens > 0 {
@@ -370,7 +371,7 @@ func (o *Observer) onReport(r relay.Report) {
 		o.inst.hedges.Add(ctx, 1, o.hedge[b2i(r.HedgeWon)]...)
 	}
 	if r.Budget != "" {
-		o.inst.refusals.Add(ctx, 1, o.refusals.get(o, r.Budget, newRefusalSets)...)
+		o.inst.refusals.Add(ctx, 1, o.refusals.Get(o, r.Budget, newRefusalSets)...)
 	}
 	o.inst.overhead.Record(ctx, r.Overhead.Seconds(), ops.overhead...)
 

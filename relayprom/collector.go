@@ -9,6 +9,7 @@ import (
 
 	"github.com/tokenrelay/relay"
 	"github.com/tokenrelay/relay/internal/errclass"
+	"github.com/tokenrelay/relay/internal/labelcache"
 )
 
 // Bucket boundaries: durationBuckets are the ones the OpenTelemetry GenAI
@@ -100,12 +101,12 @@ type Collector struct {
 	// The metrics' children, resolved once per label set: recording a call
 	// then takes no label lookup and allocates nothing. The label values
 	// are bounded, and so are these.
-	reports  cache[reportKey, *reportMetrics]
-	errs     cache[[3]string, prometheus.Counter]
-	attemptC cache[[2]string, prometheus.Counter]
-	retryC   cache[[2]string, prometheus.Counter]
-	ttftC    cache[[2]string, prometheus.Observer]
-	waitC    cache[[2]string, prometheus.Observer]
+	reports  labelcache.Cache[*Collector, reportKey, *reportMetrics]
+	errs     labelcache.Cache[*Collector, [3]string, prometheus.Counter]
+	attemptC labelcache.Cache[*Collector, [2]string, prometheus.Counter]
+	retryC   labelcache.Cache[*Collector, [2]string, prometheus.Counter]
+	ttftC    labelcache.Cache[*Collector, [2]string, prometheus.Observer]
+	waitC    labelcache.Cache[*Collector, [2]string, prometheus.Observer]
 	hedgeC   [2]prometheus.Counter // lost, won
 }
 
@@ -241,12 +242,12 @@ func (c *Collector) onAttempt(ctx context.Context, a relay.AttemptInfo, _ *http.
 		lastUp, reason := k.lastUp, k.lastOut
 		k.mu.Unlock()
 		if reason != "" {
-			c.retryC.get(c, [2]string{lastUp, reason}, newRetry).Inc()
+			c.retryC.Get(c, [2]string{lastUp, reason}, newRetry).Inc()
 		}
 	}
 	return func(d relay.AttemptDone) {
 		outcome := errclass.Outcome(d.StatusCode, d.Err)
-		c.attemptC.get(c, [2]string{up, outcome}, newAttempt).Inc()
+		c.attemptC.Get(c, [2]string{up, outcome}, newAttempt).Inc()
 		if k != nil {
 			k.mu.Lock()
 			if outcome != "canceled" || k.lastOut == "" {
@@ -258,7 +259,7 @@ func (c *Collector) onAttempt(ctx context.Context, a relay.AttemptInfo, _ *http.
 }
 
 func (c *Collector) onWait(w relay.WaitEvent) {
-	c.waitC.get(c, [2]string{c.upstream(w.Upstream), w.Reason}, newWait).Observe(w.Wait.Seconds())
+	c.waitC.Get(c, [2]string{c.upstream(w.Upstream), w.Reason}, newWait).Observe(w.Wait.Seconds())
 }
 
 func (c *Collector) onBreaker(e relay.BreakerEvent) {
@@ -329,10 +330,10 @@ func newError(c *Collector, k [3]string) prometheus.Counter {
 
 func (c *Collector) onReport(r relay.Report) {
 	up, model := c.upstream(r.Upstream), c.model(r.Model)
-	m := c.reports.get(c, reportKey{up, model, c.label(c.buckets, r.Bucket), statusClass(r.StatusCode)}, newReport)
+	m := c.reports.Get(c, reportKey{up, model, c.label(c.buckets, r.Bucket), statusClass(r.StatusCode)}, newReport)
 	m.requests.Inc()
 	if et := errclass.Type(r.Err, r.StatusCode); et != "" {
-		c.errs.get(c, [3]string{up, model, et}, newError).Inc()
+		c.errs.Get(c, [3]string{up, model, et}, newError).Inc()
 	}
 	if u := r.Usage; u.PromptTokens > 0 || u.CompletionTokens > 0 {
 		m.input.Add(float64(u.PromptTokens))
@@ -349,7 +350,7 @@ func (c *Collector) onReport(r relay.Report) {
 	}
 	m.duration.Observe(r.Latency.Seconds())
 	if r.Stream && r.TTFT > 0 {
-		c.ttftC.get(c, [2]string{up, model}, newTTFT).Observe(r.TTFT.Seconds())
+		c.ttftC.Get(c, [2]string{up, model}, newTTFT).Observe(r.TTFT.Seconds())
 	}
 	if r.Hedged {
 		c.hedgeC[b2i(r.HedgeWon)].Inc()
@@ -360,18 +361,11 @@ func (c *Collector) onReport(r relay.Report) {
 	}
 }
 
+// statusClass is the status label: a class, or "none" when no response
+// came.
 func statusClass(code int) string {
-	switch {
-	case code >= 500:
-		return "5xx"
-	case code >= 400:
-		return "4xx"
-	case code >= 300:
-		return "3xx"
-	case code >= 200:
-		return "2xx"
-	case code >= 100:
-		return "1xx"
+	if c := errclass.StatusClass(code); c != "" {
+		return c
 	}
 	return none
 }
@@ -381,29 +375,4 @@ func b2i(b bool) int {
 		return 1
 	}
 	return 0
-}
-
-type cache[K comparable, V any] struct {
-	mu sync.RWMutex
-	m  map[K]V
-}
-
-func (ch *cache[K, V]) get(c *Collector, k K, build func(*Collector, K) V) V {
-	ch.mu.RLock()
-	v, ok := ch.m[k]
-	ch.mu.RUnlock()
-	if ok {
-		return v
-	}
-	ch.mu.Lock()
-	defer ch.mu.Unlock()
-	if v, ok := ch.m[k]; ok {
-		return v
-	}
-	if ch.m == nil {
-		ch.m = map[K]V{}
-	}
-	v = build(c, k)
-	ch.m[k] = v
-	return v
 }

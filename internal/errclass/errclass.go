@@ -38,16 +38,28 @@ func Outcome(status int, err error) string {
 		return Kind(err)
 	case status == 429:
 		return "429"
-	case status >= 500:
-		return "5xx"
-	case status >= 400:
-		return "4xx"
-	case status >= 300:
-		return "3xx"
-	case status >= 200:
-		return "2xx"
+	case status < 100:
+		return "1xx"
 	}
-	return "1xx"
+	return StatusClass(status)
+}
+
+// StatusClass is the class of an HTTP status: "2xx" … "5xx", "1xx"; "" below
+// 100 (no response).
+func StatusClass(code int) string {
+	switch {
+	case code >= 500:
+		return "5xx"
+	case code >= 400:
+		return "4xx"
+	case code >= 300:
+		return "3xx"
+	case code >= 200:
+		return "2xx"
+	case code >= 100:
+		return "1xx"
+	}
+	return ""
 }
 
 // sentinels are the router's errors that name their own error type.

@@ -59,11 +59,18 @@ func TestErrorType(t *testing.T) {
 // TestOutcome: an attempt's outcome is its status class, 429 apart, or its
 // error's kind.
 func TestOutcome(t *testing.T) {
-	for status, want := range map[int]string{200: "2xx", 204: "2xx", 301: "3xx", 400: "4xx", 404: "4xx", 429: "429", 500: "5xx", 503: "5xx"} {
+	for status, want := range map[int]string{0: "1xx", 101: "1xx", 200: "2xx", 204: "2xx", 301: "3xx", 400: "4xx", 404: "4xx", 429: "429", 500: "5xx", 503: "5xx"} {
 		assert.Equal(t, want, Outcome(status, nil), "%d", status)
 	}
 	assert.Equal(t, "attempt_timeout", Outcome(0, relay.ErrAttemptTimeout))
 	assert.Equal(t, "canceled", Outcome(0, context.Canceled))
+}
+
+// TestStatusClass: a status's class, 429 among the 4xx; none below 100.
+func TestStatusClass(t *testing.T) {
+	for status, want := range map[int]string{0: "", 99: "", 100: "1xx", 200: "2xx", 302: "3xx", 429: "4xx", 499: "4xx", 500: "5xx", 599: "5xx"} {
+		assert.Equal(t, want, StatusClass(status), "%d", status)
+	}
 }
 
 func TestStatus(t *testing.T) {
