@@ -52,6 +52,10 @@ func (r *Router) classify(method string, path string, h http.Header, body []byte
 	sc := getScratch()
 	defer sc.release()
 	rd := &sc.rd
+	if m := r.counter.memo; m != nil {
+		sc.known = knownMemo{m: m, enc: tokens.Encoding(r.counter.lastEnc.Load())}
+		rd.Known, rd.KnownMin = &sc.known, memoMin
+	}
 	rd.Read(c.req.Endpoint, c.body)
 	if !rd.JSON {
 		return c
@@ -72,6 +76,9 @@ func (r *Router) classify(method string, path string, h http.Header, body []byte
 		c.req.MaxTokens = int(min(rd.MaxTokens, 1<<31-1))
 	}
 	c.enc = tokens.ForModel(c.req.Model)
+	if rd.Known != nil && sc.known.enc != c.enc {
+		r.counter.lastEnc.Store(uint32(c.enc))
+	}
 	c.req.MaxInputTokens, c.req.MaxOutputTokens = r.s.window(c.req.Model)
 	if r.wantsKey() {
 		c.key = r.prefixKey(c.enc, sc)
@@ -142,7 +149,9 @@ type scratch struct {
 	rd     prompt.Reader
 	canon  prompt.Canon
 	anchor prompt.Canon // a conversation anchor's text (its At unused)
-	known  []known
+	known  knownMemo
+	raw    rawKeyer
+	shards []known // the affinity key's pre-token boundaries (see countReader.reuse)
 	dec    []byte
 	cr     countReader // passed by pointer: no allocation for the interface
 }
@@ -154,11 +163,12 @@ var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 func getScratch() *scratch { return scratchPool.Get().(*scratch) }
 
 func (sc *scratch) release() {
-	if sc.rd.Cap()+cap(sc.canon.Buf)+cap(sc.anchor.Buf)+4*cap(sc.canon.At)+16*cap(sc.known)+cap(sc.dec) > scratchMax {
+	if sc.rd.Cap()+cap(sc.canon.Buf)+cap(sc.anchor.Buf)+4*cap(sc.canon.At)+16*cap(sc.shards)+cap(sc.dec) > scratchMax {
 		return
 	}
 	sc.rd.Forget()
-	sc.canon.Buf, sc.canon.At, sc.known = sc.canon.Buf[:0], sc.canon.At[:0], sc.known[:0]
+	sc.canon.Buf, sc.canon.At, sc.shards = sc.canon.Buf[:0], sc.canon.At[:0], sc.shards[:0]
+	sc.known = knownMemo{}
 	sc.anchor.Buf = sc.anchor.Buf[:0]
 	sc.cr = countReader{}
 	scratchPool.Put(sc)

@@ -5,6 +5,7 @@ import (
 	"hash/maphash"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/tidwall/gjson"
@@ -19,6 +20,7 @@ import (
 type counter struct {
 	memo        *memo // nil: no memo
 	imageTokens int
+	lastEnc     atomic.Uint32 // the encoding of the last request read (see knownMemo)
 }
 
 func newCounter(entries, imageTokens int) *counter {
@@ -56,11 +58,11 @@ func (e encCounter) Tools(tools gjson.Result) int {
 	return n
 }
 
-// countReader counts the strings a prompt.Reader read, through the memo:
-// a string without escapes is keyed by its text (as count keys it), one
-// with escapes by its text as written, so that a memo hit needs no
-// decoding. A string the memo does not know is counted from the affinity
-// key's work where that covers it (see reuse), else on its own.
+// countReader counts the strings a prompt.Reader read, through the memo,
+// keyed by their text as written (kindRaw), so that a memo hit needs no
+// decoding, and the hash the Reader's Known took is not taken again. A
+// string the memo does not know is counted from the affinity key's work
+// where that covers it (see reuse), else on its own.
 type countReader struct {
 	c   *counter
 	enc tokens.Encoding
@@ -71,27 +73,57 @@ func (e *countReader) Str(i int) int {
 	rd := &e.sc.rd
 	s := rd.Strs[i]
 	raw := rd.Raw(s)
-	kind := kindText
-	if s.Esc {
-		kind = kindEscText
+	m := e.c.memo
+	if len(raw) < memoMin || m == nil {
+		return e.reuse(i, e.text(s, raw))
 	}
-	memo := len(raw) >= memoMin && e.c.memo != nil
-	if memo {
-		if n, ok := e.c.memo.get(e.enc, kind, raw); ok {
-			return n
-		}
+	if s.Seen && e.sc.known.enc == e.enc {
+		return rawCount(s.W)
 	}
-	text := raw
-	if s.Esc {
-		e.sc.dec = rd.AppendStr(e.sc.dec[:0], s)
-		text = unsafe.String(unsafe.SliceData(e.sc.dec), len(e.sc.dec))
+	h := s.H
+	if !s.Hashed {
+		h = m.hash(raw)
 	}
+	k := memoKey(h, e.enc, kindRaw)
+	if w, ok := m.getKey(k); ok {
+		return rawCount(w)
+	}
+	text := e.text(s, raw)
 	n := e.reuse(i, text)
-	if memo {
-		e.c.memo.put(e.enc, kind, raw, n)
-	}
+	m.putKey(k, rawWord(n, len(text)))
 	return n
 }
+
+// text returns the decoded string s, whose text as written is raw.
+func (e *countReader) text(s prompt.Str, raw string) string {
+	if !s.Esc {
+		return raw
+	}
+	e.sc.dec = e.sc.rd.AppendStr(e.sc.dec[:0], s)
+	return unsafe.String(unsafe.SliceData(e.sc.dec), len(e.sc.dec))
+}
+
+// knownMemo is the memo as the prompt.Known of one read: it knows the
+// strings stored under kindRaw, which only strings of bodies found JSON
+// are, in enc: the encoding of the last request, since a body's model may
+// come after its messages (countReader looks again when it was not).
+type knownMemo struct {
+	m   *memo
+	enc tokens.Encoding
+}
+
+func (k *knownMemo) Known(raw string) (h, w uint64, ok bool) {
+	h = k.m.hash(raw)
+	w, ok = k.m.getKey(memoKey(h, k.enc, kindRaw))
+	return h, w, ok
+}
+
+// rawWord is a kindRaw entry: the string's count, and its decoded length.
+func rawWord(n, decoded int) uint64 {
+	return uint64(uint32(min(n, 1<<31-1))) | uint64(uint32(min(decoded, 1<<32-1)))<<32
+}
+
+func rawCount(w uint64) int { return int(int32(uint32(w))) }
 
 // reuse counts text, the decoded Strs[i], with the counts the affinity key
 // gathered where they cover it. The key's shards and the pieces counted to
@@ -106,12 +138,12 @@ func (e *countReader) Str(i int) int {
 // after k2. Only head and tail are counted.
 func (e *countReader) reuse(i int, text string) int {
 	sc := e.sc
-	if i >= len(sc.canon.At) || sc.canon.At[i] < 0 || len(sc.known) < 2 {
+	if i >= len(sc.canon.At) || sc.canon.At[i] < 0 || len(sc.shards) < 2 {
 		return e.enc.Count(text)
 	}
 	at := int(sc.canon.At[i])
 	end := at + len(text)
-	k := sc.known
+	k := sc.shards
 	a, _ := slices.BinarySearchFunc(k, at, func(p known, at int) int { return cmp.Compare(p.pos, at) })
 	b, found := slices.BinarySearchFunc(k, end, func(p known, at int) int { return cmp.Compare(p.pos, at) })
 	if !found {
@@ -167,10 +199,11 @@ const memoMin = 64
 const (
 	kindText     uint8 = iota
 	kindTools                 // a tools block
-	kindEscText               // a JSON string with escapes, keyed as written
+	kindRaw                   // a string of a body found JSON, keyed as written (see rawWord)
 	kindBlock    uint8 = 0xB1 // a prefix shard's end, from a window that stops short of the text's end
 	kindBlockEnd uint8 = 0xB2 // the same, from a window that reaches it
-	kindKey      uint8 = 0xB3 // an affinity key, from the canonical prompt's first prefixFirst bytes
+	kindKey      uint8 = 0xB3 // a prefix key, from the canonical prompt's first prefixFirst bytes
+	kindRawKey   uint8 = 0xB4 // an affinity key, from the strings as written (see rawKey)
 )
 
 // count returns the tokens of s, from the memo when s is long enough.
@@ -217,7 +250,15 @@ func newMemo(entries int) *memo {
 }
 
 func (m *memo) key(enc tokens.Encoding, kind uint8, s string) uint64 {
-	return maphash.String(m.seed, s) ^ uint64(enc)<<56 ^ uint64(kind)<<48
+	return memoKey(m.hash(s), enc, kind)
+}
+
+// hash is the part of a key that depends on the string: a string hashed
+// once is looked up in any encoding and kind (memoKey).
+func (m *memo) hash(s string) uint64 { return maphash.String(m.seed, s) }
+
+func memoKey(h uint64, enc tokens.Encoding, kind uint8) uint64 {
+	return h ^ uint64(enc)<<56 ^ uint64(kind)<<48
 }
 
 // get returns the count (or shard end) stored for s.
@@ -235,7 +276,10 @@ func (m *memo) getWord(enc tokens.Encoding, kind uint8, s string) (uint64, bool)
 	if m == nil {
 		return 0, false
 	}
-	k := m.key(enc, kind, s)
+	return m.getKey(m.key(enc, kind, s))
+}
+
+func (m *memo) getKey(k uint64) (uint64, bool) {
 	sh := &m.shards[k%memoShards]
 	sh.mu.Lock()
 	v, ok := sh.cur[k]
@@ -252,7 +296,10 @@ func (m *memo) putWord(enc tokens.Encoding, kind uint8, s string, v uint64) {
 	if m == nil {
 		return
 	}
-	k := m.key(enc, kind, s)
+	m.putKey(m.key(enc, kind, s), v)
+}
+
+func (m *memo) putKey(k, v uint64) {
 	sh := &m.shards[k%memoShards]
 	sh.mu.Lock()
 	sh.insert(k, v, m.per)

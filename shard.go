@@ -116,23 +116,45 @@ func (r *Router) wantsKey() bool {
 
 // prefixKey computes the affinity key of the body sc.rd read, in encoding
 // enc. It leaves in sc the cumulative token counts it learned at pre-token
-// boundaries of the canonical prompt (sc.known) and where each string sits
+// boundaries of the canonical prompt (sc.shards) and where each string sits
 // in it (sc.canon.At), for the prompt's count to reuse.
 //
-// Only as much canonical prompt is built as the shards need: its first
-// prefixFirst bytes, and the rest up to 16×256 bytes when a shard reaches
-// past them. When the key depended on those first bytes alone, it is
-// memoized under them, so a prompt seen before costs one build of at most
-// prefixFirst bytes, one hash of them and one memo lookup. Otherwise each
+// A prompt seen before is found in the memo under its strings as written
+// (rawKey): no canonical prompt is built. Otherwise only as much canonical
+// prompt is built as the shards need: its first prefixFirst bytes, and the
+// rest up to 16×256 bytes when a shard reaches past them. When the prefix
+// key depended on those first bytes alone, it is memoized under them (a
+// new turn of a known conversation costs one build and one hash of at most
+// prefixFirst bytes), and the whole key under the raw key. Otherwise each
 // shard end is a memo lookup (warm) or the pieces of the shard are counted
 // (cold), and the prompt's count does not count them again.
 func (r *Router) prefixKey(enc tokens.Encoding, sc *scratch) uint64 {
 	m := r.counter.memo
-	sc.known = sc.known[:0]
+	sc.shards = sc.shards[:0]
+	raw, rawOK := r.rawKey(enc, sc)
+	if rawOK {
+		if v, ok := m.getKey(raw); ok {
+			sc.canon.At = sc.canon.At[:0]
+			return v
+		}
+	}
+	p, stable := r.prefix(enc, sc)
+	key := r.anchored(p, sc)
+	if rawOK && stable {
+		m.putKey(raw, key)
+	}
+	return key
+}
+
+// prefix computes the prefix key P (step 5) of the body sc.rd read, and
+// reports whether it depended on the canonical prompt's first prefixFirst
+// bytes alone.
+func (r *Router) prefix(enc tokens.Encoding, sc *scratch) (p uint64, stable bool) {
+	m := r.counter.memo
 	sc.canon.Buf, sc.canon.Limit = sc.canon.Buf[:0], prefixFirst
 	sc.rd.AppendCanonical(&sc.canon)
 	if len(sc.canon.Buf) == 0 {
-		return 0
+		return 0, true
 	}
 	x := shardText{t: unsafe.String(unsafe.SliceData(sc.canon.Buf), len(sc.canon.Buf))}
 	if len(x.t) == prefixFirst { // there may be more
@@ -144,18 +166,92 @@ func (r *Router) prefixKey(enc tokens.Encoding, sc *scratch) uint64 {
 	}
 	first, all := x.t, x.more == nil
 	if v, ok := m.getWord(enc, kindKey, first); ok {
-		return r.anchored(v, sc)
+		return v, true
 	}
-	sc.known = append(sc.known, known{})
+	sc.shards = append(sc.shards, known{})
 	var buf [prefixTokens/shardTokens + 1]int
-	ends := shardEnds(m, enc, &x, buf[:0], &sc.known)
+	ends := shardEnds(m, enc, &x, buf[:0], &sc.shards)
 	var arr [prefixTokens/shardTokens + 2]uint64
 	hs := shardHashes(enc, x.whole(len(ends) == 0), ends, arr[:0])
-	key := hs[len(hs)-1]
-	if all || x.need <= len(first) {
-		m.putWord(enc, kindKey, first, key)
+	p = hs[len(hs)-1]
+	stable = all || x.need <= len(first)
+	if stable {
+		m.putWord(enc, kindKey, first, p)
 	}
-	return r.anchored(key, sc)
+	return p, stable
+}
+
+// rawKey is the memo key of the affinity key of the body sc.rd read, taken
+// from its strings as written: the pieces of its canonical prompt until
+// they hold prefixFirst bytes, then those of its anchor until they hold
+// anchorLimit bytes, each string by the hash the Reader's Known took (or
+// one taken here). Equal raw keys mean equal canonical texts as far as the
+// key reads them when it depended on the first prefixFirst bytes alone
+// (stable), so a prompt seen before costs no canonical prompt, no decoding
+// and one lookup. Decoded lengths come from the memo (rawWord), or from
+// decoding a short string; a long string with escapes that the memo does
+// not know (a new prompt) ends the attempt: there is no raw key.
+func (r *Router) rawKey(enc tokens.Encoding, sc *scratch) (uint64, bool) {
+	m := r.counter.memo
+	if m == nil {
+		return 0, false
+	}
+	k := &sc.raw
+	*k = rawKeyer{m: m, sc: sc, limit: prefixFirst}
+	sc.rd.CanonicalPieces(k)
+	if k.n == 0 || k.failed {
+		*k = rawKeyer{}
+		return 0, false
+	}
+	k.h, k.n, k.limit = bits.RotateLeft64(k.h^3, 31)*0x9E3779B97F4A7C15, 0, anchorLimit
+	sc.rd.AnchorPieces(k)
+	h, failed := fmix64(k.h), k.failed
+	*k = rawKeyer{}
+	return memoKey(h, enc, kindRawKey), !failed
+}
+
+// rawKeyer hashes pieces for rawKey until they hold limit decoded bytes.
+type rawKeyer struct {
+	m        *memo
+	sc       *scratch
+	h        uint64
+	n, limit int
+	failed   bool
+}
+
+func (k *rawKeyer) Piece(pc prompt.Piece) bool {
+	var x uint64
+	var l int
+	if pc.Str < 0 {
+		x, l = k.m.hash(pc.Lit)^1, len(pc.Lit)
+	} else {
+		rd := &k.sc.rd
+		s := rd.Strs[pc.Str]
+		raw := rd.Raw(s)
+		x = s.H
+		if !s.Hashed {
+			x = k.m.hash(raw)
+		}
+		x ^= 2
+		switch {
+		case !s.Esc:
+			l = len(raw)
+		case s.Seen:
+			l = int(s.W >> 32)
+		case len(raw) < memoMin:
+			k.sc.dec = rd.AppendStr(k.sc.dec[:0], s)
+			l = len(k.sc.dec)
+		default:
+			// A long string the memo does not know: a new prompt, whose
+			// key the memo does not know either. Not worth decoding it
+			// for its length.
+			k.failed = true
+			return false
+		}
+	}
+	k.h = bits.RotateLeft64(k.h^x, 31) * 0x9E3779B97F4A7C15
+	k.n += l
+	return k.n < k.limit
 }
 
 // anchored mixes the conversation anchor of the body sc.rd read into the

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
 
 	"github.com/tokenrelay/relay/internal/jsonscan"
 	"github.com/tokenrelay/relay/internal/prompt"
@@ -222,8 +223,8 @@ func affJSON(s string) string {
 }
 
 // BenchmarkAffinityKey measures the affinity key of a 4 KB chat prompt
-// alone (the canonical prompt and its shards, from a body already read),
-// with a warm token memo: each shard end is a memo hit.
+// alone, from a body already read as classify reads it, with a warm memo:
+// the key is found under its strings as written (rawKey).
 func BenchmarkAffinityKey(b *testing.B) {
 	r := shardRouter(b)
 	b.Run("one-shot", func(b *testing.B) { benchKey(b, r, chatBody("gpt-4.1", benchPrompt(4<<10))) })
@@ -242,8 +243,13 @@ func BenchmarkAffinityKeyCold(b *testing.B) {
 func benchKey(b *testing.B, r *Router, s string) {
 	body := []byte(s)
 	want := r.classify("POST", "/v1/chat/completions", nil, body).key // warms the token memo
+	r.classify("POST", "/v1/chat/completions", nil, body)             // stores it under its raw key
 	sc := getScratch()
 	defer sc.release()
+	sc.known = knownMemo{m: r.counter.memo, enc: tokens.O200K}
+	if sc.known.m != nil {
+		sc.rd.Known, sc.rd.KnownMin = &sc.known, memoMin
+	}
 	sc.rd.Read(prompt.Chat, string(body))
 	enc := tokens.ForModel("gpt-4.1")
 	b.ReportAllocs()
@@ -415,4 +421,69 @@ func FuzzScanShard(f *testing.F) {
 			scanBoth(t, enc, x, 0, 0)
 		}
 	})
+}
+
+// rawKeyOf reads body as classify does and returns its raw key, and
+// whether there is one and the memo holds a key under it.
+func rawKeyOf(r *Router, path, body string) (raw uint64, ok, stored bool) {
+	sc := getScratch()
+	defer sc.release()
+	sc.known = knownMemo{m: r.counter.memo, enc: tokens.Encoding(r.counter.lastEnc.Load())}
+	sc.rd.Known, sc.rd.KnownMin = &sc.known, memoMin
+	sc.rd.Read(prompt.Endpoint(path), body)
+	enc := tokens.ForModel(gjson.Get(body, "model").Str)
+	raw, ok = r.rawKey(enc, sc)
+	if ok {
+		_, stored = r.counter.memo.getKey(raw)
+	}
+	return raw, ok, stored
+}
+
+// TestAffinityKeyRaw checks the memo of keys by strings as written: a
+// prompt seen before is keyed without building its canonical prompt, a
+// new one has no raw key until its strings are known, and the raw key
+// tells apart what the canonical prompt tells apart as far as the key
+// reads it: the first 2048 canonical bytes and the anchor's first 512.
+func TestAffinityKeyRaw(t *testing.T) {
+	const chat = "/v1/chat/completions"
+	r := shardRouter(t)
+	system := strings.Repeat(`Answer with care.\nCite the policy.\n`, 60) // escapes: decoded lengths from the memo
+	conv := func(system, first, last string) string {
+		return `{"model":"gpt-4o","messages":[{"role":"system","content":"` + system + `"},{"role":"user","content":"` + first +
+			`"},{"role":"assistant","content":"Sure."},{"role":"user","content":"` + last + `"}]}`
+	}
+	first := strings.Repeat(`Where is my parcel?\n`, 10)
+	body := conv(system, first, "Thanks")
+	_, ok, _ := rawKeyOf(r, chat, body)
+	assert.False(t, ok, "a new prompt has no raw key")
+	k := affKeyOf(r, chat, body)
+	raw, ok, stored := rawKeyOf(r, chat, body)
+	require.True(t, ok, "its strings known, the prompt has a raw key")
+	assert.False(t, stored, "stored by the first classify only once its strings were known")
+	assert.Equal(t, k, affKeyOf(r, chat, body))
+	_, _, stored = rawKeyOf(r, chat, body)
+	require.True(t, stored, "the second classify stores the key under the raw key")
+	assert.Equal(t, k, affKeyOf(r, chat, body), "and the third reads it")
+
+	// A later turn (past the 2048 bytes and the anchor) shares the raw key.
+	raw2, ok, _ := rawKeyOf(r, chat, conv(system, first, "And when will it arrive?"))
+	assert.True(t, ok)
+	assert.Equal(t, raw, raw2)
+	// Another anchor, the same text escaped otherwise, or another encoding
+	// is another raw key.
+	first2 := strings.Replace(first, "parcel", "order!", 1)
+	affKeyOf(r, chat, conv(system, first2, "Thanks"))
+	raw3, ok, _ := rawKeyOf(r, chat, conv(system, first2, "Thanks"))
+	assert.True(t, ok)
+	assert.NotEqual(t, raw, raw3)
+	alt := strings.ReplaceAll(system, `\n`, `\u000a`)
+	assert.Equal(t, k, affKeyOf(r, chat, conv(alt, first, "Thanks")), "the canonical prompt decodes escapes")
+	raw4, _, _ := rawKeyOf(r, chat, conv(alt, first, "Thanks"))
+	assert.NotEqual(t, raw, raw4)
+	gpt4 := strings.Replace(body, `"gpt-4o"`, `"gpt-4"`, 1)
+	kc := affKeyOf(r, chat, gpt4)
+	assert.NotEqual(t, k, kc)
+	assert.Equal(t, kc, affKeyOf(r, chat, gpt4))
+	assert.Equal(t, kc, affKeyOf(r, chat, gpt4))
+	assert.Equal(t, k, affKeyOf(r, chat, body), "each encoding has its own raw key")
 }

@@ -2,6 +2,7 @@ package prompt
 
 import (
 	"strconv"
+	"strings"
 	"unsafe"
 
 	"github.com/tidwall/gjson"
@@ -48,7 +49,13 @@ type Reader struct {
 	// read, in body order; a field's strings are a range of them.
 	Strs []Str
 
+	// Known, when set, is asked about each string of at least KnownMin
+	// bytes (as written) the Reader reads as a value; Read keeps both.
+	Known    Known
+	KnownMin int
+
 	fields [numFields]field
+	hints  []hint
 	msgs   []msgRec
 	ops    []op
 }
@@ -62,11 +69,34 @@ type Value struct {
 
 // Str is a JSON string of the body: Body[Start:End] is its text between
 // the quotes, Esc reports escapes in it, and Counted that the prompt-token
-// count adds its tokens.
+// count adds its tokens. Hashed reports that Known was asked about it: H
+// is the hash it gave, and Seen, W what it knew.
 type Str struct {
 	Start, End int
 	Esc        bool
 	Counted    bool
+	Hashed     bool
+	Seen       bool
+	H, W       uint64
+}
+
+// Known remembers strings read valid before. Known returns the hash of
+// raw, the text of a string between its quotes as written, and whether a
+// string with that text was found valid JSON before, with the word stored
+// for it. The Reader then does not check the string again: it only finds
+// its closing quote (jsonscan.StringEnd), which valid text and a known
+// hash leave no doubt about. A Known must only know strings it was told
+// were valid: the word is stored by the Reader's user, after a Read that
+// found the body JSON.
+type Known interface {
+	Known(raw string) (h, w uint64, ok bool)
+}
+
+// hint is what Known said about the string that starts at Body[start].
+type hint struct {
+	start int
+	h, w  uint64
+	seen  bool
 }
 
 // Raw returns the string's text as written, between its quotes.
@@ -124,16 +154,20 @@ const (
 
 // Cap returns the bytes the Reader's buffers hold.
 func (r *Reader) Cap() int {
-	return cap(r.Strs)*int(unsafe.Sizeof(Str{})) + cap(r.msgs)*int(unsafe.Sizeof(msgRec{})) + cap(r.ops)*int(unsafe.Sizeof(op{}))
+	return cap(r.Strs)*int(unsafe.Sizeof(Str{})) + cap(r.msgs)*int(unsafe.Sizeof(msgRec{})) + cap(r.ops)*int(unsafe.Sizeof(op{})) +
+		cap(r.hints)*int(unsafe.Sizeof(hint{}))
 }
 
-// Forget drops the Reader's reference to the last body, keeping its
-// buffers.
-func (r *Reader) Forget() { *r = Reader{Strs: r.Strs[:0], msgs: r.msgs[:0], ops: r.ops[:0]} }
+// Forget drops the Reader's reference to the last body and its Known,
+// keeping its buffers.
+func (r *Reader) Forget() {
+	*r = Reader{Strs: r.Strs[:0], msgs: r.msgs[:0], ops: r.ops[:0], hints: r.hints[:0]}
+}
 
 // Read reads body, a request to endpoint.
 func (r *Reader) Read(endpoint, body string) {
-	*r = Reader{Body: body, Endpoint: endpoint, Strs: r.Strs[:0], msgs: r.msgs[:0], ops: r.ops[:0]}
+	*r = Reader{Body: body, Endpoint: endpoint, Strs: r.Strs[:0], msgs: r.msgs[:0], ops: r.ops[:0], hints: r.hints[:0],
+		Known: r.Known, KnownMin: r.KnownMin}
 	i := jsonscan.SkipSpace(body, 0)
 	if i >= len(body) || body[i] != '{' {
 		return // not an object: what it is does not matter
@@ -203,6 +237,16 @@ func (r *Reader) each(i, depth int, f func(key string, j, depth int) int) (int, 
 func (r *Reader) value(i, depth int) (v Value, esc bool, end int) {
 	s := r.Body
 	if s[i] == '"' {
+		if r.Known != nil {
+			if q := jsonscan.StringEnd(s, i); q < len(s) && q-i-1 >= r.KnownMin {
+				raw := s[i+1 : q]
+				h, w, seen := r.Known.Known(raw)
+				r.hints = append(r.hints, hint{start: i + 1, h: h, w: w, seen: seen})
+				if seen {
+					return Value{i, q + 1, '"'}, strings.IndexByte(raw, '\\') >= 0, q + 1
+				}
+			}
+		}
 		e, esc, ok := jsonscan.ValidString(s, i)
 		if !ok {
 			return v, esc, -1
@@ -235,7 +279,16 @@ func (r *Reader) skip(i, depth int) int {
 
 // str adds the string v to Strs and returns its index.
 func (r *Reader) str(v Value, esc, counted bool) int32 {
-	r.Strs = append(r.Strs, Str{Start: v.Start + 1, End: v.End - 1, Esc: esc, Counted: counted})
+	st := Str{Start: v.Start + 1, End: v.End - 1, Esc: esc, Counted: counted}
+	// The string's hint, if it has one, is among the last few: a content
+	// part's text is added after the part's other members are read.
+	for k := len(r.hints) - 1; k >= 0 && k >= len(r.hints)-4; k-- {
+		if h := &r.hints[k]; h.start == st.Start {
+			st.Hashed, st.Seen, st.H, st.W = true, h.seen, h.h, h.w
+			break
+		}
+	}
+	r.Strs = append(r.Strs, st)
 	return int32(len(r.Strs) - 1)
 }
 
@@ -664,6 +717,28 @@ func (r *Reader) AppendCanonical(c *Canon) {
 		c.At = append(c.At, -1)
 	}
 	b := canonBuilder{r: r, c: c}
+	b.canonical()
+}
+
+// Piece is a piece of the canonical prompt: the decoded string Strs[Str],
+// or Lit when Str is -1.
+type Piece struct {
+	Str int32
+	Lit string
+}
+
+// PieceSink takes pieces until it returns false.
+type PieceSink interface{ Piece(Piece) bool }
+
+// CanonicalPieces tells f the pieces of the canonical prompt, whose
+// concatenation AppendCanonical builds, in order, until f returns false.
+func (r *Reader) CanonicalPieces(f PieceSink) {
+	b := canonBuilder{r: r, f: f}
+	b.canonical()
+}
+
+func (b *canonBuilder) canonical() {
+	r := b.r
 	switch r.Endpoint {
 	case Chat:
 		fd := &r.fields[fMessages]
@@ -724,6 +799,23 @@ func (r *Reader) AppendCanonical(c *Canon) {
 // one more message follows it. A one-shot request or a conversation's
 // first turn has none. It leaves c.At alone.
 func (r *Reader) AppendAnchor(c *Canon) {
+	if m := r.anchor(); m != nil {
+		b := canonBuilder{r: r, c: c, noAt: true}
+		b.message(m)
+	}
+}
+
+// AnchorPieces tells f the pieces of the conversation's anchor, whose
+// concatenation AppendAnchor appends, in order, until f returns false.
+func (r *Reader) AnchorPieces(f PieceSink) {
+	if m := r.anchor(); m != nil {
+		b := canonBuilder{r: r, f: f}
+		b.message(m)
+	}
+}
+
+// anchor returns the conversation's anchor message, or nil.
+func (r *Reader) anchor() *msgRec {
 	var fd *field
 	switch r.Endpoint {
 	case Chat:
@@ -731,22 +823,21 @@ func (r *Reader) AppendAnchor(c *Canon) {
 	case Responses:
 		fd = &r.fields[fInput]
 		if fd.v.Kind != '[' {
-			return
+			return nil
 		}
 	default:
-		return
+		return nil
 	}
 	msgs := r.msgs[fd.msgs[0]:fd.msgs[1]]
 	for i := range msgs {
 		if m := &msgs[i]; !m.leading(r.Body) {
 			if i+1 < len(msgs) {
-				b := canonBuilder{r: r, c: &Canon{Buf: c.Buf, Limit: c.Limit}}
-				b.message(m)
-				c.Buf = b.c.Buf
+				return m
 			}
-			return
+			return nil
 		}
 	}
+	return nil
 }
 
 // leading reports whether m is a system or developer message, as the
@@ -756,14 +847,28 @@ func (m *msgRec) leading(body string) bool {
 	return m.object && role.Kind != 0 && (body[role.Start:role.End] == `"system"` || body[role.Start:role.End] == `"developer"`)
 }
 
+// canonBuilder builds a canonical prompt into c or, when f is set, tells f
+// its pieces until f returns false.
 type canonBuilder struct {
-	r *Reader
-	c *Canon
+	r       *Reader
+	c       *Canon
+	f       PieceSink
+	stopped bool
+	noAt    bool // leave c.At alone
 }
 
-func (b *canonBuilder) full() bool { return len(b.c.Buf) >= b.c.Limit }
+func (b *canonBuilder) full() bool {
+	if b.f != nil {
+		return b.stopped
+	}
+	return len(b.c.Buf) >= b.c.Limit
+}
 
 func (b *canonBuilder) lit(s string) {
+	if b.f != nil {
+		b.stopped = b.stopped || !b.f.Piece(Piece{Str: -1, Lit: s})
+		return
+	}
 	if n := b.c.Limit - len(b.c.Buf); n > 0 {
 		b.c.Buf = append(b.c.Buf, s[:min(n, len(s))]...)
 	}
@@ -774,8 +879,12 @@ func (b *canonBuilder) str(i int32) {
 	if i < 0 || b.full() {
 		return
 	}
+	if b.f != nil {
+		b.stopped = !b.f.Piece(Piece{Str: i})
+		return
+	}
 	s := b.r.Strs[i]
-	if int(i) < len(b.c.At) {
+	if int(i) < len(b.c.At) && !b.noAt {
 		b.c.At[i] = int32(len(b.c.Buf))
 	}
 	if !s.Esc {

@@ -85,6 +85,7 @@ func checkRead(t *testing.T, r *Reader, body string) {
 		if got, want := r.Tokens(readCounter{r}, 85), Tokens(refCounter{}, 85, ep, &f); got != want {
 			t.Fatalf("%s: Tokens = %d, want %d for %q", ep, got, want, body)
 		}
+		checkPieces(t, r, ep, body)
 		for _, limit := range []int{1 << 30, 4097, 40, 7, 1} {
 			c := Canon{Limit: limit}
 			r.AppendCanonical(&c)
@@ -107,6 +108,45 @@ func checkRead(t *testing.T, r *Reader, body string) {
 				t.Fatalf("%s: anchor (limit %d)\n got %q\nwant %q\nbody %q", ep, limit, a.Buf, want, body)
 			}
 		}
+	}
+}
+
+type sinkFunc func(Piece) bool
+
+func (f sinkFunc) Piece(p Piece) bool { return f(p) }
+
+// checkPieces asserts that the pieces of the canonical prompt and of the
+// anchor make up what AppendCanonical and AppendAnchor build, and that a
+// walk stops when told.
+func checkPieces(t *testing.T, r *Reader, ep, body string) {
+	t.Helper()
+	var buf []byte
+	n := 0
+	add := func(p Piece) bool {
+		n++
+		if p.Str < 0 {
+			buf = append(buf, p.Lit...)
+		} else {
+			buf = r.AppendStr(buf, r.Strs[p.Str])
+		}
+		return true
+	}
+	r.CanonicalPieces(sinkFunc(add))
+	if want := AppendCanonical(nil, ep, body, 1<<30); !bytes.Equal(buf, want) {
+		t.Fatalf("%s: canonical pieces\n got %q\nwant %q\nbody %q", ep, buf, want, body)
+	}
+	all := n
+	for stop := 1; stop < all; stop += 1 + all/4 {
+		buf, n = buf[:0], 0
+		r.CanonicalPieces(sinkFunc(func(p Piece) bool { add(p); return n < stop }))
+		if n != stop {
+			t.Fatalf("%s: told to stop after %d pieces, walked %d", ep, stop, n)
+		}
+	}
+	buf = buf[:0]
+	r.AnchorPieces(sinkFunc(add))
+	if want := AppendAnchor(nil, ep, body, 1<<30); !bytes.Equal(buf, want) {
+		t.Fatalf("%s: anchor pieces\n got %q\nwant %q\nbody %q", ep, buf, want, body)
 	}
 }
 
@@ -291,13 +331,18 @@ func randBody(rng *rand.Rand) string {
 	return s
 }
 
+// randRuns is how many random bodies a test reads.
+func randRuns() int {
+	if testing.Short() {
+		return 2000
+	}
+	return 20000
+}
+
 func TestReaderRandom(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	var r Reader
-	n := 20000
-	if testing.Short() {
-		n = 2000
-	}
+	n := randRuns()
 	valid := 0
 	for range n {
 		body := randBody(rng)
@@ -320,11 +365,115 @@ func FuzzReader(f *testing.F) {
 	for range 50 {
 		f.Add(randBody(rng))
 	}
+	// A Reader whose Known learns the strings of every JSON body, across
+	// the inputs: strings met again are not checked again.
+	kr := Reader{Known: &learner{seen: map[string]uint64{}}, KnownMin: 4}
 	f.Fuzz(func(t *testing.T, body string) {
 		if len(body) > 1<<14 {
 			return
 		}
 		var r Reader
 		checkRead(t, &r, body)
+		checkRead(t, &kr, body)
+		for _, ep := range endpoints {
+			kr.Read(ep, body)
+			kr.Known.(*learner).learn(&kr)
+		}
 	})
+}
+
+// learner is a Known that knows the strings of the bodies it was told were
+// JSON, as the router's memo does.
+type learner struct {
+	seen  map[string]uint64
+	asked int
+}
+
+func (l *learner) Known(raw string) (h, w uint64, ok bool) {
+	l.asked++
+	w, ok = l.seen[raw]
+	return uint64(len(raw)), w, ok
+}
+
+// learn records the strings of the body r read last, if it was JSON.
+func (l *learner) learn(r *Reader) {
+	if !r.JSON {
+		return
+	}
+	for _, s := range r.Strs {
+		if raw := r.Raw(s); len(raw) >= r.KnownMin {
+			l.seen[raw] = uint64(len(raw)) + 1
+		}
+	}
+}
+
+// TestReaderKnownRandom reads random bodies with a Known that learns every
+// string of the JSON ones: strings met again are not checked again, and
+// every result stays the reference's, invalid bodies included.
+func TestReaderKnownRandom(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	l := &learner{seen: map[string]uint64{}}
+	r := Reader{Known: l, KnownMin: 4}
+	n := randRuns()
+	hits := 0
+	for range n {
+		body := randBody(rng)
+		checkRead(t, &r, body)
+		for _, ep := range endpoints {
+			r.Read(ep, body)
+			for _, s := range r.Strs {
+				if s.Seen {
+					hits++
+					if s.W != uint64(len(r.Raw(s)))+1 || !s.Hashed || s.H != uint64(len(r.Raw(s))) {
+						t.Fatalf("string %q carries H %d, W %d, not what Known said", r.Raw(s), s.H, s.W)
+					}
+				}
+			}
+			l.learn(&r)
+		}
+	}
+	if hits < n/10 {
+		t.Fatalf("only %d known strings met in %d bodies", hits, n)
+	}
+	t.Logf("%d known strings in %d bodies, %d asked", hits, n, l.asked)
+}
+
+// TestReaderKnownSkipsCheck shows what Known changes: a string it knows is
+// not checked again (here one that is not valid, which a Known that keeps
+// its contract never knows), while an unknown one is, and a known string
+// that is not closed still ends the body's validity.
+func TestReaderKnownSkipsCheck(t *testing.T) {
+	bad := "a control char \x01 in a string"
+	body := `{"messages":[{"role":"user","content":[{"type":"text","text":"` + bad + `"}]}]}`
+	var plain Reader
+	plain.Read(Chat, body)
+	if plain.JSON {
+		t.Fatal("a raw control character is JSON")
+	}
+	l := &learner{seen: map[string]uint64{bad: 7}}
+	r := Reader{Known: l, KnownMin: 8}
+	r.Read(Chat, body)
+	if !r.JSON {
+		t.Fatal("a known string was checked again")
+	}
+	var s Str
+	for _, x := range r.Strs {
+		if r.Raw(x) == bad {
+			s = x
+		}
+	}
+	if !s.Seen || s.W != 7 || !s.Hashed {
+		t.Fatalf("the part's text carries %+v, not what Known said", s)
+	}
+	for _, b := range []string{
+		`{"messages":[{"role":"user","content":"` + bad,                   // not closed
+		`{"messages":[{"role":"user","content":"` + bad + `"}]`,           // the body not closed
+		`{"messages":[{"role":"user","content":"` + bad + `x\u12"}]}`,     // another string
+		`{"messages":[{"role":"user","content":"` + bad + `"}]} trailing`, // after the body
+	} {
+		r.Read(Chat, b)
+		if r.JSON {
+			t.Fatalf("%q read as JSON", b)
+		}
+	}
 }
