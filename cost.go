@@ -409,13 +409,19 @@ func priceIsDate(year, month, day string) bool {
 // A total_tokens that matches none of these readings is ignored.
 func parseUsage(body []byte) (Usage, bool) {
 	s := usageTrimEvent(unsafe.String(unsafe.SliceData(body), len(body)))
-	usage, ok := usageObject(s)
-	if !ok {
+	var u usageRead
+	if !u.read(s) {
 		return Usage{}, false
 	}
-	var f usageFields
-	f.read(usage)
-	return usageFrom(&f)
+	switch {
+	case u.top == '{':
+		return usageFrom(&u.f)
+	case u.top == 0 || u.top == 'n': // absent or null: the response's
+		if u.inResp == '{' {
+			return usageFrom(&u.fResp)
+		}
+	}
+	return Usage{}, false
 }
 
 // usageFrom reads the counts of a usage object's fields (see parseUsage).
@@ -516,18 +522,24 @@ const (
 // absent one.
 type usageFields [numUsageFields]string
 
-// read fills f from the usage object in one pass over it, finding each
-// field as gjson.Get finds a path: the first member of a name (a name
-// written with escapes counts under its decoded name), and for a path
-// through a details object, the first member of that name that is an
-// object holding the inner one.
-func (f *usageFields) read(usage string) {
+// readValid checks the usage object at s[j] (as jsonscan.Members does,
+// inside depth) and fills f from it in the same pass, finding each field
+// as gjson.Get finds a path: the first member of a name (a name written
+// with escapes counts under its decoded name), and for a path through a
+// details object, the first member of that name that is an object holding
+// the inner one.
+func (f *usageFields) readValid(s string, j, depth int) (int, bool) {
 	var seen uint16 // the fields found, by index
-	jsonscan.Each(usage, 0, func(k, v string) bool {
+	return jsonscan.Members(s, j, depth, func(k string, j, depth int) (int, bool) {
+		e, ok := jsonscan.ValidValue(s, j, depth)
+		if !ok {
+			return e, false
+		}
 		i, inner := usageField(usageKey(k))
 		if i < 0 || seen&(1<<i) != 0 {
-			return true
+			return e, true
 		}
+		v := s[j:e]
 		if inner != "" {
 			v = usageMember(v, inner)
 		}
@@ -535,7 +547,7 @@ func (f *usageFields) read(usage string) {
 			f[i] = v
 			seen |= 1 << i
 		}
-		return true
+		return e, true
 	})
 }
 
@@ -592,26 +604,44 @@ func usageMember(v, name string) string {
 	return out
 }
 
-// usageObject returns the usage object of a response body or event, in the
-// pass that checks that s is a JSON object: "usage" or, when that is absent
-// or null, "response.usage" (of the first "response" object that has one).
-// ok is false when s is not valid JSON or neither is an object.
-func usageObject(s string) (usage string, ok bool) {
-	var inResponse string
-	if !jsonscan.EachValid(s, func(k, v string) {
-		switch k = usageKey(k); {
-		case k == "usage" && usage == "":
-			usage = v
-		case k == "response" && inResponse == "":
-			inResponse = usageMember(v, "usage")
+// usageRead is what parseUsage finds in a response body or event, in the
+// pass that checks that it is a JSON object: the first "usage" member (top:
+// the first byte of its value, 0 when there is none) and, from the first
+// "response" object that has a "usage" member, that member (inResp).
+// Either one's fields are read when it is an object.
+type usageRead struct {
+	top, inResp byte
+	f, fResp    usageFields
+}
+
+func (u *usageRead) read(s string) bool {
+	i := jsonscan.SkipSpace(s, 0)
+	if i >= len(s) || s[i] != '{' {
+		return false
+	}
+	e, ok := jsonscan.Members(s, i, 0, func(k string, j, depth int) (int, bool) {
+		switch usageKey(k) {
+		case "usage":
+			if u.top == 0 {
+				if u.top = s[j]; u.top == '{' {
+					return u.f.readValid(s, j, depth)
+				}
+			}
+		case "response":
+			if u.inResp == 0 && s[j] == '{' {
+				return jsonscan.Members(s, j, depth, func(k string, j, depth int) (int, bool) {
+					if u.inResp == 0 && usageKey(k) == "usage" {
+						if u.inResp = s[j]; u.inResp == '{' {
+							return u.fResp.readValid(s, j, depth)
+						}
+					}
+					return jsonscan.ValidValue(s, j, depth)
+				})
+			}
 		}
-	}) {
-		return "", false
-	}
-	if usage == "" || usage == "null" {
-		usage = inResponse
-	}
-	return usage, usage != "" && usage[0] == '{'
+		return jsonscan.ValidValue(s, j, depth)
+	})
+	return ok && jsonscan.SkipSpace(s, e) == len(s)
 }
 
 // usageNum reads a token count from its raw value. present is false when

@@ -19,6 +19,7 @@ import (
 // lock-free.
 type limiter struct {
 	rpm, tpm *rate.Limiter // nil: no limit
+	tpmBurst int           // tpm's burst, which never changes (Burst takes its lock)
 	slots    *slots        // nil: no in-flight cap
 	hold     atomic.Int64  // unix nanoseconds until which the upstream asked to be left alone
 	rq       queue         // requests waiting for the buckets
@@ -31,6 +32,7 @@ func (l *limiter) init(rpm, tpm, maxInFlight int) {
 	}
 	if tpm > 0 {
 		l.tpm = rate.NewLimiter(rate.Limit(float64(tpm)/60), tpm)
+		l.tpmBurst = tpm
 	}
 	if maxInFlight > 0 {
 		l.slots = &slots{cap: maxInFlight}
@@ -42,7 +44,7 @@ func (l *limiter) charge(tokens int) int {
 	if l.tpm == nil {
 		return 0
 	}
-	return min(max(tokens, 1), l.tpm.Burst())
+	return min(max(tokens, 1), l.tpmBurst)
 }
 
 // delay returns how long the upstream needs before it can take a request

@@ -46,37 +46,59 @@ func EachValid(s string, f func(key, val string)) bool {
 	if i >= len(s) || s[i] != '{' {
 		return false
 	}
+	e, ok := Members(s, i, 0, func(key string, j, depth int) (int, bool) {
+		e, ok := ValidValue(s, j, depth)
+		if ok {
+			f(key, s[j:e])
+		}
+		return e, ok
+	})
+	return ok && SkipSpace(s, e) == len(s)
+}
+
+// Members checks the JSON object that opens at s[i] == '{', inside depth
+// enclosing arrays and objects, as ValidValue checks it, but leaves its
+// members' values to f: for each member in order, f gets the name (raw,
+// without its quotes) and the offset of the value (white space skipped),
+// checks the value inside depth+1 (ValidValue, or Members for an object
+// it reads), and returns the offset just past it. Members returns the
+// offset just past the object, and whether it is valid.
+func Members(s string, i, depth int, f func(key string, j, depth int) (end int, ok bool)) (end int, ok bool) {
+	if depth >= MaxDepth {
+		return i, false
+	}
 	if i = SkipSpace(s, i+1); i < len(s) && s[i] == '}' {
-		return SkipSpace(s, i+1) == len(s)
+		return i + 1, true
 	}
 	for {
 		if i >= len(s) || s[i] != '"' {
-			return false
+			return i, false
 		}
 		ke, _, ok := ValidString(s, i)
 		if !ok {
-			return false
+			return ke, false
 		}
 		key := s[i+1 : ke-1]
 		if i = SkipSpace(s, ke); i >= len(s) || s[i] != ':' {
-			return false
+			return i, false
 		}
-		i = SkipSpace(s, i+1)
-		e, ok := ValidValue(s, i, 1)
+		if i = SkipSpace(s, i+1); i >= len(s) {
+			return i, false
+		}
+		e, ok := f(key, i, depth+1)
 		if !ok {
-			return false
+			return e, false
 		}
-		f(key, s[i:e])
 		if i = SkipSpace(s, e); i >= len(s) {
-			return false
+			return i, false
 		}
 		switch s[i] {
 		case ',':
 			i = SkipSpace(s, i+1)
 		case '}':
-			return SkipSpace(s, i+1) == len(s)
+			return i + 1, true
 		default:
-			return false
+			return i, false
 		}
 	}
 }

@@ -145,6 +145,41 @@ func TestEachValid(t *testing.T) {
 	assert.False(t, EachValid(`{"a":1} x`, func(string, string) {}))
 }
 
+// membersValid checks s by reading every object with Members, as a reader
+// that picks fields out of nested objects does, and everything else with
+// ValidValue.
+func membersValid(s string) bool {
+	var member func(key string, j, depth int) (int, bool)
+	member = func(_ string, j, depth int) (int, bool) {
+		if s[j] == '{' {
+			return Members(s, j, depth, member)
+		}
+		return ValidValue(s, j, depth)
+	}
+	i := SkipSpace(s, 0)
+	if i >= len(s) || s[i] != '{' {
+		return false
+	}
+	e, ok := Members(s, i, 0, member)
+	return ok && SkipSpace(s, e) == len(s)
+}
+
+// TestMembers checks that reading objects member by member accepts what
+// Valid accepts, the nesting bound included.
+func TestMembers(t *testing.T) {
+	cases := slices.Clone(validCases)
+	for _, n := range []int{MaxDepth - 1, MaxDepth, MaxDepth + 1} {
+		cases = append(cases, strings.Repeat(`{"a":`, n-1)+"{}"+strings.Repeat("}", n-1),
+			strings.Repeat(`{"a":[`, n/2)+"1"+strings.Repeat("]}", n/2))
+	}
+	for _, c := range cases {
+		obj := strings.HasPrefix(strings.TrimLeft(c, " \t\r\n"), "{")
+		if got, want := membersValid(c), obj && refValid(c); got != want {
+			t.Errorf("membersValid(%.40q) = %v, want %v", c, got, want)
+		}
+	}
+}
+
 var validCases = []string{
 	``, ` `, `{}`, ` {} `, `[]`, `[ ]`, `{ }`, `{"a":1}`, `{"a":1,}`, `{,"a":1}`, `{"a" 1}`, `{"a":}`, `{a:1}`,
 	`[1,2]`, `[1,]`, `[,1]`, `[1 2]`, `"x"`, `"x`, `"\"`, `"\\"`, `"\u00e9"`, `"\u00g9"`, `"\u00e"`, `"\x"`, `"\/"`,
