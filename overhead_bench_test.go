@@ -3,9 +3,12 @@ package relay
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"runtime"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -216,4 +219,88 @@ func BenchmarkOverhead(b *testing.B) {
 	if reports.Load() == 0 {
 		b.Fatal("no reports")
 	}
+}
+
+// BenchmarkOverheadPaired measures BenchmarkOverhead's rows as paired
+// differences, which a machine whose speed drifts (a shared VM) does not
+// reach: each iteration is a round that sends the same number of calls
+// through bare, failsafe-go, relay warm and relay new, in an order that
+// rotates, from one goroutine or from 16 (8 per core on 2 cores). The
+// metrics are the medians over the rounds of each transport's per-call
+// time minus bare's in the same round (failsafe-ns, warm-ns, new-ns), and
+// warm÷failsafe and new÷failsafe of those medians. ns/op is one round.
+func BenchmarkOverheadPaired(b *testing.B) {
+	answer := fixture(b, "chat_response_default.json")
+	var reports atomic.Int64
+	rts := overheadTransports(b, memBase(answer), &reports)
+	tokens.O200K.Count("load the encodings before timing")
+	var seq atomic.Uint64
+	rows := []overheadCase{overheadCases[0], overheadCases[2], overheadCases[3], overheadCases[4]}
+	for _, par := range []int{1, 16} {
+		b.Run(fmt.Sprintf("goroutines=%d", par), func(b *testing.B) {
+			calls := 64 / par // per goroutine and round
+			if calls < 8 {
+				calls = 8
+			}
+			bodies := make([]*overheadBody, par)
+			for g := range bodies {
+				bodies[g] = newOverheadBody(b)
+			}
+			round := func(c overheadCase) time.Duration {
+				start := time.Now()
+				var wg sync.WaitGroup
+				for g := range par {
+					wg.Go(func() {
+						ob := bodies[g]
+						for range calls {
+							if c.renew {
+								ob.renew(seq.Add(1))
+							}
+							if err := sendOnce(rts[c.rt], ob.b); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				}
+				wg.Wait()
+				return time.Since(start) / time.Duration(calls*par)
+			}
+			for _, c := range rows { // warm up
+				round(c)
+			}
+			over := make([][]float64, len(rows))
+			for i := 0; b.Loop(); i++ {
+				var d [4]time.Duration
+				for k := range rows {
+					j := (i + k) % len(rows)
+					d[j] = round(rows[j])
+				}
+				for j := 1; j < len(rows); j++ {
+					over[j] = append(over[j], float64(d[j]-d[0]))
+				}
+			}
+			med := make([]float64, len(rows))
+			for j := 1; j < len(rows); j++ {
+				slices.Sort(over[j])
+				med[j] = over[j][len(over[j])/2]
+			}
+			b.ReportMetric(med[1], "failsafe-ns")
+			b.ReportMetric(med[2], "warm-ns")
+			b.ReportMetric(med[3], "new-ns")
+			b.ReportMetric(med[2]/med[1], "warm÷failsafe")
+			b.ReportMetric(med[3]/med[1], "new÷failsafe")
+		})
+	}
+}
+
+// sendOnce sends body through rt and reads and closes the answer.
+func sendOnce(rt http.RoundTripper, body []byte) error {
+	req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", bytes.NewReader(body))
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, resp.Body)
+	return resp.Body.Close()
 }

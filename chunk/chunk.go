@@ -101,12 +101,14 @@ func Split(text string, size int, model string) []string {
 	if size <= 0 {
 		size = DefaultSize
 	}
-	sh := splitter{text: text, enc: tokens.ForModel(model), size: size, bound: size * boundFactor}
+	// Every cut is at a rune start, so the parts of valid UTF-8 are valid:
+	// checked once here, not again by each count.
+	sh := splitter{text: text, enc: tokens.ForModel(model), size: size, bound: size * boundFactor, validTo: validPrefix(text)}
 	if size > (1<<31-1)/boundFactor {
 		sh.bound = 1<<31 - 1
 	}
 	minB := min(max(2*size, 32), 4096)
-	sh.units = units(sh.enc, text, minB, boundFactor*minB)
+	sh.units = units(&sh, minB, boundFactor*minB)
 	var out []string
 	s, j := 0, 0
 	for s < len(text) {
@@ -132,6 +134,7 @@ type unit struct {
 type splitter struct {
 	text        string
 	enc         tokens.Encoding
+	validTo     int // text[:validTo] is valid UTF-8
 	size, bound int
 	units       []unit
 	sent        int // index of the first sentence-end unit at or after the current segment's
@@ -143,7 +146,28 @@ type splitter struct {
 // of more than maxTokenBytes×k bytes has more than k tokens.
 const maxTokenBytes = 128
 
-func (sh *splitter) count(a, b int) int { return sh.enc.Count(sh.text[a:b]) }
+func (sh *splitter) count(a, b int) int {
+	if b <= sh.validTo {
+		return sh.enc.CountValid(sh.text[a:b])
+	}
+	return sh.enc.Count(sh.text[a:b])
+}
+
+// validPrefix returns the length of the longest prefix of s that is valid
+// UTF-8 and ends at a rune start (len(s) when s is valid).
+func validPrefix(s string) int {
+	if utf8.ValidString(s) {
+		return len(s)
+	}
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && n == 1 {
+			return i
+		}
+		i += n
+	}
+	return len(s)
+}
 
 func (sh *splitter) unitStart(k int) int {
 	if k == 0 {
@@ -313,7 +337,8 @@ func runeStartBefore(s string, m, lo, hi int) int {
 // units tiles text with units: sentences, cut further at a pre-token
 // boundary once a unit has minB bytes, or at a rune start once it has maxB
 // bytes. Each unit is counted once.
-func units(enc tokens.Encoding, text string, minB, maxB int) []unit {
+func units(sh *splitter, minB, maxB int) []unit {
+	text := sh.text
 	units := make([]unit, 0, len(text)/max(minB, 1)+1)
 	start := 0
 	emit := func(end int, sentence bool) {
@@ -322,10 +347,10 @@ func units(enc tokens.Encoding, text string, minB, maxB int) []unit {
 			if c >= end {
 				break
 			}
-			units = append(units, unit{end: c, tokens: enc.Count(text[start:c]), safe: tokens.SafeAt(text, c)})
+			units = append(units, unit{end: c, tokens: sh.count(start, c), safe: tokens.SafeAt(text, c)})
 			start = c
 		}
-		units = append(units, unit{end: end, tokens: enc.Count(text[start:end]), sentence: sentence, safe: end == len(text) || tokens.SafeAt(text, end)})
+		units = append(units, unit{end: end, tokens: sh.count(start, end), sentence: sentence, safe: end == len(text) || tokens.SafeAt(text, end)})
 		start = end
 	}
 	prev, known := tokens.ClassNone, true // known: prev is the class of the rune before p

@@ -53,6 +53,7 @@ type T struct{ x, y float64 }
 		"code":         code,
 		"cjk":          cjk,
 		"cjk-no-punct": cjkNoPunct,
+		"invalid":      strings.Repeat("今天天气很好。Fine\xff weather. 我们去公园\xe4\xbd散步吧！", 40),
 		"arabic":       arabic,
 		"emoji":        emoji,
 		"mixed":        mixed,
@@ -308,6 +309,12 @@ func TestSplitMatchesReference(t *testing.T) {
 				require.Equal(t, splitRef(text, size, model), Split(text, size, model), "%s/%d/%s", name, size, model)
 			}
 		}
+	}
+}
+
+func TestValidPrefix(t *testing.T) {
+	for s, want := range map[string]int{"": 0, "abc": 3, "界x": 4, "ab\xff界": 2, "界\xe4\xbd": 3, "\xe4\xbd界": 0, "a\xed\xa0\x80": 1} {
+		assert.Equal(t, want, validPrefix(s), "%q", s)
 	}
 }
 

@@ -50,6 +50,37 @@ var classTable = sync.OnceValue(func() *[tableLimit]uint8 {
 	return t
 })
 
+// Rune kinds, as RuneKind tells them.
+const (
+	KindOther  = iota
+	KindLetter // \p{L}
+	KindNumber // \p{N}, not a letter
+	KindMark   // \p{M}
+	KindSpace  // \s (unicode.IsSpace)
+)
+
+// RuneKind returns the first of space, letter, number and mark that r is,
+// from the pre-tokenizers' table (built on first use), or KindOther.
+func RuneKind(r rune) int {
+	var c uint8
+	if r >= 0 && r < tableLimit {
+		c = classTable()[r]
+	} else {
+		c = slowClass(r)
+	}
+	switch {
+	case c&cS != 0:
+		return KindSpace
+	case c&cL != 0:
+		return KindLetter
+	case c&cN != 0:
+		return KindNumber
+	case c&cU != 0: // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] and not a letter
+		return KindMark
+	}
+	return KindOther
+}
+
 // slowClass classifies runes outside the precomputed table.
 func slowClass(r rune) uint8 {
 	var c uint8

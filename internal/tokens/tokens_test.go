@@ -101,3 +101,50 @@ func TestClassOfFastRanges(t *testing.T) {
 		}
 	}
 }
+
+// TestClassOfAll checks classOf against its definition in the unicode
+// package for every code point and invalid byte: the first of space,
+// letter, number and mark, after the runes the pre-tokenizers single out.
+func TestClassOfAll(t *testing.T) {
+	special := map[rune]Class{'\n': ClassNewline, '\r': ClassNewline, '\'': ClassApos, '/': ClassSlash}
+	def := func(r rune, size int) Class {
+		if c, ok := special[r]; ok {
+			return c
+		}
+		if r == utf8.RuneError && size <= 1 {
+			return ClassOther
+		}
+		for _, k := range []struct {
+			is func(rune) bool
+			c  Class
+		}{{unicode.IsSpace, ClassSpace}, {unicode.IsLetter, ClassLetter}, {unicode.IsNumber, ClassNumber}, {unicode.IsMark, ClassMark}} {
+			if k.is(r) {
+				return k.c
+			}
+		}
+		return ClassOther
+	}
+	for r := rune(0); r <= unicode.MaxRune; r++ {
+		size := utf8.RuneLen(r)
+		if size < 0 {
+			size = 1 // a surrogate: not a rune a decoder gives
+		}
+		if got, want := classOf(r, size), def(r, size); got != want {
+			t.Fatalf("classOf(%U) = %d, want %d", r, got, want)
+		}
+	}
+	if got := classOf(utf8.RuneError, 1); got != ClassOther {
+		t.Fatalf("an invalid byte is class %d", got)
+	}
+	if got := classOf(utf8.RuneError, 3); got != def(utf8.RuneError, 3) {
+		t.Fatalf("U+FFFD written out is class %d", got)
+	}
+}
+
+func TestCountValid(t *testing.T) {
+	for _, s := range []string{"", "x", "Hello, world!", "東京 の 天気 は 晴れ です。", "  \n\n\t y's 'LL", "👨‍👩‍👧‍👦 1️⃣ 12345678"} {
+		for _, enc := range []Encoding{O200K, CL100K} {
+			assert.Equal(t, enc.Count(s), enc.CountValid(s), "%s %q", enc, s)
+		}
+	}
+}
