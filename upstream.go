@@ -124,7 +124,9 @@ const latencyWindowSize = 200
 const ewmaDecay = 10 * time.Second
 
 // latencyWindow keeps the last n latencies of an upstream, their p95 and
-// p99 (recomputed lazily), and a peak-sensitive EWMA.
+// p99 (recomputed lazily), and a peak-sensitive EWMA. Every request reads
+// the count and the p99 (the breaker's bound): they are read without the
+// lock until the p99 is due to be computed again.
 type latencyWindow struct {
 	mu sync.Mutex
 	// The peak-sensitive EWMA (float64 bits, nanoseconds) and the time of
@@ -138,6 +140,11 @@ type latencyWindow struct {
 	cached99  time.Duration
 	cached95  time.Duration
 	scratch   []time.Duration
+	// Written under mu, read without it: the sample count, the cached
+	// quantiles, and whether they are due to be computed again.
+	n        atomic.Int64
+	c99, c95 atomic.Int64
+	stale    atomic.Bool
 }
 
 func (w *latencyWindow) init(n int) {
@@ -162,6 +169,10 @@ func (w *latencyWindow) add(d time.Duration, now time.Time) {
 		w.next, w.full = 0, true
 	}
 	w.dirty++
+	w.n.Store(int64(w.countLocked()))
+	if w.dueLocked() {
+		w.stale.Store(true)
+	}
 	w.mu.Unlock()
 }
 
@@ -182,15 +193,15 @@ func (w *latencyWindow) snapshot() (int, time.Duration, time.Duration) {
 func (w *latencyWindow) reset() {
 	w.mu.Lock()
 	w.next, w.full, w.dirty, w.cached99, w.cached95 = 0, false, 0, 0, 0
+	w.n.Store(0)
+	w.c99.Store(0)
+	w.c95.Store(0)
+	w.stale.Store(false)
 	w.mu.Unlock()
 }
 
 // count returns how many samples the window holds.
-func (w *latencyWindow) count() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.countLocked()
-}
+func (w *latencyWindow) count() int { return int(w.n.Load()) }
 
 func (w *latencyWindow) countLocked() int {
 	if w.full {
@@ -202,25 +213,40 @@ func (w *latencyWindow) countLocked() int {
 // p99 returns the 99th percentile of the window; 0 when empty. It is
 // recomputed at most once per 8 new samples.
 func (w *latencyWindow) p99() time.Duration {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.refreshLocked()
-	return w.cached99
+	w.refresh()
+	return time.Duration(w.c99.Load())
 }
 
 // p95 is p99's companion, for the hedge delay.
 func (w *latencyWindow) p95() time.Duration {
+	w.refresh()
+	return time.Duration(w.c95.Load())
+}
+
+// refresh computes the quantiles again when they are due.
+func (w *latencyWindow) refresh() {
+	if !w.stale.Load() {
+		return
+	}
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	w.refreshLocked()
-	return w.cached95
+	w.mu.Unlock()
 }
 
 func (w *latencyWindow) refreshLocked() {
-	if w.dirty >= 8 || (w.dirty > 0 && !w.full && w.next < 100) {
+	if w.dueLocked() {
 		w.cached95, w.cached99 = w.tailLocked()
+		w.c95.Store(int64(w.cached95))
+		w.c99.Store(int64(w.cached99))
 		w.dirty = 0
 	}
+	w.stale.Store(false)
+}
+
+// dueLocked reports whether the quantiles are to be computed again: after
+// every 8 new samples, and after each one while there are fewer than 100.
+func (w *latencyWindow) dueLocked() bool {
+	return w.dirty >= 8 || (w.dirty > 0 && !w.full && w.next < 100)
 }
 
 // tailKeep is how many of the largest latencies tailLocked keeps: enough
