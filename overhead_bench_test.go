@@ -223,9 +223,12 @@ func BenchmarkOverhead(b *testing.B) {
 
 // BenchmarkOverheadPaired measures BenchmarkOverhead's rows as paired
 // differences, which a machine whose speed drifts (a shared VM) does not
-// reach: each iteration is a round that sends the same number of calls
-// through bare, failsafe-go, relay warm and relay new, in an order that
-// rotates, from one goroutine or from 16 (8 per core on 2 cores). The
+// reach: each iteration is a round that sends 256 calls through each of
+// bare, failsafe-go, relay warm and relay new, in an order that rotates,
+// from one goroutine or from 16 (8 per core on 2 cores). Rounds this long
+// keep each transport's code and data in the caches for most of its calls,
+// as the unpaired rows do; shorter ones charge the switch to the transport
+// with the larger footprint, relay. The
 // metrics are the medians over the rounds of each transport's per-call
 // time minus bare's in the same round (failsafe-ns, warm-ns, new-ns), and
 // warm÷failsafe and new÷failsafe of those medians. ns/op is one round.
@@ -238,7 +241,7 @@ func BenchmarkOverheadPaired(b *testing.B) {
 	rows := []overheadCase{overheadCases[0], overheadCases[2], overheadCases[3], overheadCases[4]}
 	for _, par := range []int{1, 16} {
 		b.Run(fmt.Sprintf("goroutines=%d", par), func(b *testing.B) {
-			calls := 64 / par // per goroutine and round
+			calls := 256 / par // per goroutine and round
 			if calls < 8 {
 				calls = 8
 			}
