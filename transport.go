@@ -71,7 +71,9 @@ func (r *Router) readBody(req *http.Request) ([]byte, error) {
 		// The declared length, read into a buffer of that size. A body
 		// shorter than it declared is what it is; one longer is read on,
 		// as a body of unknown length.
-		buf := make([]byte, n)
+		// One byte more of room, for the read that finds the end (a local
+		// byte would escape to the heap through the Reader).
+		buf := make([]byte, n, n+1)
 		m, err := io.ReadFull(req.Body, buf)
 		switch {
 		case err == io.ErrUnexpectedEOF:
@@ -79,15 +81,14 @@ func (r *Router) readBody(req *http.Request) ([]byte, error) {
 		case err != nil:
 			return nil, err
 		}
-		var one [1]byte
-		m, err = req.Body.Read(one[:])
+		m, err = req.Body.Read(buf[n : n+1])
 		switch {
 		case m == 0 && err == io.EOF:
 			return buf, nil // the common case: the read after the end is an EOF
 		case m == 0 && err != nil:
 			return nil, err
 		}
-		return readRest(append(buf, one[:m]...), req.Body, r.s.maxBody)
+		return readRest(buf[:n+int64(m)], req.Body, r.s.maxBody)
 	}
 	return readRest(nil, req.Body, r.s.maxBody)
 }
