@@ -11,6 +11,7 @@ import (
 	"github.com/tidwall/sjson"
 
 	"github.com/tokenrelay/relay/internal/jsonscan"
+	"github.com/tokenrelay/relay/internal/prompt"
 )
 
 // Every edit of the outgoing request is here: the URL (the upstream's
@@ -28,7 +29,7 @@ func (t *trip) outgoing(ctx context.Context, cand candidate, ob outBody) *http.R
 	// transfer encoding) is only read.
 	out := req.WithContext(ctx)
 	u := *cand.up.base
-	u.Path = u.Path + "/" + t.pathFor()
+	u.Path = cand.up.pathTo(t.pathFor())
 	u.RawPath = ""
 	switch {
 	case u.RawQuery == "":
@@ -106,6 +107,20 @@ func (r *reqBody) again() (io.ReadCloser, error) {
 // pathFor is the path appended to an upstream's BaseURL: the endpoint for
 // the known ones; for other paths, what follows the caller's "/v1/" (or the
 // whole path when it has none).
+// knownEndpoints are the endpoints whose URL path on each upstream is
+// made once (upstream.paths).
+var knownEndpoints = [...]string{prompt.Chat, prompt.Responses, prompt.Completions, prompt.Embeddings}
+
+// pathTo returns the URL path of endpoint ep on up.
+func (up *upstream) pathTo(ep string) string {
+	for i, k := range knownEndpoints {
+		if ep == k {
+			return up.paths[i]
+		}
+	}
+	return up.base.Path + "/" + ep
+}
+
 func (t *trip) pathFor() string {
 	if t.c.req.Endpoint != "" {
 		return t.c.req.Endpoint

@@ -14,7 +14,8 @@ import (
 type upstream struct {
 	upstreamSettings
 
-	seed     uint64 // rendezvous seed, from the name
+	seed     uint64    // rendezvous seed, from the name
+	paths    [4]string // the URL path of each of knownEndpoints on this upstream
 	inflight atomic.Int64
 	requests atomic.Uint64
 	failures atomic.Uint64
@@ -25,6 +26,9 @@ type upstream struct {
 
 func newUpstream(us upstreamSettings, s *settings) *upstream {
 	u := &upstream{upstreamSettings: us, seed: fnv1a(fnvOffset64, us.cfg.Name)}
+	for i, ep := range knownEndpoints {
+		u.paths[i] = u.base.Path + "/" + ep
+	}
 	u.lat.init(latencyWindowSize)
 	u.br.init(us.cfg.Name, &s.breaker)
 	rpm, tpm := us.cfg.RPM, us.cfg.TPM
