@@ -154,12 +154,23 @@ func (sh *splitter) count(a, b int) int {
 }
 
 // validPrefix returns the length of the longest prefix of s that is valid
-// UTF-8 and ends at a rune start (len(s) when s is valid).
+// UTF-8 and ends at a rune start (len(s) when s is valid). It checks blocks
+// of about 4 KiB, cut at rune starts, with utf8.ValidString, and decodes
+// rune by rune only the block that is not valid.
 func validPrefix(s string) int {
-	if utf8.ValidString(s) {
-		return len(s)
+	const block = 4 << 10
+	i := 0
+	for i < len(s) {
+		j := min(i+block, len(s))
+		for j < len(s) && j > i+1 && !utf8.RuneStart(s[j]) {
+			j-- // a valid sequence is not cut; an invalid one is found below
+		}
+		if !utf8.ValidString(s[i:j]) {
+			break
+		}
+		i = j
 	}
-	for i := 0; i < len(s); {
+	for i < len(s) {
 		r, n := utf8.DecodeRuneInString(s[i:])
 		if r == utf8.RuneError && n == 1 {
 			return i
@@ -429,7 +440,7 @@ func sentenceEndAt(text string, p int) (int, bool) {
 	q, wide, seen := p, false, false
 run:
 	for q < len(text) {
-		r, n := utf8.DecodeRuneInString(text[q:])
+		r, n := tokens.DecodeRune(text, q)
 		switch r {
 		case '.', '?', '!', '…', '؟', '۔', '।':
 		case '。', '！', '？', '．', '｡':
@@ -445,7 +456,7 @@ run:
 	}
 closers:
 	for q < len(text) {
-		r, n := utf8.DecodeRuneInString(text[q:])
+		r, n := tokens.DecodeRune(text, q)
 		switch r {
 		case '"', '\'', '”', '’', '»', ')', ']', '}', '」', '』', '）', '】', '》':
 			q += n

@@ -316,6 +316,17 @@ func TestValidPrefix(t *testing.T) {
 	for s, want := range map[string]int{"": 0, "abc": 3, "界x": 4, "ab\xff界": 2, "界\xe4\xbd": 3, "\xe4\xbd界": 0, "a\xed\xa0\x80": 1} {
 		assert.Equal(t, want, validPrefix(s), "%q", s)
 	}
+	// Longer than a block, with runes across the blocks' ends.
+	long := "a" + strings.Repeat("界", 3000) // 9001 bytes: 4096 falls inside a rune
+	assert.Equal(t, len(long), validPrefix(long))
+	for _, at := range []int{0, 1, 4095, 4096, 4097, 8193, len(long)} {
+		bad := long[:at] + "\xff" + long[at:]
+		want := at
+		for want > 0 && want < len(long) && !utf8.RuneStart(long[want]) {
+			want-- // a rune cut by the inserted byte is not valid either
+		}
+		assert.Equal(t, want, validPrefix(bad), "invalid byte at %d", at)
+	}
 }
 
 // TestMaxTokenBytes checks maxTokenBytes against both vocabularies.
