@@ -272,6 +272,21 @@ func (m *memo) put(enc tokens.Encoding, kind uint8, s string, n int) {
 	m.putWord(enc, kind, s, uint64(uint32(int32(min(n, 1<<31-1)))))
 }
 
+// getKeyOf and putKeyOf are getKey and putKey for a count (or shard end),
+// on a nil memo too.
+func (m *memo) getKeyOf(k uint64) (uint64, bool) {
+	if m == nil {
+		return 0, false
+	}
+	return m.getKey(k)
+}
+
+func (m *memo) putKeyOf(k uint64, n int) {
+	if m != nil {
+		m.putKey(k, uint64(uint32(int32(min(n, 1<<31-1)))))
+	}
+}
+
 func (m *memo) getWord(enc tokens.Encoding, kind uint8, s string) (uint64, bool) {
 	if m == nil {
 		return 0, false

@@ -404,7 +404,12 @@ func nextShard(m *memo, enc tokens.Encoding, x *shardText, start, covered int, k
 		kind = kindBlock
 	}
 	w := x.t[start:min(len(x.t), start+shardWindow)]
-	if v, hit := m.get(enc, kind, w); hit {
+	var k uint64 // the window's memo key, taken once for the lookup and the store
+	if m != nil {
+		k = m.key(enc, kind, w)
+	}
+	if word, hit := m.getKeyOf(k); hit {
+		v := int(int32(word))
 		if v < 0 {
 			return 0, 0, false
 		}
@@ -419,11 +424,11 @@ func nextShard(m *memo, enc tokens.Encoding, x *shardText, start, covered int, k
 	case ok:
 		if x.has(end+utf8.UTFMax) || end < len(x.t) {
 			if _, size := tokens.ClassAt(x.t, end); end+size <= start+len(w) {
-				m.put(enc, kind, w, (end-start)|n<<16)
+				m.putKeyOf(k, (end-start)|n<<16)
 			}
 		}
 	case kind == kindBlockEnd:
-		m.put(enc, kind, w, -1)
+		m.putKeyOf(k, -1)
 	}
 	return end, n, ok
 }
