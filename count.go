@@ -85,8 +85,10 @@ func (e *countReader) Str(i int) int {
 		h = m.hash(raw)
 	}
 	k := memoKey(h, e.enc, kindRaw)
-	if w, ok := m.getKey(k); ok {
-		return rawCount(w)
+	if !s.Hashed || e.sc.known.enc != e.enc { // else Known has just looked for k
+		if w, ok := m.getKey(k); ok {
+			return rawCount(w)
+		}
 	}
 	text := e.text(s, raw)
 	n := e.reuse(i, text)
