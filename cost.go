@@ -615,11 +615,7 @@ type usageRead struct {
 }
 
 func (u *usageRead) read(s string) bool {
-	i := jsonscan.SkipSpace(s, 0)
-	if i >= len(s) || s[i] != '{' {
-		return false
-	}
-	e, ok := jsonscan.Members(s, i, 0, func(k string, j, depth int) (int, bool) {
+	return jsonscan.Object(s, func(k string, j, depth int) (int, bool) {
 		switch usageKey(k) {
 		case "usage":
 			if u.top == 0 {
@@ -641,7 +637,6 @@ func (u *usageRead) read(s string) bool {
 		}
 		return jsonscan.ValidValue(s, j, depth)
 	})
-	return ok && jsonscan.SkipSpace(s, e) == len(s)
 }
 
 // usageNum reads a token count from its raw value. present is false when

@@ -78,7 +78,7 @@ func (e *countReader) Str(i int) int {
 		return e.reuse(i, e.text(s, raw))
 	}
 	if s.Seen && e.sc.known.enc == e.enc {
-		return rawCount(s.W)
+		return wordCount(s.W)
 	}
 	h := s.H
 	if !s.Hashed {
@@ -87,7 +87,7 @@ func (e *countReader) Str(i int) int {
 	k := memoKey(h, e.enc, kindRaw)
 	if !s.Hashed || e.sc.known.enc != e.enc { // else Known has just looked for k
 		if w, ok := m.getKey(k); ok {
-			return rawCount(w)
+			return wordCount(w)
 		}
 	}
 	text := e.text(s, raw)
@@ -122,10 +122,13 @@ func (k *knownMemo) Known(raw string) (h, w uint64, ok bool) {
 
 // rawWord is a kindRaw entry: the string's count, and its decoded length.
 func rawWord(n, decoded int) uint64 {
-	return uint64(uint32(min(n, 1<<31-1))) | uint64(uint32(min(decoded, 1<<32-1)))<<32
+	return countWord(n) | uint64(uint32(min(decoded, 1<<32-1)))<<32
 }
 
-func rawCount(w uint64) int { return int(int32(uint32(w))) }
+// countWord and wordCount write and read a count (or a shard end, -1 for
+// none) in the low 32 bits of a memo word.
+func countWord(n int) uint64 { return uint64(uint32(int32(min(n, 1<<31-1)))) }
+func wordCount(w uint64) int { return int(int32(uint32(w))) }
 
 // reuse counts text, the decoded Strs[i], with the counts the affinity key
 // gathered where they cover it. The key's shards and the pieces counted to
@@ -266,27 +269,12 @@ func memoKey(h uint64, enc tokens.Encoding, kind uint8) uint64 {
 // get returns the count (or shard end) stored for s.
 func (m *memo) get(enc tokens.Encoding, kind uint8, s string) (int, bool) {
 	v, ok := m.getWord(enc, kind, s)
-	return int(int32(v)), ok
+	return wordCount(v), ok
 }
 
 // put stores a count (or shard end) for s.
 func (m *memo) put(enc tokens.Encoding, kind uint8, s string, n int) {
-	m.putWord(enc, kind, s, uint64(uint32(int32(min(n, 1<<31-1)))))
-}
-
-// getKeyOf and putKeyOf are getKey and putKey for a count (or shard end),
-// on a nil memo too.
-func (m *memo) getKeyOf(k uint64) (uint64, bool) {
-	if m == nil {
-		return 0, false
-	}
-	return m.getKey(k)
-}
-
-func (m *memo) putKeyOf(k uint64, n int) {
-	if m != nil {
-		m.putKey(k, uint64(uint32(int32(min(n, 1<<31-1)))))
-	}
+	m.putWord(enc, kind, s, countWord(n))
 }
 
 func (m *memo) getWord(enc tokens.Encoding, kind uint8, s string) (uint64, bool) {

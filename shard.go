@@ -407,30 +407,35 @@ func nextShard(m *memo, enc tokens.Encoding, x *shardText, start, covered int, k
 	var k uint64 // the window's memo key, taken once for the lookup and the store
 	if m != nil {
 		k = m.key(enc, kind, w)
-	}
-	if word, hit := m.getKeyOf(k); hit {
-		v := int(int32(word))
-		if v < 0 {
-			return 0, 0, false
+		if word, hit := m.getKey(k); hit {
+			return shardFromMemo(wordCount(word), start, covered, kn)
 		}
-		end, n = start+v&0xFFFF, v>>16
-		if kn != nil {
-			*kn = append(*kn, known{end, covered + n})
-		}
-		return end, n, true
 	}
 	end, n, ok = scanShard(enc, x, start, covered, kn)
 	switch {
+	case m == nil:
 	case ok:
 		if x.has(end+utf8.UTFMax) || end < len(x.t) {
 			if _, size := tokens.ClassAt(x.t, end); end+size <= start+len(w) {
-				m.putKeyOf(k, (end-start)|n<<16)
+				m.putKey(k, countWord((end-start)|n<<16))
 			}
 		}
 	case kind == kindBlockEnd:
-		m.putKeyOf(k, -1)
+		m.putKey(k, countWord(-1))
 	}
 	return end, n, ok
+}
+
+// shardFromMemo is nextShard's answer from a memo entry v.
+func shardFromMemo(v, start, covered int, kn *[]known) (end, n int, ok bool) {
+	if v < 0 {
+		return 0, 0, false
+	}
+	end, n = start+v&0xFFFF, v>>16
+	if kn != nil {
+		*kn = append(*kn, known{end, covered + n})
+	}
+	return end, n, true
 }
 
 // scanShard finds the shard starting at start by counting the pieces

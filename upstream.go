@@ -141,8 +141,6 @@ type latencyWindow struct {
 	next      int
 	full      bool
 	dirty     int // samples added since the quantiles were computed
-	cached99  time.Duration
-	cached95  time.Duration
 	scratch   []time.Duration
 	// Written under mu, read without it: the sample count, the cached
 	// quantiles, and whether they are due to be computed again.
@@ -196,7 +194,7 @@ func (w *latencyWindow) snapshot() (int, time.Duration, time.Duration) {
 // reset empties the window.
 func (w *latencyWindow) reset() {
 	w.mu.Lock()
-	w.next, w.full, w.dirty, w.cached99, w.cached95 = 0, false, 0, 0, 0
+	w.next, w.full, w.dirty = 0, false, 0
 	w.n.Store(0)
 	w.c99.Store(0)
 	w.c95.Store(0)
@@ -239,9 +237,9 @@ func (w *latencyWindow) refresh() {
 
 func (w *latencyWindow) refreshLocked() {
 	if w.dueLocked() {
-		w.cached95, w.cached99 = w.tailLocked()
-		w.c95.Store(int64(w.cached95))
-		w.c99.Store(int64(w.cached99))
+		p95, p99 := w.tailLocked()
+		w.c95.Store(int64(p95))
+		w.c99.Store(int64(p99))
 		w.dirty = 0
 	}
 	w.stale.Store(false)

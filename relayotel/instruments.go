@@ -43,38 +43,18 @@ type instruments struct {
 func newInstruments(mp metric.MeterProvider, b *breakers) instruments {
 	m := mp.Meter(scope, metric.WithSchemaURL(semconv.SchemaURL))
 	var (
-		in    instruments
-		err   error
-		nop   = noop.Meter{}
-		check = func(e error) {
-			if e != nil {
-				otel.Handle(e)
-			}
-		}
+		in  instruments
+		nop = noop.Meter{}
 	)
 	f64h := func(name, unit, desc string, bounds []float64) metric.Float64Histogram {
-		h, e := m.Float64Histogram(name, metric.WithUnit(unit), metric.WithDescription(desc), metric.WithExplicitBucketBoundaries(bounds...))
-		check(e)
-		if h == nil {
-			h, _ = nop.Float64Histogram(name)
-		}
-		return h
+		return instrument[metric.Float64Histogram, metric.Float64HistogramOption](m.Float64Histogram, nop.Float64Histogram, name,
+			metric.WithUnit(unit), metric.WithDescription(desc), metric.WithExplicitBucketBoundaries(bounds...))
 	}
 	f64c := func(name, unit, desc string) metric.Float64Counter {
-		c, e := m.Float64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
-		check(e)
-		if c == nil {
-			c, _ = nop.Float64Counter(name)
-		}
-		return c
+		return instrument[metric.Float64Counter, metric.Float64CounterOption](m.Float64Counter, nop.Float64Counter, name, metric.WithUnit(unit), metric.WithDescription(desc))
 	}
 	i64c := func(name, unit, desc string) metric.Int64Counter {
-		c, e := m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
-		check(e)
-		if c == nil {
-			c, _ = nop.Int64Counter(name)
-		}
-		return c
+		return instrument[metric.Int64Counter, metric.Int64CounterOption](m.Int64Counter, nop.Int64Counter, name, metric.WithUnit(unit), metric.WithDescription(desc))
 	}
 
 	var (
@@ -83,12 +63,8 @@ func newInstruments(mp metric.MeterProvider, b *breakers) instruments {
 		ttfc genaiconv.ClientOperationTimeToFirstChunk
 	)
 	in.duration = f64h(dur.Name(), dur.Unit(), dur.Description(), durationBounds)
-	in.tokens, err = m.Int64Histogram(tok.Name(), metric.WithUnit(tok.Unit()), metric.WithDescription(tok.Description()),
-		metric.WithExplicitBucketBoundaries(tokenBounds...))
-	check(err)
-	if in.tokens == nil {
-		in.tokens, _ = nop.Int64Histogram(tok.Name())
-	}
+	in.tokens = instrument[metric.Int64Histogram, metric.Int64HistogramOption](m.Int64Histogram, nop.Int64Histogram, tok.Name(), metric.WithUnit(tok.Unit()),
+		metric.WithDescription(tok.Description()), metric.WithExplicitBucketBoundaries(tokenBounds...))
 	in.ttfc = f64h(ttfc.Name(), ttfc.Unit(), ttfc.Description(), durationBounds)
 
 	in.cost = f64c("relay.client.cost", "{USD}", "Cost of the calls in US dollars, after each upstream's price factor; a hedge's losing call that completed is included.")
@@ -101,9 +77,25 @@ func newInstruments(mp metric.MeterProvider, b *breakers) instruments {
 	in.spend = f64c("relay.budget.spend", "{currency_unit}", "Spend charged to each budget's ledgers, in the billing currency (relay.budget.currency).")
 	in.refusals = i64c("relay.budget.refusals", "{request}", "Requests a budget refused (relay.ErrBudgetExceeded), no upstream called.")
 	in.fallbacks = i64c("relay.state.fallbacks", "{call}", "Calls to the shared state (Config.State, a shared Ledger) that failed or timed out, decided in-process instead, by operation.")
-	_, err = m.Int64ObservableGauge("relay.breaker.state", metric.WithUnit("1"),
+	_, err := m.Int64ObservableGauge("relay.breaker.state", metric.WithUnit("1"),
 		metric.WithDescription("Circuit breaker state of each upstream: 1 for the current state, 0 for the others."),
 		metric.WithInt64Callback(b.observe))
-	check(err)
+	if err != nil {
+		otel.Handle(err)
+	}
 	return in
+}
+
+// instrument makes the instrument name with create, or, when create fails
+// and gives none, the no-op one (fallback): a meter's error is handed to
+// otel.Handle and never leaves an instrument nil.
+func instrument[T any, O any](create, fallback func(string, ...O) (T, error), name string, opts ...O) T {
+	v, err := create(name, opts...)
+	if err != nil {
+		otel.Handle(err)
+	}
+	if any(v) == nil {
+		v, _ = fallback(name)
+	}
+	return v
 }

@@ -2,7 +2,6 @@ package relayotel_test
 
 import (
 	"context"
-	"errors"
 	"io"
 	"net/http"
 	"slices"
@@ -18,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tokenrelay/relay"
+	"github.com/tokenrelay/relay/internal/statetest"
 	"github.com/tokenrelay/relay/relayotel"
 	"github.com/tokenrelay/relay/relaytest"
 )
@@ -612,31 +612,13 @@ func TestBudgetSpendAndRefusals(t *testing.T) {
 	assert.NotContains(t, m, "relay.budget.spend", "nothing spent")
 }
 
-// downState is a shared State whose every call fails, as when Redis is
-// down.
-type downState struct{ relay.Ledger }
-
-var errDown = errors.New("state down")
-
-func (downState) Admit(context.Context, relay.Limits, int, bool, time.Time) (relay.Verdict, error) {
-	return relay.Verdict{}, errDown
-}
-func (downState) Refund(context.Context, relay.Limits, int, int, time.Time) error { return errDown }
-func (downState) Hold(context.Context, string, time.Time) error                   { return errDown }
-func (downState) Failure(context.Context, string, relay.CircuitPolicy, time.Time) (time.Time, error) {
-	return time.Time{}, errDown
-}
-func (downState) Success(context.Context, string, bool) error                { return errDown }
-func (downState) Open(context.Context, string, time.Time) error              { return errDown }
-func (downState) Probe(context.Context, string, time.Duration) (bool, error) { return false, errDown }
-
 // TestStateFallbacks: a failed shared-state call adds to
 // relay.state.fallbacks by operation, and shows as an event on the call's
 // span.
 func TestStateFallbacks(t *testing.T) {
 	a := server(t, "a")
 	h := newHarness(t, relay.Config{Upstreams: []relay.Upstream{{Name: "a", BaseURL: a.URL, RPM: 100}},
-		State: downState{relay.NewLocalLedger()}, Replicas: 2})
+		State: statetest.DownState(), Replicas: 2})
 	h.chat(t, chatBody("gpt-4.1", false))
 	require.True(t, h.report(t).StateFallback)
 	require.EqualValues(t, 1, h.router.StateFallbacks())

@@ -1,8 +1,6 @@
 package relayprom_test
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -14,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenrelay/relay"
+	"github.com/tokenrelay/relay/internal/statetest"
 	"github.com/tokenrelay/relay/relayprom"
 	"github.com/tokenrelay/relay/relaytest"
 )
@@ -305,30 +304,12 @@ relay_budget_spend_total{budget="team",currency="EUR"} %v
 `, "relay_budget_spend_total", "relay_budget_refusals_total")
 }
 
-// downState is a shared State whose every call fails, as when Redis is
-// down.
-type downState struct{ relay.Ledger }
-
-var errDown = errors.New("state down")
-
-func (downState) Admit(context.Context, relay.Limits, int, bool, time.Time) (relay.Verdict, error) {
-	return relay.Verdict{}, errDown
-}
-func (downState) Refund(context.Context, relay.Limits, int, int, time.Time) error { return errDown }
-func (downState) Hold(context.Context, string, time.Time) error                   { return errDown }
-func (downState) Failure(context.Context, string, relay.CircuitPolicy, time.Time) (time.Time, error) {
-	return time.Time{}, errDown
-}
-func (downState) Success(context.Context, string, bool) error                { return errDown }
-func (downState) Open(context.Context, string, time.Time) error              { return errDown }
-func (downState) Probe(context.Context, string, time.Duration) (bool, error) { return false, errDown }
-
 // TestStateFallbacks: each failed shared-state call counts by operation,
 // as many as the router counts.
 func TestStateFallbacks(t *testing.T) {
 	a := server(t, "a")
 	h := newHarness(t, relay.Config{Upstreams: []relay.Upstream{{Name: "a", BaseURL: a.URL, RPM: 100}},
-		State: downState{relay.NewLocalLedger()}, Replicas: 2})
+		State: statetest.DownState(), Replicas: 2})
 	h.chat(t, chatBody("gpt-4.1", false))
 	require.True(t, h.report(t).StateFallback)
 	require.EqualValues(t, 1, h.router.StateFallbacks())

@@ -36,23 +36,16 @@ func Valid[T Text](s T) bool {
 	return ok && SkipSpace(v, e) == len(v)
 }
 
-// EachValid checks that s is one valid JSON object, as Valid checks it, and
-// on the way calls f with the key (raw, without its quotes) and the raw
-// value of each of its members, in order: one pass for what Valid and Each
-// do in two. It reports whether s is valid; when it is not, f may have been
+// Object checks that s is one valid JSON object, as Valid checks it, with
+// its members read by f as Members reads them: one pass for checking and
+// reading. It reports whether s is valid; when it is not, f may have been
 // called for the members before the fault.
-func EachValid(s string, f func(key, val string)) bool {
+func Object(s string, f func(key string, j, depth int) (end int, ok bool)) bool {
 	i := SkipSpace(s, 0)
 	if i >= len(s) || s[i] != '{' {
 		return false
 	}
-	e, ok := Members(s, i, 0, func(key string, j, depth int) (int, bool) {
-		e, ok := ValidValue(s, j, depth)
-		if ok {
-			f(key, s[j:e])
-		}
-		return e, ok
-	})
+	e, ok := Members(s, i, 0, f)
 	return ok && SkipSpace(s, e) == len(s)
 }
 

@@ -116,22 +116,34 @@ func refValid(s string) bool {
 	return Depth(s) <= MaxDepth && gjson.Valid(s)
 }
 
-// checkEachValid checks EachValid on s, valid (as refValid says) or not: it
+// eachValid is Object with every member's value checked by ValidValue
+// and handed to f, raw: the reader that only needs the top level.
+func eachValid(s string, f func(key, val string)) bool {
+	return Object(s, func(key string, j, depth int) (int, bool) {
+		e, ok := ValidValue(s, j, depth)
+		if ok {
+			f(key, s[j:e])
+		}
+		return e, ok
+	})
+}
+
+// checkEachValid checks eachValid on s, valid (as refValid says) or not: it
 // accepts exactly the valid objects, and gives the members Each gives.
 func checkEachValid(t *testing.T, s string, valid bool) {
 	t.Helper()
 	var got, want []string
-	ok := EachValid(s, func(k, v string) { got = append(got, k, v) })
+	ok := eachValid(s, func(k, v string) { got = append(got, k, v) })
 	obj := valid && strings.HasPrefix(strings.TrimLeft(s, " \t\r\n"), "{")
 	if ok != obj {
-		t.Fatalf("EachValid(%q) = %v, want %v", s, ok, obj)
+		t.Fatalf("eachValid(%q) = %v, want %v", s, ok, obj)
 	}
 	if !ok {
 		return
 	}
 	Each(s, 0, func(k, v string) bool { want = append(want, k, v); return true })
 	if !slices.Equal(got, want) {
-		t.Fatalf("EachValid(%q) members %q, Each %q", s, got, want)
+		t.Fatalf("eachValid(%q) members %q, Each %q", s, got, want)
 	}
 }
 
@@ -140,9 +152,9 @@ func TestEachValid(t *testing.T) {
 		checkEachValid(t, s, refValid(s))
 	}
 	var n int
-	assert.True(t, EachValid(` {"a" : [1,{"b":2}] , "c\"d":"e" } `, func(k, v string) { n++ }))
+	assert.True(t, eachValid(` {"a" : [1,{"b":2}] , "c\"d":"e" } `, func(k, v string) { n++ }))
 	assert.Equal(t, 2, n)
-	assert.False(t, EachValid(`{"a":1} x`, func(string, string) {}))
+	assert.False(t, eachValid(`{"a":1} x`, func(string, string) {}))
 }
 
 // membersValid checks s by reading every object with Members, as a reader
@@ -156,12 +168,7 @@ func membersValid(s string) bool {
 		}
 		return ValidValue(s, j, depth)
 	}
-	i := SkipSpace(s, 0)
-	if i >= len(s) || s[i] != '{' {
-		return false
-	}
-	e, ok := Members(s, i, 0, member)
-	return ok && SkipSpace(s, e) == len(s)
+	return Object(s, member)
 }
 
 // TestMembers checks that reading objects member by member accepts what

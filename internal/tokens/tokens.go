@@ -33,10 +33,7 @@ func (e Encoding) Count(s string) int {
 	if s == "" {
 		return 0
 	}
-	if e == CL100K {
-		return bpe.CL100K().Count(s)
-	}
-	return bpe.O200K().Count(s)
+	return e.bpe().Count(s)
 }
 
 // CountValid is Count for s known to be valid UTF-8 (utf8.ValidString),
@@ -46,22 +43,21 @@ func (e Encoding) CountValid(s string) int {
 	if s == "" {
 		return 0
 	}
-	if e == CL100K {
-		return bpe.CL100K().CountValid(s)
-	}
-	return bpe.O200K().CountValid(s)
+	return e.bpe().CountValid(s)
 }
 
 // Pieces calls f with the end of each pre-token of s, in order, and the
 // count of s up to it, until f returns false. s must be valid UTF-8 (Count
 // reads an invalid byte as U+FFFD, which moves the offsets). Every known
 // boundary (SafeAt) is a pre-token end.
-func (e Encoding) Pieces(s string, f func(end, cum int) bool) {
+func (e Encoding) Pieces(s string, f func(end, cum int) bool) { e.bpe().Pieces(s, f) }
+
+// bpe returns the counter of e (its ranks loaded on first use).
+func (e Encoding) bpe() *bpe.Encoding {
 	if e == CL100K {
-		bpe.CL100K().Pieces(s, f)
-		return
+		return bpe.CL100K()
 	}
-	bpe.O200K().Pieces(s, f)
+	return bpe.O200K()
 }
 
 // ForModel returns the encoding that bills model: cl100k_base for gpt-4,
