@@ -80,7 +80,9 @@ const boundFactor = 4
 // are sums of unit counts, exact where the units meet at pre-token
 // boundaries; where they do not (CJK full stops followed by a letter, cuts
 // inside long runs), the segment is counted again once its estimate nears
-// size or the bound, which costs O(segment); not when the next sentence end
+// size or the bound, which costs O(segment) (from the last sentence end
+// counted, not from the segment's start, when there is a pre-token
+// boundary before that sentence end's terminators); not when the next sentence end
 // is more than 128×bound bytes away (no token is longer than 128 bytes, so
 // the segment could not end there within the bound): the segment is then cut
 // hard at once. A hard cut inside a run costs a galloping then binary search
@@ -129,6 +131,33 @@ type unit struct {
 	tokens   int  // countTokens of the unit on its own
 	sentence bool // end is a sentence end (or the end of the text)
 	safe     bool // end is a pre-token boundary: counts add across it
+	// cut is a pre-token boundary inside the unit, where its sentence end's
+	// terminators start, or 0: a segment counted up to end is counted on
+	// from there (mark).
+	cut int
+}
+
+// mark is a point up to which a segment's count is known: the segment's
+// text up to at holds n tokens, and at is the segment's start or a
+// pre-token boundary, so the count up to a later end is n plus the count
+// from at. A segment whose units do not meet at pre-token boundaries (CJK
+// sentences: a full stop joins the letters after it) is then counted again
+// from its last sentence end, not from its start, each time its estimate
+// must be made exact.
+type mark struct{ at, n int }
+
+// countTo returns the count of a segment up to the end of units[k], counting
+// from m on, and moves m as far into units[k] as it can.
+func (sh *splitter) countTo(m *mark, k int) int {
+	u := sh.units[k]
+	n := m.n + sh.count(m.at, u.end)
+	switch {
+	case u.safe:
+		*m = mark{u.end, n}
+	case u.cut > m.at:
+		*m = mark{u.cut, n - sh.count(u.cut, u.end)}
+	}
+	return n
 }
 
 type splitter struct {
@@ -219,13 +248,14 @@ func (sh *splitter) next(s, j int) int {
 		return sh.hardCut(s, j)
 	}
 	est, exact := 0, true
+	m := mark{at: s}
 	for k := j; k < len(sh.units); k++ {
 		u := sh.units[k]
 		est, exact = sh.extend(s, j, k, est, exact)
 		e := u.end
 		if u.sentence {
 			if !exact && 2*est >= sh.size {
-				est, exact = sh.count(s, e), true
+				est, exact = sh.countTo(&m, k), true
 			}
 			if est >= sh.size || e == n {
 				if est <= sh.bound {
@@ -236,7 +266,7 @@ func (sh *splitter) next(s, j int) int {
 		}
 		if est > sh.bound {
 			if !exact {
-				est, exact = sh.count(s, e), true
+				est, exact = sh.countTo(&m, k), true
 			}
 			if est > sh.bound {
 				return sh.hardCut(s, j)
@@ -250,6 +280,7 @@ func (sh *splitter) next(s, j int) int {
 // about size tokens, at a pre-token boundary or, failing one, by bisect.
 func (sh *splitter) hardCut(s, j int) int {
 	est, exact := 0, true
+	m := mark{at: s}
 	prev := s
 	for k := j; k < len(sh.units); k++ {
 		u := sh.units[k]
@@ -257,7 +288,7 @@ func (sh *splitter) hardCut(s, j int) int {
 		e := u.end
 		if est >= sh.size {
 			if !exact {
-				est, exact = sh.count(s, e), true
+				est, exact = sh.countTo(&m, k), true
 			}
 			if est >= sh.size {
 				if u.safe && est <= sh.bound {
@@ -352,7 +383,7 @@ func units(sh *splitter, minB, maxB int) []unit {
 	text := sh.text
 	units := make([]unit, 0, len(text)/max(minB, 1)+1)
 	start := 0
-	emit := func(end int, sentence bool) {
+	emit := func(end int, sentence bool, cut int) {
 		for end-start > maxB { // long runs: newlines, "!!!!", unbroken words
 			c := runeStartBefore(text, start+maxB, start, end)
 			if c >= end {
@@ -361,15 +392,37 @@ func units(sh *splitter, minB, maxB int) []unit {
 			units = append(units, unit{end: c, tokens: sh.count(start, c), safe: tokens.SafeAt(text, c)})
 			start = c
 		}
-		units = append(units, unit{end: end, tokens: sh.count(start, end), sentence: sentence, safe: end == len(text) || tokens.SafeAt(text, end)})
+		u := unit{end: end, tokens: sh.count(start, end), sentence: sentence, safe: end == len(text) || tokens.SafeAt(text, end)}
+		if !u.safe && cut > start && tokens.SafeAt(text, cut) {
+			u.cut = cut
+		}
+		units = append(units, u)
 		start = end
 	}
 	prev, known := tokens.ClassNone, true // known: prev is the class of the rune before p
 	for p := 0; p < len(text); {
+		if p-start < minB && p < sh.validTo {
+			// No cut within minB bytes of the unit's start: step over valid
+			// runes by their lead bytes up to one that may start a sentence
+			// end, without decoding or classifying them.
+			lim := min(start+minB, sh.validTo)
+			q := p
+			for q < lim {
+				n := skipStep[text[q]]
+				if n == 0 {
+					break
+				}
+				q += int(n)
+			}
+			if q > p {
+				p, known = q, false
+				continue
+			}
+		}
 		c := text[p]
 		if c == '.' || c == '\n' || c == '!' || c == '?' || c == '\r' || (c >= 0xD8 && terminatorAt(text, p)) {
 			if q, ok := sentenceEndAt(text, p); ok {
-				emit(q, true)
+				emit(q, true, p)
 				prev, known = tokens.ClassBefore(text, q), true
 				p = q
 				continue
@@ -392,18 +445,42 @@ func units(sh *splitter, minB, maxB int) []unit {
 			prev, known = tokens.ClassBefore(text, p), true
 		}
 		if p > start && tokens.SafeCut(prev, cur) {
-			emit(p, false)
+			emit(p, false, 0)
 		} else if p-start >= maxB {
-			emit(p, false)
+			emit(p, false, 0)
 		}
 		prev = cur
 		p += n
 	}
 	if start < len(text) {
-		emit(len(text), true)
+		emit(len(text), true, 0)
 	}
 	return units
 }
+
+// skipStep is, for the first byte of a valid UTF-8 sequence, its length,
+// and 0 for a byte that may start a sentence end (see Split): an ASCII
+// terminator or newline, or the lead byte of a terminator above ASCII.
+var skipStep = func() (t [256]uint8) {
+	for c := range t {
+		switch {
+		case c < utf8.RuneSelf:
+			t[c] = 1
+		case c >= 0xF0:
+			t[c] = 4
+		case c >= 0xE0:
+			t[c] = 3
+		case c >= 0xC0:
+			t[c] = 2
+		default: // a continuation byte: never the first of a valid sequence
+			t[c] = 1
+		}
+	}
+	for _, c := range []byte{'.', '\n', '!', '?', '\r', 0xD8, 0xDB, 0xE0, 0xE2, 0xE3, 0xEF} {
+		t[c] = 0
+	}
+	return t
+}()
 
 // terminatorAt reports whether a non-ASCII terminator (see Split) starts at
 // text[p], by its UTF-8 bytes: text that is mostly non-ASCII (CJK) asks at

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -309,6 +310,34 @@ func TestSplitMatchesReference(t *testing.T) {
 				require.Equal(t, splitRef(text, size, model), Split(text, size, model), "%s/%d/%s", name, size, model)
 			}
 		}
+	}
+}
+
+// TestSplitMatchesReferenceRandom holds Split to the reference on random
+// texts drawn from pieces that meet in every way the splitter treats
+// apart: sentence ends with and without a space after them, full stops
+// before letters, closers, newlines, runs without boundaries, digits and an
+// invalid byte.
+func TestSplitMatchesReferenceRandom(t *testing.T) {
+	pieces := []string{
+		"今天", "天气很好", "。", "！", "？", "」", "，", "東京は晴れです", "a", "word", " ", "  ",
+		".", "?", "!", "…", "\n", "\r\n", "\n\n", "Hello", " there", "3.14", "x.y", "'s",
+		"\"", ")", "12345", "aaaaaaaaaaaaaaaa", "👍🏽", "\t", "\xff", "مرحبا", "؟", "।",
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	n := 3000
+	if testing.Short() {
+		n = 300
+	}
+	for i := range n {
+		var b strings.Builder
+		for range 1 + rng.IntN(120) {
+			b.WriteString(pieces[rng.IntN(len(pieces))])
+		}
+		text := b.String()
+		size := 1 + rng.IntN(24)
+		model := []string{"gpt-4o", "gpt-4"}[i%2]
+		require.Equal(t, splitRef(text, size, model), Split(text, size, model), "%q size %d %s", text, size, model)
 	}
 }
 
