@@ -76,26 +76,29 @@ const boundFactor = 4
 // Cost. The text is scanned once and cut into units (a sentence, or a piece
 // of a long sentence ending at a pre-token boundary after at least
 // B = min(max(2×size, 32), 4096) bytes, or at a rune boundary after 4×B
-// bytes without one); each unit is counted once, O(n) in all. Segment token counts
-// are sums of unit counts, exact where the units meet at pre-token
-// boundaries; where they do not (CJK full stops followed by a letter, cuts
-// inside long runs), the segment is counted again once its estimate nears
-// size or the bound, which costs O(segment) (from the last sentence end
-// counted, not from the segment's start, when there is a pre-token
-// boundary before that sentence end's terminators); not when the next sentence end
-// is more than 128×bound bytes away (no token is longer than 128 bytes, so
-// the segment could not end there within the bound): the segment is then cut
-// hard at once. A hard cut inside a run costs a galloping then binary search
-// over the counts of the segment's prefixes, O(segment·log segment).
-// Overall O(n) for prose and O(n log n) at worst; nothing is re-counted from
-// the start of the text. Measured against counting the same text
-// (BenchmarkSplit1MiB, 16-token segments), natural text costs 1.5–4.3× a
-// count (CJK and code the most: their sentences meet where counts do not
-// add up, after a full stop before a letter or a newline before
-// indentation, so each segment is counted again); a run without pre-token
-// boundaries the splitter knows (one letter, digits, newlines) up to 54×,
-// since each of its segments is counted several times on its own, and the
-// counter is slower on short pieces of such a run than on the whole run.
+// bytes without one); each unit is counted once, O(n) in all. Counts add
+// across pre-token boundaries, so units are counted between the last
+// boundaries they hold (their ends, or where their sentence ends'
+// terminators start when the units do not meet at a boundary, as CJK
+// sentences do: a full stop joins the letters after it), and a segment's
+// count is the sum of those counts, exact, plus the count of its first
+// unit from the segment's start. Where a unit holds no such boundary (a cut
+// inside a long run, a newline before indentation), the sum is an estimate
+// and the segment is counted again, from the last boundary counted, once
+// its estimate nears size or the bound: O(segment). Not when the next
+// sentence end is more than 128×bound bytes away (no token is longer than
+// 128 bytes, so the segment could not end there within the bound): the
+// segment is then cut hard at once. A hard cut inside a run costs a
+// galloping then binary search over the counts of the segment's prefixes,
+// O(segment·log segment). Overall O(n) for prose and O(n log n) at worst;
+// nothing is re-counted from the start of the text. In instructions
+// (valgrind), splitting 1 MiB into 16-token segments costs 1.8× counting
+// it on prose and on CJK, 2.1× on code; in time (BenchmarkSplit1MiB, six
+// runs on a shared 2-core VM) 2.1–3.5× on prose and code, 1.8–2.8× on CJK.
+// A run without pre-token boundaries the splitter knows (one letter,
+// digits, newlines) costs up to 54× a count, since each of its segments is
+// counted several times on its own, and the counter is slower on short
+// pieces of such a run than on the whole run.
 func Split(text string, size int, model string) []string {
 	if text == "" {
 		return nil
@@ -126,38 +129,91 @@ func Split(text string, size int, model string) []string {
 
 // unit is a piece of text the splitter never cuts inside except for a
 // hard cut; units tile the text.
+//
+// A unit's cut is the last pre-token boundary the splitter knows in it: its
+// end when that is one, else where its sentence end's terminators start
+// when that is one (CJK sentences: a full stop joins the letters after it,
+// so the units do not meet at a boundary, but each ends in one). Counts add
+// across cuts, so a run of units whose cuts are known is counted exactly
+// by the counts between consecutive cuts (links), which is what counting
+// the whole text counts: a segment of such units is never counted again.
 type unit struct {
 	end      int  // offset just past the unit
-	tokens   int  // countTokens of the unit on its own
 	sentence bool // end is a sentence end (or the end of the text)
 	safe     bool // end is a pre-token boundary: counts add across it
-	// cut is a pre-token boundary inside the unit, where its sentence end's
-	// terminators start, or 0: a segment counted up to end is counted on
-	// from there (mark).
-	cut int
+	linked   bool // tokens counts from the previous unit's cut to cut
+	cut      int  // see above; -1 when the unit has none
+	// tokens is the count from the previous unit's cut (the text's start
+	// for the first unit) to cut when linked, else of the unit on its own.
+	tokens int
+	tail   int // the count from cut to end (0 when cut is end or -1)
 }
 
-// mark is a point up to which a segment's count is known: the segment's
-// text up to at holds n tokens, and at is the segment's start or a
-// pre-token boundary, so the count up to a later end is n plus the count
-// from at. A segment whose units do not meet at pre-token boundaries (CJK
-// sentences: a full stop joins the letters after it) is then counted again
-// from its last sentence end, not from its start, each time its estimate
-// must be made exact.
+// growth is the count of a segment as it grows unit by unit: the text from
+// the segment's start up to m.at holds m.n tokens, m.at being the start or
+// a pre-token boundary, and pend is the count from m.at to the end of the
+// last unit added, exact when exact, else an estimate.
+type growth struct {
+	m     mark
+	pend  int
+	exact bool
+}
+
 type mark struct{ at, n int }
 
-// countTo returns the count of a segment up to the end of units[k], counting
-// from m on, and moves m as far into units[k] as it can.
-func (sh *splitter) countTo(m *mark, k int) int {
-	u := sh.units[k]
-	n := m.n + sh.count(m.at, u.end)
+func (g *growth) est() int { return g.m.n + g.pend }
+
+// begin starts the growth of a segment at s in units[j], counted exactly
+// to the unit's end.
+func (sh *splitter) begin(s, j int) growth {
+	u := &sh.units[j]
+	g := growth{m: mark{at: s}, exact: true}
 	switch {
-	case u.safe:
-		*m = mark{u.end, n}
-	case u.cut > m.at:
-		*m = mark{u.cut, n - sh.count(u.cut, u.end)}
+	case sh.unitStart(j) == s && !u.linked:
+		g.pend = u.tokens
+	case sh.unitStart(j) == s && sh.cutBefore(j) == s:
+		g.m, g.pend = mark{u.cut, u.tokens}, u.tail
+	case u.cut > s:
+		g.m, g.pend = mark{u.cut, sh.count(s, u.cut)}, u.tail
+	default:
+		g.pend = sh.count(s, u.end)
 	}
-	return n
+	return g
+}
+
+// add grows g by units[k], k after the segment's first unit.
+func (sh *splitter) add(g *growth, k int) {
+	p, u := &sh.units[k-1], &sh.units[k]
+	if g.exact && p.cut > g.m.at { // the count is known up to p's cut
+		g.m, g.pend = mark{p.cut, g.m.n + g.pend - p.tail}, p.tail
+	}
+	switch {
+	case u.linked && g.exact && g.m.at == p.cut:
+		g.m, g.pend = mark{u.cut, g.m.n + u.tokens}, u.tail
+	case u.linked: // an estimate of the count from p's end to u's
+		g.pend += max(u.tokens-p.tail+u.tail, 0)
+		g.exact = false
+	default:
+		g.pend += u.tokens
+		g.exact = g.exact && p.safe
+	}
+}
+
+// countTo makes g's count up to the end of units[k], the last unit added,
+// exact, counting from g.m on.
+func (sh *splitter) countTo(g *growth, k int) {
+	if !g.exact {
+		g.pend, g.exact = sh.count(g.m.at, sh.units[k].end), true
+	}
+}
+
+// cutBefore is the cut of the unit before units[j] (0 for the first), -1
+// when it has none.
+func (sh *splitter) cutBefore(j int) int {
+	if j == 0 {
+		return 0
+	}
+	return sh.units[j-1].cut
 }
 
 type splitter struct {
@@ -216,19 +272,6 @@ func (sh *splitter) unitStart(k int) int {
 	return sh.units[k-1].end
 }
 
-// extend adds units[k] to the token estimate of the segment that starts at
-// s in units[j]. The estimate is a sum of unit counts, exact while every
-// cut between the units summed is a pre-token boundary.
-func (sh *splitter) extend(s, j, k, est int, exact bool) (int, bool) {
-	if k > j {
-		return est + sh.units[k].tokens, exact && sh.units[k-1].safe
-	}
-	if sh.unitStart(k) < s { // after a hard cut inside the unit
-		return sh.count(s, sh.units[k].end), exact
-	}
-	return sh.units[k].tokens, exact
-}
-
 // next returns the end of the segment that starts at s; units[j] is the
 // unit that holds s (or starts at s).
 func (sh *splitter) next(s, j int) int {
@@ -247,28 +290,27 @@ func (sh *splitter) next(s, j int) int {
 	if (sh.units[sh.sent].end-s)/maxTokenBytes > sh.bound {
 		return sh.hardCut(s, j)
 	}
-	est, exact := 0, true
-	m := mark{at: s}
+	g := sh.begin(s, j)
 	for k := j; k < len(sh.units); k++ {
 		u := sh.units[k]
-		est, exact = sh.extend(s, j, k, est, exact)
+		if k > j {
+			sh.add(&g, k)
+		}
 		e := u.end
 		if u.sentence {
-			if !exact && 2*est >= sh.size {
-				est, exact = sh.countTo(&m, k), true
+			if 2*g.est() >= sh.size {
+				sh.countTo(&g, k)
 			}
-			if est >= sh.size || e == n {
+			if est := g.est(); est >= sh.size || e == n {
 				if est <= sh.bound {
 					return e
 				}
 				return sh.hardCut(s, j)
 			}
 		}
-		if est > sh.bound {
-			if !exact {
-				est, exact = sh.countTo(&m, k), true
-			}
-			if est > sh.bound {
+		if g.est() > sh.bound {
+			sh.countTo(&g, k)
+			if g.est() > sh.bound {
 				return sh.hardCut(s, j)
 			}
 		}
@@ -279,18 +321,17 @@ func (sh *splitter) next(s, j int) int {
 // hardCut returns the end of a segment starting at s that is cut after
 // about size tokens, at a pre-token boundary or, failing one, by bisect.
 func (sh *splitter) hardCut(s, j int) int {
-	est, exact := 0, true
-	m := mark{at: s}
+	g := sh.begin(s, j)
 	prev := s
 	for k := j; k < len(sh.units); k++ {
 		u := sh.units[k]
-		est, exact = sh.extend(s, j, k, est, exact)
+		if k > j {
+			sh.add(&g, k)
+		}
 		e := u.end
-		if est >= sh.size {
-			if !exact {
-				est, exact = sh.countTo(&m, k), true
-			}
-			if est >= sh.size {
+		if g.est() >= sh.size {
+			sh.countTo(&g, k)
+			if est := g.est(); est >= sh.size {
 				if u.safe && est <= sh.bound {
 					return e
 				}
@@ -383,21 +424,35 @@ func units(sh *splitter, minB, maxB int) []unit {
 	text := sh.text
 	units := make([]unit, 0, len(text)/max(minB, 1)+1)
 	start := 0
+	prevCut := 0 // the cut of the last unit, -1 when it has none
+	// emit adds the unit that ends at end (a sentence end whose terminators
+	// start at cut, or 0), cut first into pieces of maxB bytes when longer.
 	emit := func(end int, sentence bool, cut int) {
-		for end-start > maxB { // long runs: newlines, "!!!!", unbroken words
-			c := runeStartBefore(text, start+maxB, start, end)
-			if c >= end {
-				break
+		for {
+			u := unit{end: end, sentence: sentence, cut: -1}
+			if end-start > maxB { // long runs: newlines, "!!!!", unbroken words
+				if c := runeStartBefore(text, start+maxB, start, end); c < end {
+					u.end, u.sentence = c, false
+				}
 			}
-			units = append(units, unit{end: c, tokens: sh.count(start, c), safe: tokens.SafeAt(text, c)})
-			start = c
+			u.safe = u.end == len(text) || tokens.SafeAt(text, u.end)
+			switch {
+			case u.safe:
+				u.cut = u.end
+			case u.end == end && cut > start && tokens.SafeAt(text, cut):
+				u.cut, u.tail = cut, sh.count(cut, end)
+			}
+			if u.cut >= 0 && prevCut >= 0 {
+				u.tokens, u.linked = sh.count(prevCut, u.cut), true
+			} else {
+				u.tokens = sh.count(start, u.end)
+			}
+			units = append(units, u)
+			start, prevCut = u.end, u.cut
+			if u.end == end {
+				return
+			}
 		}
-		u := unit{end: end, tokens: sh.count(start, end), sentence: sentence, safe: end == len(text) || tokens.SafeAt(text, end)}
-		if !u.safe && cut > start && tokens.SafeAt(text, cut) {
-			u.cut = cut
-		}
-		units = append(units, u)
-		start = end
 	}
 	prev, known := tokens.ClassNone, true // known: prev is the class of the rune before p
 	for p := 0; p < len(text); {
