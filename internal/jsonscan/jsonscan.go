@@ -9,6 +9,7 @@ package jsonscan
 
 import (
 	"encoding/binary"
+	"math/bits"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -216,10 +217,10 @@ func ValidString(s string, i int) (end int, esc, ok bool) {
 	// their end eight bytes at a time over the first 32 bytes, then go on
 	// as a long string would.
 	for n := 0; n < 4 && i+8 <= len(s); n++ {
-		if special8(binary.LittleEndian.Uint64(unsafe.Slice(unsafe.StringData(s), len(s))[i:i+8])) != 0 {
-			for s[i] != '"' && s[i] != '\\' && s[i] >= 0x20 {
-				i++
-			}
+		if m := special8(binary.LittleEndian.Uint64(unsafe.Slice(unsafe.StringData(s), len(s))[i : i+8])); m != 0 {
+			// The lowest flag is exact (a false one only follows a true
+			// one): the first special byte.
+			i += bits.TrailingZeros64(m) >> 3
 			if s[i] == '"' {
 				return i + 1, false, true
 			}

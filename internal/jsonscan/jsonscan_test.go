@@ -2,6 +2,7 @@ package jsonscan
 
 import (
 	"encoding/binary"
+	"math/bits"
 	"slices"
 	"strings"
 	"testing"
@@ -236,6 +237,46 @@ func TestValidDeep(t *testing.T) {
 		end, ok := ValidValue("[[]]", 0, depth)
 		if want := depth+2 <= MaxDepth; ok != want || (ok && end != 4) {
 			t.Errorf("ValidValue at depth %d = %d, %v", depth, end, ok)
+		}
+	}
+}
+
+// TestSpecial8First checks that the lowest flag special8 raises is the
+// first special byte of the word (a quote, a backslash or a byte below
+// 0x20), as ValidString relies on: for every byte value at every place,
+// after bytes that are not special and before bytes of every kind.
+func TestSpecial8First(t *testing.T) {
+	kinds := []byte{0, 0x1f, 0x20, '"', '\\', 'a', 0x7f, 0x80, 0xff, '!', '#', '[', ']'}
+	special := func(c byte) bool { return c == '"' || c == '\\' || c < 0x20 }
+	var w [8]byte
+	for p := range 8 {
+		for b := range 256 {
+			for _, before := range []byte{'a', 0x20, 0x7f, 0xff, '#', ']'} {
+				for _, after := range kinds {
+					for k := range w {
+						switch {
+						case k < p:
+							w[k] = before
+						case k == p:
+							w[k] = byte(b)
+						default:
+							w[k] = after
+						}
+					}
+					want := 8
+					for k, c := range w {
+						if special(c) {
+							want = k
+							break
+						}
+					}
+					got := 8 // no flag
+					if m := special8(binary.LittleEndian.Uint64(w[:])); m != 0 {
+						got = bits.TrailingZeros64(m) >> 3
+					}
+					require.Equal(t, want, got, "% x", w)
+				}
+			}
 		}
 	}
 }
