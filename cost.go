@@ -530,12 +530,12 @@ type usageFields [numUsageFields]string
 // the inner one.
 func (f *usageFields) readValid(s string, j, depth int) (int, bool) {
 	var seen uint16 // the fields found, by index
-	return jsonscan.Members(s, j, depth, func(k string, j, depth int) (int, bool) {
+	return jsonscan.Members(s, j, depth, func(k string, esc bool, j, depth int) (int, bool) {
 		e, ok := jsonscan.ValidValue(s, j, depth)
 		if !ok {
 			return e, false
 		}
-		i, inner := usageField(usageKey(k))
+		i, inner := usageField(usageKey(k, esc))
 		if i < 0 || seen&(1<<i) != 0 {
 			return e, true
 		}
@@ -583,8 +583,8 @@ func usageField(k string) (int, string) {
 
 // usageKey is a member name as gjson matches it: decoded when it has
 // escapes (rare: no provider writes them; that case allocates).
-func usageKey(k string) string {
-	if strings.IndexByte(k, '\\') < 0 {
+func usageKey(k string, esc bool) string {
+	if !esc {
 		return k
 	}
 	return string(jsonscan.AppendUnescaped(nil, k, len(k)))
@@ -595,7 +595,7 @@ func usageKey(k string) string {
 func usageMember(v, name string) string {
 	out := ""
 	jsonscan.Each(v, 0, func(k, x string) bool {
-		if usageKey(k) == name {
+		if usageKey(k, strings.IndexByte(k, '\\') >= 0) == name {
 			out = x
 			return false
 		}
@@ -615,8 +615,8 @@ type usageRead struct {
 }
 
 func (u *usageRead) read(s string) bool {
-	return jsonscan.Object(s, func(k string, j, depth int) (int, bool) {
-		switch usageKey(k) {
+	return jsonscan.Object(s, func(k string, esc bool, j, depth int) (int, bool) {
+		switch usageKey(k, esc) {
 		case "usage":
 			if u.top == 0 {
 				if u.top = s[j]; u.top == '{' {
@@ -625,8 +625,8 @@ func (u *usageRead) read(s string) bool {
 			}
 		case "response":
 			if u.inResp == 0 && s[j] == '{' {
-				return jsonscan.Members(s, j, depth, func(k string, j, depth int) (int, bool) {
-					if u.inResp == 0 && usageKey(k) == "usage" {
+				return jsonscan.Members(s, j, depth, func(k string, esc bool, j, depth int) (int, bool) {
+					if u.inResp == 0 && usageKey(k, esc) == "usage" {
 						if u.inResp = s[j]; u.inResp == '{' {
 							return u.fResp.readValid(s, j, depth)
 						}

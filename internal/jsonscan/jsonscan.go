@@ -41,7 +41,7 @@ func Valid[T Text](s T) bool {
 // its members read by f as Members reads them: one pass for checking and
 // reading. It reports whether s is valid; when it is not, f may have been
 // called for the members before the fault.
-func Object(s string, f func(key string, j, depth int) (end int, ok bool)) bool {
+func Object(s string, f func(key string, esc bool, j, depth int) (end int, ok bool)) bool {
 	i := SkipSpace(s, 0)
 	if i >= len(s) || s[i] != '{' {
 		return false
@@ -57,7 +57,7 @@ func Object(s string, f func(key string, j, depth int) (end int, ok bool)) bool 
 // checks the value inside depth+1 (ValidValue, or Members for an object
 // it reads), and returns the offset just past it. Members returns the
 // offset just past the object, and whether it is valid.
-func Members(s string, i, depth int, f func(key string, j, depth int) (end int, ok bool)) (end int, ok bool) {
+func Members(s string, i, depth int, f func(key string, esc bool, j, depth int) (end int, ok bool)) (end int, ok bool) {
 	if depth >= MaxDepth {
 		return i, false
 	}
@@ -68,7 +68,7 @@ func Members(s string, i, depth int, f func(key string, j, depth int) (end int, 
 		if i >= len(s) || s[i] != '"' {
 			return i, false
 		}
-		ke, _, ok := ValidString(s, i)
+		ke, esc, ok := ValidString(s, i)
 		if !ok {
 			return ke, false
 		}
@@ -79,7 +79,7 @@ func Members(s string, i, depth int, f func(key string, j, depth int) (end int, 
 		if i = SkipSpace(s, i+1); i >= len(s) {
 			return i, false
 		}
-		e, ok := f(key, i, depth+1)
+		e, ok := f(key, esc, i, depth+1)
 		if !ok {
 			return e, false
 		}

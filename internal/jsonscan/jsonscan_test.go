@@ -2,6 +2,7 @@ package jsonscan
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math/bits"
 	"slices"
 	"strings"
@@ -118,9 +119,14 @@ func refValid(s string) bool {
 }
 
 // eachValid is Object with every member's value checked by ValidValue
-// and handed to f, raw: the reader that only needs the top level.
+// and handed to f, raw: the reader that only needs the top level. It
+// panics when Object says a name has escapes and it has none, or the
+// reverse.
 func eachValid(s string, f func(key, val string)) bool {
-	return Object(s, func(key string, j, depth int) (int, bool) {
+	return Object(s, func(key string, esc bool, j, depth int) (int, bool) {
+		if esc != strings.Contains(key, `\`) {
+			panic(fmt.Sprintf("name %q: esc %v", key, esc))
+		}
 		e, ok := ValidValue(s, j, depth)
 		if ok {
 			f(key, s[j:e])
@@ -162,8 +168,8 @@ func TestEachValid(t *testing.T) {
 // that picks fields out of nested objects does, and everything else with
 // ValidValue.
 func membersValid(s string) bool {
-	var member func(key string, j, depth int) (int, bool)
-	member = func(_ string, j, depth int) (int, bool) {
+	var member func(key string, esc bool, j, depth int) (int, bool)
+	member = func(_ string, _ bool, j, depth int) (int, bool) {
 		if s[j] == '{' {
 			return Members(s, j, depth, member)
 		}
