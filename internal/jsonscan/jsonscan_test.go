@@ -287,6 +287,32 @@ func TestSpecial8First(t *testing.T) {
 	}
 }
 
+// TestSkipSpace holds SkipSpace to a byte loop on runs of every length of
+// every white space byte mix, starting anywhere, with and without text
+// after them, as strings and as byte slices.
+func TestSkipSpace(t *testing.T) {
+	ref := func(s string, i int) int {
+		for i < len(s) && strings.IndexByte(" \t\n\r", s[i]) >= 0 {
+			i++
+		}
+		return i
+	}
+	for _, fill := range []string{" ", "\n", " \t", "\r\n  ", "      \n"} {
+		for n := range 40 {
+			run := strings.Repeat(fill, n+1)[:n]
+			for _, after := range []string{"", "x", "\x00", "\"", "\v", "\xa0"} {
+				for _, before := range []string{"", "{", "ab"} {
+					s := before + run + after
+					for i := 0; i <= len(s); i++ {
+						require.Equal(t, ref(s, i), SkipSpace(s, i), "%q from %d", s, i)
+						require.Equal(t, ref(s, i), SkipSpace([]byte(s), i), "%q from %d", s, i)
+					}
+				}
+			}
+		}
+	}
+}
+
 func TestValidString(t *testing.T) {
 	for _, c := range []struct {
 		s       string
