@@ -136,7 +136,8 @@ func Split(text string, size int, model string) []string {
 // so the units do not meet at a boundary, but each ends in one). Counts add
 // across cuts, so a run of units whose cuts are known is counted exactly
 // by the counts between consecutive cuts (links), which is what counting
-// the whole text counts: a segment of such units is never counted again.
+// the whole text counts: of a segment of such units, only the first unit
+// is counted again, from the segment's start to its cut.
 type unit struct {
 	end      int  // offset just past the unit
 	sentence bool // end is a sentence end (or the end of the text)
