@@ -160,6 +160,7 @@ type growth struct {
 	exact bool
 }
 
+// mark is a point of a segment and the count from the segment's start to it.
 type mark struct{ at, n int }
 
 func (g *growth) est() int { return g.m.n + g.pend }
