@@ -81,7 +81,7 @@ type reportKey struct {
 type reportSets struct {
 	name                          string // the span's
 	duration, ttfc, input, output []metric.RecordOption
-	cost                          []metric.AddOption
+	cost                          *sum
 	span                          []attribute.KeyValue
 }
 
@@ -116,7 +116,7 @@ func newReportSets(o *Observer, k reportKey) *reportSets {
 	}
 	rs.duration = recordOpts(with(errKV...))
 	cost := append([]attribute.KeyValue{semconv.GenAIOperationNameKey.String(op)}, models...)
-	rs.cost = addOpts(attribute.NewSet(append(cost, relayKV...)...))
+	rs.cost = o.costSums.get(attribute.NewSet(append(cost, relayKV...)...))
 	rs.span = append(append(append(models, server...), relayKV...), errKV...)
 	return rs
 }
@@ -139,8 +139,8 @@ type attemptKey struct {
 	hedge             bool
 }
 
-func newAttemptSets(_ *Observer, k attemptKey) []metric.AddOption {
-	return addOpts(attribute.NewSet(
+func newAttemptSum(o *Observer, k attemptKey) *sum {
+	return o.tries.get(attribute.NewSet(
 		attribute.String("relay.upstream", k.upstream),
 		attribute.String("relay.attempt.outcome", k.outcome),
 		attribute.Bool("relay.attempt.hedge", k.hedge),

@@ -63,6 +63,12 @@
 //	relay.budget.refusals      counter    {request}     relay.budget (the one that refused)
 //	relay.state.fallbacks      counter    {call}        relay.state.operation
 //
+// relay.client.cost and relay.client.attempts, which every call adds to,
+// are observable counters: the Observer keeps their totals per attribute
+// set (at most 4,096 each; further sets add to otel.metric.overflow=true)
+// and reports them at each collection as monotonic cumulative sums, so a
+// call pays an atomic add instead of an SDK Add. They carry no exemplars.
+//
 // An attempt's outcome (and a retry's reason, the outcome of the attempt it
 // follows) is a status class ("2xx", "4xx", "429", "5xx") or an error kind
 // ("timeout", "attempt_timeout", "canceled", "deadline_exceeded",

@@ -27,8 +27,10 @@ type instruments struct {
 	ttfc     metric.Float64Histogram // gen_ai.client.operation.time_to_first_chunk
 
 	// Relay's own.
-	cost        metric.Float64Counter   // relay.client.cost
-	attempts    metric.Int64Counter     // relay.client.attempts
+	// relay.client.cost and relay.client.attempts are observed from their
+	// totals (sums) at each collection.
+	cost        metric.Float64ObservableCounter
+	attempts    metric.Int64ObservableCounter
 	retries     metric.Int64Counter     // relay.client.retries
 	hedges      metric.Int64Counter     // relay.client.hedges
 	overhead    metric.Float64Histogram // relay.client.overhead
@@ -40,7 +42,7 @@ type instruments struct {
 	fallbacks metric.Int64Counter   // relay.state.fallbacks
 }
 
-func newInstruments(mp metric.MeterProvider, b *breakers) instruments {
+func newInstruments(mp metric.MeterProvider, b *breakers, costs, attempts *sums) instruments {
 	m := mp.Meter(scope, metric.WithSchemaURL(semconv.SchemaURL))
 	var (
 		in  instruments
@@ -67,8 +69,14 @@ func newInstruments(mp metric.MeterProvider, b *breakers) instruments {
 		metric.WithDescription(tok.Description()), metric.WithExplicitBucketBoundaries(tokenBounds...))
 	in.ttfc = f64h(ttfc.Name(), ttfc.Unit(), ttfc.Description(), durationBounds)
 
-	in.cost = f64c("relay.client.cost", "{USD}", "Cost of the calls in US dollars, after each upstream's price factor; a hedge's losing call that completed is included.")
-	in.attempts = i64c("relay.client.attempts", "{attempt}", "Upstream calls, hedges included, by outcome.")
+	in.cost = instrument[metric.Float64ObservableCounter, metric.Float64ObservableCounterOption](m.Float64ObservableCounter, nop.Float64ObservableCounter,
+		"relay.client.cost", metric.WithUnit("{USD}"),
+		metric.WithDescription("Cost of the calls in US dollars, after each upstream's price factor; a hedge's losing call that completed is included."))
+	in.attempts = instrument[metric.Int64ObservableCounter, metric.Int64ObservableCounterOption](m.Int64ObservableCounter, nop.Int64ObservableCounter,
+		"relay.client.attempts", metric.WithUnit("{attempt}"), metric.WithDescription("Upstream calls, hedges included, by outcome."))
+	if _, err := m.RegisterCallback(observeSums(in.cost, costs, in.attempts, attempts), in.cost, in.attempts); err != nil {
+		otel.Handle(err)
+	}
 	in.retries = i64c("relay.client.retries", "{retry}", "Upstream calls made again after a failed one, by the outcome of the failed one.")
 	in.hedges = i64c("relay.client.hedges", "{hedge}", "Hedges sent: won when the hedge's answer was the one returned.")
 	in.overhead = f64h("relay.client.overhead", "s", "Time a call spent in the router itself, upstream calls and waits excluded.", overheadBounds)

@@ -197,11 +197,15 @@ func (h *harness) metrics(t *testing.T) map[string]instrument {
 				}
 			case metricdata.Sum[float64]:
 				in.Kind = "counter"
+				require.True(t, d.IsMonotonic, m.Name)
+				require.Equal(t, metricdata.CumulativeTemporality, d.Temporality, m.Name)
 				for _, p := range d.DataPoints {
 					in.Points = append(in.Points, point{Attrs: enc(p.Attributes), Value: p.Value})
 				}
 			case metricdata.Sum[int64]:
 				in.Kind = "counter"
+				require.True(t, d.IsMonotonic, m.Name)
+				require.Equal(t, metricdata.CumulativeTemporality, d.Temporality, m.Name)
 				for _, p := range d.DataPoints {
 					in.Points = append(in.Points, point{Attrs: enc(p.Attributes), Value: float64(p.Value)})
 				}

@@ -38,13 +38,15 @@ type Observer struct {
 	addrs  map[string]address // upstream name → where it is
 
 	reports   labelcache.Cache[*Observer, reportKey, *reportSets]
-	attempts  labelcache.Cache[*Observer, attemptKey, []metric.AddOption]
+	attempts  labelcache.Cache[*Observer, attemptKey, *sum]
 	retries   labelcache.Cache[*Observer, retryKey, []metric.AddOption]
 	waits     labelcache.Cache[*Observer, waitKey, []metric.RecordOption]
 	spends    labelcache.Cache[*Observer, [2]string, []metric.AddOption] // budget, currency
 	refusals  labelcache.Cache[*Observer, string, []metric.AddOption]    // budget
 	fallbacks labelcache.Cache[*Observer, string, []metric.AddOption]    // operation
 	breakers  breakers
+	costSums  sums                  // relay.client.cost
+	tries     sums                  // relay.client.attempts
 	ops       map[string]*opSets    // per Report.Endpoint, "" included
 	hedge     [2][]metric.AddOption // relay.hedge.result lost, won
 }
@@ -98,7 +100,7 @@ func New(opts ...Option) *Observer {
 	}
 	o.hedge[0] = addOpts(attribute.NewSet(attribute.String("relay.hedge.result", "lost")))
 	o.hedge[1] = addOpts(attribute.NewSet(attribute.String("relay.hedge.result", "won")))
-	o.inst = newInstruments(c.mp, &o.breakers)
+	o.inst = newInstruments(c.mp, &o.breakers, &o.costSums, &o.tries)
 	return o
 }
 
@@ -260,7 +262,7 @@ func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http
 			}
 		}
 		// The count first: whoever sees the span ended sees the attempt counted.
-		o.inst.attempts.Add(ctx, 1, o.attempts.Get(o, attemptKey{a.Upstream, outcome, a.Hedge}, newAttemptSets)...)
+		o.attempts.Get(o, attemptKey{a.Upstream, outcome, a.Hedge}, newAttemptSum).addInt(1)
 		if span != nil {
 			span.End()
 		}
@@ -364,7 +366,7 @@ func (o *Observer) onReport(r relay.Report) {
 			o.inst.ttfc.Record(ctx, r.TTFT.Seconds(), rs.ttfc...)
 		}
 		if r.Priced {
-			o.inst.cost.Add(ctx, r.CostUSD, rs.cost...)
+			rs.cost.addFloat(r.CostUSD)
 		}
 	}
 	if r.Hedged {

@@ -1,0 +1,96 @@
+package relayotel
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+)
+
+// collectSums reports costs and attempts through an SDK reader, as the
+// Observer does, and returns the totals by attribute set.
+func collectSums(t *testing.T, costs, attempts *sums) (map[string]float64, map[string]int64) {
+	t.Helper()
+	reader := sdkmetric.NewManualReader()
+	// Above the SDK's own cardinality limit (2000 by default), which
+	// applies to observed sets as to recorded ones: the test looks at the
+	// sums' bound.
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader), sdkmetric.WithCardinalityLimit(4*maxCached))
+	defer mp.Shutdown(context.Background())
+	var b breakers
+	b.init(nil)
+	newInstruments(mp, &b, costs, attempts)
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	fs, ns := map[string]float64{}, map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Sum[float64]:
+				for _, p := range d.DataPoints {
+					fs[encSet(p.Attributes)] = p.Value
+				}
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					ns[encSet(p.Attributes)] = p.Value
+				}
+			}
+		}
+	}
+	return fs, ns
+}
+
+// encSet writes an attribute set as "k=v,k=v".
+func encSet(s attribute.Set) string {
+	var parts []string
+	for _, kv := range s.ToSlice() {
+		parts = append(parts, string(kv.Key)+"="+kv.Value.Emit())
+	}
+	return strings.Join(parts, ",")
+}
+
+// TestSumsConcurrent: totals added to from many goroutines at once are
+// reported whole, each under its own attribute set.
+func TestSumsConcurrent(t *testing.T) {
+	var costs, attempts sums
+	a := costs.get(attribute.NewSet(attribute.String("k", "a")))
+	b := costs.get(attribute.NewSet(attribute.String("k", "b")))
+	n := attempts.get(attribute.NewSet(attribute.String("k", "a")))
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 1000 {
+				a.addFloat(0.25)
+				b.addFloat(1)
+				n.addInt(1)
+			}
+		})
+	}
+	wg.Wait()
+	fs, ns := collectSums(t, &costs, &attempts)
+	assert.Equal(t, map[string]float64{"k=a": 2000, "k=b": 8000}, fs)
+	assert.Equal(t, map[string]int64{"k=a": 8000}, ns)
+	assert.Same(t, a, costs.get(attribute.NewSet(attribute.String("k", "a"))), "one total per set")
+}
+
+// TestSumsUnusedAndOverflow: a set made but never added to is not
+// reported; past maxCached sets, the rest add to the overflow set.
+func TestSumsUnusedAndOverflow(t *testing.T) {
+	var costs, attempts sums
+	costs.get(attribute.NewSet(attribute.String("k", "never")))
+	for i := range maxCached + 10 {
+		costs.get(attribute.NewSet(attribute.Int("i", i))).addFloat(1)
+	}
+	fs, ns := collectSums(t, &costs, &attempts)
+	assert.Empty(t, ns)
+	assert.NotContains(t, fs, "k=never")
+	assert.Len(t, fs, maxCached)                           // maxCached-1 sets of their own, and the overflow
+	assert.Equal(t, 11.0, fs["otel.metric.overflow=true"]) // the last 11 sets
+	assert.Equal(t, 1.0, fs["i=0"])
+}
