@@ -94,3 +94,39 @@ func TestSumsUnusedAndOverflow(t *testing.T) {
 	assert.Equal(t, 11.0, fs["otel.metric.overflow=true"]) // the last 11 sets
 	assert.Equal(t, 1.0, fs["i=0"])
 }
+
+// TestSumsTwoObservers: two Observers on one MeterProvider (two routers in
+// a process) report under the same instruments, and the SDK adds their
+// totals of the same attribute set, as it would their synchronous Adds.
+func TestSumsTwoObservers(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	var b breakers
+	b.init(nil)
+	var c1, a1, c2, a2 sums
+	newInstruments(mp, &b, &c1, &a1)
+	newInstruments(mp, &b, &c2, &a2)
+	set := attribute.NewSet(attribute.String("k", "a"))
+	c1.get(set).addFloat(1)
+	c2.get(set).addFloat(2)
+	a2.get(set).addInt(5)
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	got := map[string]float64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Sum[float64]:
+				for _, p := range d.DataPoints {
+					got[m.Name+" "+encSet(p.Attributes)] = p.Value
+				}
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					got[m.Name+" "+encSet(p.Attributes)] = float64(p.Value)
+				}
+			}
+		}
+	}
+	assert.Equal(t, map[string]float64{"relay.client.cost k=a": 3, "relay.client.attempts k=a": 5}, got)
+}
