@@ -104,9 +104,6 @@ func (r *reqBody) again() (io.ReadCloser, error) {
 	return &reqBody{Reader: *bytes.NewReader(r.b), b: r.b}, nil
 }
 
-// pathFor is the path appended to an upstream's BaseURL: the endpoint for
-// the known ones; for other paths, what follows the caller's "/v1/" (or the
-// whole path when it has none).
 // knownEndpoints are the endpoints whose URL path on each upstream is
 // made once (upstream.paths).
 var knownEndpoints = [...]string{prompt.Chat, prompt.Responses, prompt.Completions, prompt.Embeddings}
@@ -121,6 +118,9 @@ func (up *upstream) pathTo(ep string) string {
 	return up.base.Path + "/" + ep
 }
 
+// pathFor is the path appended to an upstream's BaseURL: the endpoint for
+// the known ones; for other paths, what follows the caller's "/v1/" (or the
+// whole path when it has none).
 func (t *trip) pathFor() string {
 	if t.c.req.Endpoint != "" {
 		return t.c.req.Endpoint

@@ -14,8 +14,8 @@ import (
 type upstream struct {
 	upstreamSettings
 
-	seed     uint64    // rendezvous seed, from the name
-	paths    [4]string // the URL path of each of knownEndpoints on this upstream
+	seed     uint64                      // rendezvous seed, from the name
+	paths    [len(knownEndpoints)]string // the URL path of each of knownEndpoints on this upstream
 	inflight atomic.Int64
 	requests atomic.Uint64
 	failures atomic.Uint64

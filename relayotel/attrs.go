@@ -14,7 +14,9 @@ import (
 	"github.com/tokenrelay/relay/internal/labelcache"
 )
 
-// maxCached bounds the other per-name state kept (breakers, addresses).
+// maxCached bounds the per-name state kept beside the label caches:
+// breakers, addresses, and the attribute sets of the observed counters
+// (sums).
 const maxCached = labelcache.Max
 
 func recordOpts(s attribute.Set) []metric.RecordOption {

@@ -2,7 +2,6 @@ package relayotel
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"testing"
 
@@ -13,9 +12,10 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
-// collectSums reports costs and attempts through an SDK reader, as the
-// Observer does, and returns the totals by attribute set.
-func collectSums(t *testing.T, costs, attempts *sums) (map[string]float64, map[string]int64) {
+// collectSums reports the totals of one or more Observers (each a pair:
+// cost sums, attempt sums) through one SDK reader, as the Observers do,
+// and returns the cost and attempt totals by attribute set ("k=v,k=v").
+func collectSums(t *testing.T, observers ...[2]*sums) (map[string]float64, map[string]int64) {
 	t.Helper()
 	reader := sdkmetric.NewManualReader()
 	// Above the SDK's own cardinality limit (2000 by default), which
@@ -25,34 +25,28 @@ func collectSums(t *testing.T, costs, attempts *sums) (map[string]float64, map[s
 	defer mp.Shutdown(context.Background())
 	var b breakers
 	b.init(nil)
-	newInstruments(mp, &b, costs, attempts)
+	for _, o := range observers {
+		newInstruments(mp, &b, o[0], o[1])
+	}
 	var rm metricdata.ResourceMetrics
 	require.NoError(t, reader.Collect(context.Background(), &rm))
+	enc := attribute.DefaultEncoder()
 	fs, ns := map[string]float64{}, map[string]int64{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
 			switch d := m.Data.(type) {
 			case metricdata.Sum[float64]:
 				for _, p := range d.DataPoints {
-					fs[encSet(p.Attributes)] = p.Value
+					fs[p.Attributes.Encoded(enc)] = p.Value
 				}
 			case metricdata.Sum[int64]:
 				for _, p := range d.DataPoints {
-					ns[encSet(p.Attributes)] = p.Value
+					ns[p.Attributes.Encoded(enc)] = p.Value
 				}
 			}
 		}
 	}
 	return fs, ns
-}
-
-// encSet writes an attribute set as "k=v,k=v".
-func encSet(s attribute.Set) string {
-	var parts []string
-	for _, kv := range s.ToSlice() {
-		parts = append(parts, string(kv.Key)+"="+kv.Value.Emit())
-	}
-	return strings.Join(parts, ",")
 }
 
 // TestSumsConcurrent: totals added to from many goroutines at once are
@@ -73,7 +67,7 @@ func TestSumsConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	fs, ns := collectSums(t, &costs, &attempts)
+	fs, ns := collectSums(t, [2]*sums{&costs, &attempts})
 	assert.Equal(t, map[string]float64{"k=a": 2000, "k=b": 8000}, fs)
 	assert.Equal(t, map[string]int64{"k=a": 8000}, ns)
 	assert.Same(t, a, costs.get(attribute.NewSet(attribute.String("k", "a"))), "one total per set")
@@ -87,7 +81,7 @@ func TestSumsUnusedAndOverflow(t *testing.T) {
 	for i := range maxCached + 10 {
 		costs.get(attribute.NewSet(attribute.Int("i", i))).addFloat(1)
 	}
-	fs, ns := collectSums(t, &costs, &attempts)
+	fs, ns := collectSums(t, [2]*sums{&costs, &attempts})
 	assert.Empty(t, ns)
 	assert.NotContains(t, fs, "k=never")
 	assert.Len(t, fs, maxCached)                           // maxCached-1 sets of their own, and the overflow
@@ -99,34 +93,12 @@ func TestSumsUnusedAndOverflow(t *testing.T) {
 // a process) report under the same instruments, and the SDK adds their
 // totals of the same attribute set, as it would their synchronous Adds.
 func TestSumsTwoObservers(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer mp.Shutdown(context.Background())
-	var b breakers
-	b.init(nil)
 	var c1, a1, c2, a2 sums
-	newInstruments(mp, &b, &c1, &a1)
-	newInstruments(mp, &b, &c2, &a2)
 	set := attribute.NewSet(attribute.String("k", "a"))
 	c1.get(set).addFloat(1)
 	c2.get(set).addFloat(2)
 	a2.get(set).addInt(5)
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(context.Background(), &rm))
-	got := map[string]float64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			switch d := m.Data.(type) {
-			case metricdata.Sum[float64]:
-				for _, p := range d.DataPoints {
-					got[m.Name+" "+encSet(p.Attributes)] = p.Value
-				}
-			case metricdata.Sum[int64]:
-				for _, p := range d.DataPoints {
-					got[m.Name+" "+encSet(p.Attributes)] = float64(p.Value)
-				}
-			}
-		}
-	}
-	assert.Equal(t, map[string]float64{"relay.client.cost k=a": 3, "relay.client.attempts k=a": 5}, got)
+	fs, ns := collectSums(t, [2]*sums{&c1, &a1}, [2]*sums{&c2, &a2})
+	assert.Equal(t, map[string]float64{"k=a": 3}, fs)
+	assert.Equal(t, map[string]int64{"k=a": 5}, ns)
 }
