@@ -391,11 +391,15 @@ func Depth[T Text](s T) int {
 // SkipSpace returns the index of the first byte of s at or after i that is
 // not JSON white space.
 func SkipSpace[T Text](s T, i int) int {
-	for i < len(s) && s[i] <= ' ' && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r') {
+	for i < len(s) && s[i] <= ' ' && spaceMask>>s[i]&1 != 0 {
 		i++
 	}
 	return i
 }
+
+// spaceMask has bit c set for each JSON white-space byte c.
+const spaceMask = 1<<' ' | 1<<'\t' | 1<<'\n' | 1<<'\r'
+
 
 // StringEnd returns the index of the quote that closes the JSON string
 // opening at s[i], or len(s) when it is not closed.
