@@ -148,3 +148,13 @@ func TestCountValid(t *testing.T) {
 		}
 	}
 }
+
+// TestRoleTokens holds Count's shortcut for chat roles to the counter.
+func TestRoleTokens(t *testing.T) {
+	for _, s := range []string{"system", "user", "assistant", "developer", "tool", "function"} {
+		for _, enc := range []Encoding{O200K, CL100K} {
+			assert.Equal(t, enc.bpe().Count(s), enc.Count(s), "%s %q", enc, s)
+			assert.Equal(t, enc.bpe().Count(s+"x"), enc.Count(s+"x"), "%s %q", enc, s+"x")
+		}
+	}
+}
