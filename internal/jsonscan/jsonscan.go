@@ -400,7 +400,6 @@ func SkipSpace[T Text](s T, i int) int {
 // spaceMask has bit c set for each JSON white-space byte c.
 const spaceMask = 1<<' ' | 1<<'\t' | 1<<'\n' | 1<<'\r'
 
-
 // StringEnd returns the index of the quote that closes the JSON string
 // opening at s[i], or len(s) when it is not closed.
 func StringEnd[T Text](s T, i int) int {
