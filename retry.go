@@ -24,7 +24,7 @@ func DefaultShouldRetry(resp *http.Response, err error) bool {
 	if resp == nil {
 		return false
 	}
-	switch resp.Header.Get("X-Should-Retry") {
+	switch headerValue(resp.Header, "X-Should-Retry") {
 	case "true":
 		return true
 	case "false":

@@ -545,7 +545,7 @@ func (a *attempt) factor() float64 {
 // parsed; the caller gets the decoded body, as http.Transport gives it.
 // Other codings pass through untouched, unparsed.
 func decompress(resp *http.Response) {
-	if resp.Body == http.NoBody || !strings.EqualFold(strings.TrimSpace(resp.Header.Get("Content-Encoding")), "gzip") {
+	if resp.Body == http.NoBody || !strings.EqualFold(strings.TrimSpace(headerValue(resp.Header, "Content-Encoding")), "gzip") {
 		return
 	}
 	resp.Body = &gzipBody{src: resp.Body}
