@@ -131,6 +131,7 @@ func (r *Router) takeOverCap(ctx context.Context, cands []candidate, sc scanResu
 	if !taken {
 		c.up.lim.take(now, tpm)
 	}
+	c.fleetTPM = taken
 	return sc.overCap, tk, true
 }
 
@@ -198,6 +199,7 @@ func (r *Router) scan(ctx context.Context, cands []candidate, start int, a admis
 		if !taken {
 			c.up.lim.take(now, tpm)
 		}
+		c.fleetTPM = taken
 		sc.pick, sc.tk = i, tk
 		return sc
 	}
@@ -284,6 +286,7 @@ func (r *Router) waitFor(ctx context.Context, cands []candidate, c *candidate, d
 	if !took {
 		lim.take(now, tpm)
 	}
+	c.fleetTPM = shared
 	return -1, tk, nil
 }
 
@@ -332,6 +335,7 @@ func (r *Router) forceSoonest(cands []candidate, a admission, now time.Time) (in
 	if !taken {
 		c.up.lim.take(now, tpm)
 	}
+	c.fleetTPM = taken
 	return pick, tk, nil
 }
 

@@ -313,11 +313,16 @@ func resolveBudgets(list []Budget, bad func(string, ...any)) []budgetSettings {
 
 // held is one reservation a request holds.
 type held struct {
-	b      *budgetSettings
-	k      BudgetKey
-	amount int64
-	local  bool // reserved in the in-process fallback ledger (the shared one did not answer)
+	b *budgetSettings
+	k BudgetKey // in the window where the request first reserved: top-ups go there too
+	// What it holds in the router's ledger, and in the in-process fallback
+	// ledger (when the shared one did not answer): a top-up may land in
+	// the other one, and each part is settled where it was reserved.
+	shared, local int64
 }
+
+// amount is all that h holds.
+func (h *held) amount() int64 { return h.shared + h.local }
 
 // reservations are what one request holds in its budgets, and the budget
 // that last refused it.
@@ -354,28 +359,34 @@ func (t *trip) reserve(ctx context.Context, c *candidate, now time.Time) bool {
 		}
 		k := BudgetKey{Budget: b.Name, Key: key, Window: b.windowEnd(now)}
 		h := res.find(k)
-		if h != nil && h.amount >= need {
+		if h != nil && h.amount() >= need {
 			continue
 		}
-		have := int64(0)
+		have, onlyLocal := int64(0), false
 		if h != nil {
-			have = h.amount
+			// A top-up: in the hold's window, even if a new one has
+			// begun since, so that one settlement releases all of it.
+			have, onlyLocal, k = h.amount(), h.local > 0 && h.shared == 0, h.k
 		}
-		local := h != nil && h.local
-		ok, local := t.r.reserveLedger(ctx, t, k, b.limit, need-have, local)
+		ok, local := t.r.reserveLedger(ctx, t, k, b.limit, need-have, onlyLocal)
 		if !ok {
 			res.refused = b
 			return false
 		}
 		if h == nil {
-			res.list = append(res.list, held{b: b, k: k, local: local})
+			res.list = append(res.list, held{b: b, k: k})
 			h = &res.list[len(res.list)-1]
 		}
-		h.amount = need
+		if local {
+			h.local += need - have
+		} else {
+			h.shared += need - have
+		}
 	}
 	return true
 }
 
+// find returns the hold of k's budget and key, in whatever window.
 func (res *reservations) find(k BudgetKey) *held {
 	for i := range res.list {
 		if h := &res.list[i]; h.k.Budget == k.Budget && h.k.Key == k.Key {
@@ -455,8 +466,9 @@ type Budgets interface {
 
 // budgetView is the router's Budgets for one request.
 type budgetView struct {
-	r *Router
-	q *Request
+	r   *Router
+	q   *Request
+	ctx context.Context // the request's
 }
 
 func (v budgetView) Spent(name string) (float64, bool) {
@@ -483,11 +495,33 @@ func (v budgetView) share(b *budgetSettings) (float64, bool) {
 	if !covers {
 		return 0, false
 	}
-	spent, reserved, err := v.r.ledger.Usage(context.Background(), BudgetKey{Budget: b.Name, Key: key, Window: b.windowEnd(v.r.s.clock.Now())})
+	k := BudgetKey{Budget: b.Name, Key: key, Window: b.windowEnd(v.r.s.clock.Now())}
+	spent, reserved, err := v.r.usage(v.ctx, k)
 	if err != nil {
 		return 0, true
 	}
 	return float64(spent+reserved) / float64(b.limit), true
+}
+
+// usage reads k's spend and reservations from the router's ledger: a
+// shared one within StateTimeout, falling back to the in-process ledger
+// (whose share of the limit is the replica's) when it does not answer.
+func (r *Router) usage(ctx context.Context, k BudgetKey) (spent, reserved int64, err error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if r.fallbackLedger == nil {
+		return r.ledger.Usage(ctx, k)
+	}
+	sctx, cancel := r.stateCtx(ctx)
+	spent, reserved, err = r.ledger.Usage(sctx, k)
+	cancel()
+	if err == nil {
+		return spent, reserved, nil
+	}
+	r.stateFailed(nil, "usage", err)
+	spent, reserved, err = r.fallbackLedger.Usage(ctx, k)
+	return spent * int64(r.s.replicas), reserved * int64(r.s.replicas), err
 }
 
 // noBudgets is the view when no budget is configured.
@@ -508,23 +542,42 @@ type BudgetSpend struct {
 
 // Spend returns, for every budget and every ledger it has in the current
 // window, the spend and reservations, in configuration order and then by
-// key. With a shared Ledger the figures are the fleet's. It is safe for
-// concurrent use.
+// key. With a shared Ledger the figures are the fleet's; each call to it
+// is bounded by Config.StateTimeout, and when it does not answer the
+// figures are this replica's in-process ledger's, times Replicas. It is
+// safe for concurrent use.
 func (r *Router) Spend() []BudgetSpend {
 	now := r.s.clock.Now()
 	var out []BudgetSpend
 	for i := range r.s.budgets {
 		b := &r.s.budgets[i]
 		end := b.windowEnd(now)
-		keys, _ := r.ledger.Keys(context.Background(), b.Name, end)
+		keys := r.keys(b.Name, end)
 		slices.Sort(keys)
 		for _, key := range keys {
-			spent, reserved, _ := r.ledger.Usage(context.Background(), BudgetKey{Budget: b.Name, Key: key, Window: end})
+			spent, reserved, _ := r.usage(context.Background(), BudgetKey{Budget: b.Name, Key: key, Window: end})
 			out = append(out, BudgetSpend{Budget: b.Name, Key: key, Spent: float64(spent) / 1e9, Reserved: float64(reserved) / 1e9,
 				Limit: b.Limit, WindowEnd: end})
 		}
 	}
 	return out
+}
+
+// keys lists the keys of budget's ledgers in the window ending at end, as
+// usage reads them.
+func (r *Router) keys(budget string, end time.Time) []string {
+	if r.fallbackLedger == nil {
+		keys, _ := r.ledger.Keys(context.Background(), budget, end)
+		return keys
+	}
+	ctx, cancel := r.stateCtx(context.Background())
+	keys, err := r.ledger.Keys(ctx, budget, end)
+	cancel()
+	if err != nil {
+		r.stateFailed(nil, "usage", err)
+		keys, _ = r.fallbackLedger.Keys(context.Background(), budget, end)
+	}
+	return keys
 }
 
 // reserveLedger reserves in the router's ledger. A shared ledger (one other
@@ -550,19 +603,27 @@ func (r *Router) reserveLedger(ctx context.Context, t *trip, k BudgetKey, limit,
 	return ok, true
 }
 
-// settleLedger settles a reservation where it was made.
+// settleLedger settles a reservation where it was made: each part of the
+// hold is released from the ledger that holds it, and spent is charged to
+// the router's ledger when it holds a part, else to the fallback ledger.
 func (r *Router) settleLedger(t *trip, h *held, spent int64) {
-	if r.fallbackLedger == nil || h.local {
-		l := r.ledger
-		if h.local {
-			l = r.fallbackLedger
+	if h.local > 0 {
+		toLocal := int64(0)
+		if h.shared == 0 {
+			toLocal = spent
 		}
-		l.Settle(context.Background(), h.k, h.amount, spent)
+		r.fallbackLedger.Settle(context.Background(), h.k, h.local, toLocal)
+		if h.shared == 0 {
+			return
+		}
+	}
+	if r.fallbackLedger == nil {
+		r.ledger.Settle(context.Background(), h.k, h.shared, spent)
 		return
 	}
 	ctx, cancel := r.stateCtx(context.Background())
 	defer cancel()
-	if err := r.ledger.Settle(ctx, h.k, h.amount, spent); err != nil {
+	if err := r.ledger.Settle(ctx, h.k, h.shared, spent); err != nil {
 		r.stateFailed(t, "settle", err)
 	}
 }

@@ -171,7 +171,7 @@ func (t *trip) decide(body []byte, random bool) ([]candidate, error) {
 	t.body = body
 	t.c = r.classify(req.Method, req.URL.Path, req.Header, body)
 	if len(r.s.budgets) > 0 {
-		t.view = budgetView{r: r, q: &t.c.req}
+		t.view = budgetView{r: r, q: &t.c.req, ctx: t.ctx}
 		t.c.req.Budget = &t.view
 	}
 	t.route = r.s.route(t.c.req)

@@ -58,7 +58,8 @@ type StateFallbackEvent struct {
 	Context context.Context
 	// Op is the call: "admit", "refund" or "probe" (limits and circuits),
 	// "observe" (a hold, a failure, a success or an open circuit told to
-	// the fleet), "reserve" or "settle" (a budget's ledger).
+	// the fleet), "reserve", "settle" or "usage" (a budget's ledger;
+	// "usage" when a Policy reads Request.Budget, or Router.Spend).
 	Op  string
 	Err error // what the call returned (a timeout is context.DeadlineExceeded)
 }

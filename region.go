@@ -16,6 +16,7 @@ type candidate struct {
 	forced       bool      // its circuit is open, but it is the model's soonest to recover
 	fleetProbe   bool      // it carries the fleet's half-open probe (shared State)
 	fleetFailing bool      // the fleet has a run of failures on it (shared State): a success ends it
+	fleetTPM     bool      // its admission took the tokens from the fleet's limits (shared State), not the in-process ones
 	fleetOpen    time.Time // the end of its open period in the fleet (shared State); zero: not seen open
 }
 

@@ -307,7 +307,7 @@ func (t *trip) settleTPM(u Usage) {
 	if up == nil || t.att.resp == nil || up.cfg.TPM <= 0 {
 		return
 	}
-	shared := t.r.s.state != nil && !t.stateFallback.Load()
+	shared := t.att.cand.fleetTPM // where its admission took the charge
 	charge := up.lim.charge(t.tokens)
 	if shared {
 		charge = fleetCharge(t.tokens, up)
@@ -318,7 +318,7 @@ func (t *trip) settleTPM(u Usage) {
 	}
 	now := t.end.at // the Report's
 	if shared {
-		t.r.refundShared(context.WithoutCancel(t.ctx), t, up, 0, unused, now)
+		t.r.refundShared(t.ctx, t, up, 0, unused, now)
 		return
 	}
 	if up.lim.tpm != nil {

@@ -218,8 +218,12 @@ func (r *Router) probeTTL() time.Duration {
 }
 
 // refundShared gives tokens back to the fleet's limits of u.
+//
+// A refund is made even when the request's context has ended (a waiter
+// whose caller gave up gives back what it took): it is detached from ctx's
+// cancellation and bounded by StateTimeout alone.
 func (r *Router) refundShared(ctx context.Context, t *trip, u *upstream, requests, tokens int, now time.Time) {
-	sctx, cancel := r.stateCtx(ctx)
+	sctx, cancel := r.stateCtx(context.WithoutCancel(ctx))
 	defer cancel()
 	if err := r.s.state.Refund(sctx, limitsOf(u), requests, tokens, now); err != nil {
 		r.stateFailed(t, "refund", err)
