@@ -177,6 +177,7 @@ func (t *trip) raceHedge(results chan attempt, cancels [2]context.CancelFunc) at
 // upstream too, bounded in bytes and time, so the report's cost includes
 // both; then it closes the attempt.
 func (t *trip) readLoser(a *attempt) {
+	decompress(a.resp)
 	b, cut := readBounded(a.resp.Body, maxKeptBody)
 	if u, ok := parseUsage(b); ok && !cut {
 		t.loser = &loserUsage{u: u, model: a.cand.model, factor: a.cand.up.factor}

@@ -145,13 +145,13 @@ func (t *trip) report(end bodyEnd) Report {
 		if priced {
 			rep.ListCostUSD = p.Cost(end.usage)
 			rep.CostUSD = rep.ListCostUSD * t.att.factor()
-			if l := t.loser; l != nil {
-				if lp, ok := lookupPrice(s.prices, l.model); ok {
-					c := lp.Cost(l.u)
-					rep.ListCostUSD += c
-					rep.CostUSD += c * l.factor
-				}
-			}
+		}
+	}
+	if l := t.loser; l != nil { // billed whatever the answer that won
+		if lp, ok := lookupPrice(s.prices, l.model); ok {
+			c := lp.Cost(l.u)
+			rep.ListCostUSD += c
+			rep.CostUSD += c * l.factor
 		}
 	}
 	rep.Currency = s.currency.Code

@@ -188,6 +188,11 @@ func (s *streamBody) fill() {
 	}
 	n, err := s.rc.Read(s.buf[s.w:])
 	s.w += n
+	if n > 0 && s.inRead.Load() {
+		// Bytes came: not idle, even while Read holds them back to
+		// find an event's end (and so does not return).
+		s.mark.Store(int64(s.t.r.s.clock.Now().Sub(s.t.start)))
+	}
 	s.mu.Lock()
 	if !s.ended {
 		s.process()
@@ -638,7 +643,9 @@ func (s *streamBody) end(cause error, closed bool) error {
 			readErr = io.ErrUnexpectedEOF
 		}
 	case cause != nil:
-		readErr = cause
+		if !s.complete() { // a cut after the stream's end loses nothing
+			readErr = cause
+		}
 	}
 	end := bodyEnd{ttft: st.ttft, usage: st.usage, haveUsage: st.haveUsage}
 	s.final = io.EOF

@@ -247,7 +247,9 @@ type previous struct{ kept, lost *attempt }
 func (p *previous) add(a *attempt) {
 	a.discard()
 	if a.resp == nil {
-		p.lost = a
+		if a.err != nil { // an abandoned stream has neither: nothing to give back
+			p.lost = a
+		}
 		return
 	}
 	if p.kept != nil {
@@ -305,9 +307,10 @@ func (bc *bodyCache) get(t *trip, cand candidate) outBody {
 // beats none.
 func (t *trip) awaitFirstToken(a *attempt) (waited bool) {
 	d := t.r.s.stream.firstToken
-	if a.err != nil || d <= 0 || a.resp.StatusCode >= 300 || !isEventStream(a.resp.Header) {
-		return false
+	if a.err != nil || d <= 0 || a.resp.StatusCode >= 300 || !isEventStream(a.resp.Header) || t.r.s.retry.shouldRetry(a.resp, nil) {
+		return false // (a stream the retry policy retries anyway is not read ahead)
 	}
+	decompress(a.resp) // the first token is looked for in the decoded stream
 	a.stream = newStreamBody(t, a)
 	if err := a.stream.awaitFirstToken(d); err != nil {
 		a.stream.abandon()
@@ -392,6 +395,10 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 	}
 	if a.resp != nil && a.resp.Body == nil {
 		a.resp.Body = http.NoBody
+	}
+	if a.resp != nil && a.err != nil { // a Base breaking the RoundTripper contract
+		a.resp.Body.Close()
+		a.resp = nil
 	}
 	if stop != nil {
 		stop()

@@ -1,0 +1,151 @@
+package relay
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+type regressBody struct {
+	io.Reader
+	closed atomic.Int32
+}
+
+func (b *regressBody) Close() error { b.closed.Add(1); return nil }
+
+// A Base that returns a response and an error: the response is never
+// handed to the caller, so its body must be closed.
+func TestRegressBaseRespAndErrBodyClosed(t *testing.T) {
+	body := &regressBody{Reader: strings.NewReader(`{"x":1}`)}
+	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: body}, errors.New("boom")
+	})
+	r, reps := newTestRouter(t, Config{Base: base, Clock: newAutoClock(), Retry: RetryConfig{MaxAttempts: 1},
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.invalid"}}})
+	req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "x")))
+	resp, err := r.RoundTrip(req)
+	require.Error(t, err)
+	require.Nil(t, resp)
+	assert.EqualValues(t, 1, body.closed.Load(), "the unreturned upstream body is closed")
+	require.Len(t, reps.all(), 1)
+	t.Logf("report: status=%d err=%v", reps.all()[0].StatusCode, reps.all()[0].Err)
+}
+
+// Both hedge attempts answered: the winner (a 400, not retried) has no
+// usage; the loser completed with a 200 and usage, so the upstream billed
+// it. Its cost must be in the report.
+func TestRegressHedgeLoserCostDroppedWhenWinnerHasNoUsage(t *testing.T) {
+	var got []Report
+	var mu sync.Mutex
+	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1"}, {Name: "b", BaseURL: "http://127.0.0.1:1"}},
+		Hedge:  HedgeConfig{Delay: time.Second},
+		Prices: map[string]Price{"m": {InputPerMTok: 1e6, OutputPerMTok: 1e6}},
+		OnReport: func(rep Report) {
+			mu.Lock()
+			got = append(got, rep)
+			mu.Unlock()
+		}})
+	require.NoError(t, err)
+	tr := newTrip(r, httptest.NewRequest("POST", "/v1/chat/completions", nil))
+	mk := func(up *upstream, code int, body string, n int) attempt {
+		return attempt{cand: candidate{up: up, model: "m"}, hedge: n,
+			resp: &http.Response{StatusCode: code, Header: http.Header{"Content-Type": {"application/json"}}, Body: io.NopCloser(strings.NewReader(body))}}
+	}
+	results := make(chan attempt, 2)
+	results <- mk(r.ups[0], 400, `{"error":{"message":"unsupported parameter"}}`, 0)
+	results <- mk(r.ups[1], 200, `{"usage":{"prompt_tokens":3,"completion_tokens":1}}`, 1)
+	win := tr.raceHedge(results, [2]context.CancelFunc{func() {}, func() {}})
+	resp, err := tr.finalize(win)
+	require.NoError(t, err)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 1 }, 10*time.Second, time.Millisecond)
+	assert.Equal(t, Usage{PromptTokens: 3, CompletionTokens: 1}, got[0].HedgeUsage)
+	assert.Equal(t, 4.0, got[0].ListCostUSD, "the loser's 4 billed tokens are in the cost")
+}
+
+// A Base other than http.Transport leaves gzip in place; finalize decodes
+// it to read usage, but a hedge loser's body is parsed raw.
+func TestRegressHedgeLoserGzipUsageLost(t *testing.T) {
+	var got []Report
+	var mu sync.Mutex
+	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1"}, {Name: "b", BaseURL: "http://127.0.0.1:1"}},
+		Hedge:  HedgeConfig{Delay: time.Second},
+		Prices: map[string]Price{"m": {InputPerMTok: 1e6, OutputPerMTok: 1e6}},
+		OnReport: func(rep Report) {
+			mu.Lock()
+			got = append(got, rep)
+			mu.Unlock()
+		}})
+	require.NoError(t, err)
+	gz := func(s string) io.ReadCloser {
+		var b bytes.Buffer
+		w := gzip.NewWriter(&b)
+		w.Write([]byte(s))
+		w.Close()
+		return io.NopCloser(&b)
+	}
+	tr := newTrip(r, httptest.NewRequest("POST", "/v1/chat/completions", nil))
+	mk := func(up *upstream, body string, n int) attempt {
+		return attempt{cand: candidate{up: up, model: "m"}, hedge: n,
+			resp: &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"application/json"}, "Content-Encoding": {"gzip"}}, Body: gz(body)}}
+	}
+	results := make(chan attempt, 2)
+	results <- mk(r.ups[0], `{"usage":{"prompt_tokens":10,"completion_tokens":2}}`, 0)
+	results <- mk(r.ups[1], `{"usage":{"prompt_tokens":3,"completion_tokens":1}}`, 1)
+	win := tr.raceHedge(results, [2]context.CancelFunc{func() {}, func() {}})
+	resp, err := tr.finalize(win)
+	require.NoError(t, err)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 1 }, 10*time.Second, time.Millisecond)
+	assert.Equal(t, Usage{PromptTokens: 10, CompletionTokens: 2}, got[0].Usage, "the winner's gzip body is decoded")
+	assert.Equal(t, Usage{PromptTokens: 3, CompletionTokens: 1}, got[0].HedgeUsage, "the loser's gzip body too")
+	assert.Equal(t, 16.0, got[0].ListCostUSD)
+}
+
+// A 2xx stream read ahead for its first token, which the retry policy
+// retries (x-should-retry: true): previous.add turns it into a "lost"
+// attempt with neither response nor error. When the next attempt cannot
+// be admitted, giveUp finalizes that attempt.
+func TestRegressRetriedStreamThenGiveUp(t *testing.T) {
+	sse, err := os.ReadFile("testdata/openai-wire/chat_stream_recorded_gpt4o_text_usage.sse")
+	require.NoError(t, err)
+	calls := 0
+	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		calls++
+		return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}, "X-Should-Retry": {"true"}},
+			Body: io.NopCloser(strings.NewReader(string(sse)))}, nil
+	})
+	r, reps := newTestRouter(t, Config{Base: base, Clock: newFakeClock(),
+		Retry:     RetryConfig{MaxAttempts: 3, Backoff: func(int) time.Duration { return 0 }},
+		Stream:    StreamConfig{FirstTokenTimeout: time.Second, IdleTimeout: -1},
+		Limits:    LimitConfig{MaxWait: time.Millisecond},
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.invalid", RPM: 1}}})
+	req, _ := http.NewRequestWithContext(context.Background(), "POST", "http://relay/v1/chat/completions",
+		strings.NewReader(`{"model":"gpt-4.1","stream":true,"messages":[{"role":"user","content":"x"}]}`))
+	var resp *http.Response
+	require.NotPanics(t, func() { resp, err = r.RoundTrip(req) })
+	assert.Equal(t, 1, calls)
+	if err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, 200, resp.StatusCode, "the upstream response, as the last one obtained")
+	} else {
+		t.Errorf("a response was obtained, yet RoundTrip returned err %v", err)
+	}
+	assert.Len(t, reps.all(), 1)
+}
