@@ -3,9 +3,12 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,6 +51,13 @@ type Budget struct {
 	// reservation does not fit: a cheaper route before a refusal. If that
 	// does not fit either, the request is refused.
 	Downgrade string
+	// HoldFor bounds how long a reservation holds when its request never
+	// settles it (its replica died, or a shared ledger applied a Reserve
+	// it answered too late): a Ledger stops counting it after that. A
+	// request still running past it keeps going and is charged in full
+	// when it ends, but no longer holds its worst case meanwhile. If 0,
+	// 10 minutes.
+	HoldFor time.Duration
 }
 
 // Scope says which requests a budget covers and which of its ledgers each
@@ -166,17 +176,30 @@ type BudgetKey struct {
 // Implementations are safe for concurrent use, and Reserve is atomic: two
 // requests never both take the last of a budget.
 type Ledger interface {
-	// Reserve adds amount to k's reservations if spent + reserved + amount
-	// stays within limit, and reports whether it did.
-	Reserve(ctx context.Context, k BudgetKey, limit, amount int64) (bool, error)
-	// Settle removes reserved from k's reservations and adds spent to its
-	// spend.
-	Settle(ctx context.Context, k BudgetKey, reserved, spent int64) error
-	// Usage returns k's spend and reservations.
+	// Reserve sets hold h.ID of k to h.Amount (a new hold, or a top-up of
+	// one) if k's spend plus its reservations, with h at its new amount,
+	// stay within limit, and reports whether it did. Reserving the same
+	// hold twice at the same amount changes nothing, so a call that may
+	// or may not have been applied (a timeout) can be repeated or settled.
+	// A hold no longer counts after h.Expires (a shared ledger must honour
+	// it; an in-process one may ignore it, since its holds end with it).
+	Reserve(ctx context.Context, k BudgetKey, limit int64, h Hold) (bool, error)
+	// Settle ends hold id of k, whatever it holds (nothing when there is
+	// no such hold: never made, settled, or expired), and adds spent to
+	// k's spend.
+	Settle(ctx context.Context, k BudgetKey, id string, spent int64) error
+	// Usage returns k's spend and what its live holds reserve.
 	Usage(ctx context.Context, k BudgetKey) (spent, reserved int64, err error)
 	// Keys returns the keys budget has ledgers for in the window ending at
 	// end, for Router.Spend.
 	Keys(ctx context.Context, budget string, end time.Time) ([]string, error)
+}
+
+// Hold is one request's reservation in one ledger.
+type Hold struct {
+	ID      string    // the request's, unique in the fleet
+	Amount  int64     // all it reserves, in nano-units of the billing currency
+	Expires time.Time // when it stops counting if never settled (Budget.HoldFor)
 }
 
 // NewLocalLedger returns an in-process Ledger. It keeps the current window
@@ -191,6 +214,7 @@ type localLedger struct {
 type account struct {
 	window          time.Time
 	spent, reserved int64
+	holds           map[string]int64 // by id; they end with the process, so Expires is not kept
 }
 
 // at returns k's account for k's window, starting it if k's window is
@@ -214,22 +238,39 @@ func (l *localLedger) at(k BudgetKey) *account {
 	return a
 }
 
-func (l *localLedger) Reserve(_ context.Context, k BudgetKey, limit, amount int64) (bool, error) {
+func (l *localLedger) Reserve(_ context.Context, k BudgetKey, limit int64, h Hold) (bool, error) {
+	if h.Amount < 0 {
+		return false, fmt.Errorf("relay: reserve %s: negative amount %d", k.Budget, h.Amount)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	a := l.at(k)
-	if a == nil || a.spent+a.reserved+amount > limit {
+	if a == nil {
 		return false, nil
 	}
-	a.reserved += amount
+	delta := h.Amount - a.holds[h.ID]
+	if delta > 0 && a.spent+a.reserved+delta > limit {
+		return false, nil
+	}
+	if a.holds == nil {
+		a.holds = map[string]int64{}
+	}
+	a.holds[h.ID] = h.Amount
+	a.reserved += delta
 	return true, nil
 }
 
-func (l *localLedger) Settle(_ context.Context, k BudgetKey, reserved, spent int64) error {
+func (l *localLedger) Settle(_ context.Context, k BudgetKey, id string, spent int64) error {
+	if spent < 0 {
+		return fmt.Errorf("relay: settle %s: negative amount %d", k.Budget, spent)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if a := l.at(k); a != nil {
-		a.reserved = max(a.reserved-reserved, 0)
+		if n, ok := a.holds[id]; ok {
+			a.reserved -= n
+			delete(a.holds, id)
+		}
 		a.spent += spent
 	}
 	return nil
@@ -271,8 +312,9 @@ func nanos(v float64) int64 {
 // budgetSettings is a checked Budget.
 type budgetSettings struct {
 	Budget
-	limit int64                        // nano-units
-	cur   atomic.Pointer[[2]time.Time] // the current window's start and end, cached
+	limit   int64 // nano-units
+	holdFor time.Duration
+	cur     atomic.Pointer[[2]time.Time] // the current window's start and end, cached
 }
 
 // windowEnd returns the end of the window that holds now, computing a
@@ -304,12 +346,18 @@ func resolveBudgets(list []Budget, bad func(string, ...any)) []budgetSettings {
 			if b.Scope == nil {
 				b.Scope = AllTraffic()
 			}
-			out = append(out, budgetSettings{Budget: b, limit: nanos(b.Limit)})
+			if b.HoldFor <= 0 {
+				b.HoldFor = defaultHoldFor
+			}
+			out = append(out, budgetSettings{Budget: b, limit: nanos(b.Limit), holdFor: b.HoldFor})
 		}
 		seen[b.Name] = true
 	}
 	return out
 }
+
+// defaultHoldFor is Budget.HoldFor's default.
+const defaultHoldFor = 10 * time.Minute
 
 // held is one reservation a request holds.
 type held struct {
@@ -319,6 +367,9 @@ type held struct {
 	// ledger (when the shared one did not answer): a top-up may land in
 	// the other one, and each part is settled where it was reserved.
 	shared, local int64
+	// uncertain: a shared ledger did not answer a Reserve in time; it may
+	// still have made the hold, so the settlement ends it there too.
+	uncertain bool
 }
 
 // amount is all that h holds.
@@ -327,6 +378,7 @@ func (h *held) amount() int64 { return h.shared + h.local }
 // reservations are what one request holds in its budgets, and the budget
 // that last refused it.
 type reservations struct {
+	id        string // the request's hold id in every ledger
 	list      []held
 	buf       [4]held
 	refused   *budgetSettings
@@ -368,22 +420,29 @@ func (t *trip) reserve(ctx context.Context, c *candidate, now time.Time) bool {
 			// begun since, so that one settlement releases all of it.
 			have, onlyLocal, k = h.amount(), h.local > 0 && h.shared == 0, h.k
 		}
-		ok, local := t.r.reserveLedger(ctx, t, k, b.limit, need-have, onlyLocal)
-		if !ok {
-			res.refused = b
-			return false
-		}
-		if h == nil {
+		isNew := h == nil
+		if isNew {
 			res.list = append(res.list, held{b: b, k: k})
 			h = &res.list[len(res.list)-1]
 		}
-		if local {
-			h.local += need - have
-		} else {
-			h.shared += need - have
+		if res.id == "" {
+			res.id = newHoldID()
+		}
+		if !t.r.reserveLedger(ctx, t, h, res.id, need-have, onlyLocal, now.Add(b.holdFor)) {
+			if isNew && !h.uncertain {
+				res.list = res.list[:len(res.list)-1] // nothing held, nothing to settle
+			}
+			res.refused = b
+			return false
 		}
 	}
 	return true
+}
+
+// newHoldID returns a reservation id that no other request of the fleet
+// has: 64 random bits.
+func newHoldID() string {
+	return strconv.FormatUint(rand.Uint64(), 36)
 }
 
 // find returns the hold of k's budget and key, in whatever window.
@@ -423,7 +482,7 @@ func (t *trip) settle(cost float64) {
 				charge = spent
 			}
 		}
-		t.r.settleLedger(t, h, charge)
+		t.r.settleLedger(t, h, res.id, charge)
 		if hook := t.r.s.hooks.OnSpend; hook != nil && charge > 0 {
 			hook(SpendEvent{Context: t.ctx, Budget: h.b.Name, Key: h.k.Key, Amount: float64(charge) / 1e9, Currency: t.r.s.currency.Code})
 		}
@@ -580,50 +639,67 @@ func (r *Router) keys(budget string, end time.Time) []string {
 	return keys
 }
 
-// reserveLedger reserves in the router's ledger. A shared ledger (one other
-// than the in-process default) is called within StateTimeout; when it does
-// not answer, the in-process fallback ledger decides, with the limit
-// divided by Replicas, and local reports so. local on the way in keeps a
-// top-up where the reservation is.
-func (r *Router) reserveLedger(ctx context.Context, t *trip, k BudgetKey, limit, amount int64, local bool) (ok, isLocal bool) {
+// reserveLedger raises h's reservation by delta, in the router's ledger,
+// as hold id until expires. A shared ledger (one other than the in-process
+// default) is called within StateTimeout; when it does not answer, the
+// in-process fallback ledger decides, with the limit divided by Replicas.
+// onlyLocal keeps a top-up in the fallback ledger, where the reservation
+// is. It reports whether the reservation fits.
+func (r *Router) reserveLedger(ctx context.Context, t *trip, h *held, id string, delta int64, onlyLocal bool, expires time.Time) bool {
+	limit := h.b.limit
 	if r.fallbackLedger == nil {
-		ok, _ = r.ledger.Reserve(ctx, k, limit, amount)
-		return ok, false
+		ok, _ := r.ledger.Reserve(ctx, h.k, limit, Hold{ID: id, Amount: h.shared + delta, Expires: expires})
+		if ok {
+			h.shared += delta
+		}
+		return ok
 	}
-	if !local {
+	if !onlyLocal {
 		sctx, cancel := r.stateCtx(ctx)
-		ok, err := r.ledger.Reserve(sctx, k, limit, amount)
+		ok, err := r.ledger.Reserve(sctx, h.k, limit, Hold{ID: id, Amount: h.shared + delta, Expires: expires})
 		cancel()
 		if err == nil {
-			return ok, false
+			if ok {
+				h.shared += delta
+			}
+			return ok
 		}
+		h.uncertain = true
 		r.stateFailed(t, "reserve", err)
 	}
-	ok, _ = r.fallbackLedger.Reserve(ctx, k, limit/int64(r.s.replicas), amount)
-	return ok, true
+	ok, _ := r.fallbackLedger.Reserve(ctx, h.k, limit/int64(r.s.replicas), Hold{ID: id, Amount: h.local + delta, Expires: expires})
+	if ok {
+		h.local += delta
+	}
+	return ok
 }
 
-// settleLedger settles a reservation where it was made: each part of the
-// hold is released from the ledger that holds it, and spent is charged to
+// settleLedger ends h's reservation in each ledger that holds a part of
+// it (or may: a shared Reserve that did not answer), and charges spent to
 // the router's ledger when it holds a part, else to the fallback ledger.
-func (r *Router) settleLedger(t *trip, h *held, spent int64) {
+func (r *Router) settleLedger(t *trip, h *held, id string, spent int64) {
+	toShared := h.shared > 0 || h.local == 0
 	if h.local > 0 {
-		toLocal := int64(0)
-		if h.shared == 0 {
-			toLocal = spent
+		toLocal := spent
+		if toShared {
+			toLocal = 0
 		}
-		r.fallbackLedger.Settle(context.Background(), h.k, h.local, toLocal)
-		if h.shared == 0 {
-			return
-		}
+		r.fallbackLedger.Settle(context.Background(), h.k, id, toLocal)
+	}
+	if !toShared && !h.uncertain {
+		return
+	}
+	toMain := int64(0)
+	if toShared {
+		toMain = spent
 	}
 	if r.fallbackLedger == nil {
-		r.ledger.Settle(context.Background(), h.k, h.shared, spent)
+		r.ledger.Settle(context.Background(), h.k, id, toMain)
 		return
 	}
 	ctx, cancel := r.stateCtx(context.Background())
 	defer cancel()
-	if err := r.ledger.Settle(ctx, h.k, h.shared, spent); err != nil {
+	if err := r.ledger.Settle(ctx, h.k, id, toMain); err != nil {
 		r.stateFailed(t, "settle", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -217,11 +218,11 @@ type spyLedger struct {
 	reserved *[]int64
 }
 
-func (l *spyLedger) Reserve(ctx context.Context, k BudgetKey, limit, amount int64) (bool, error) {
+func (l *spyLedger) Reserve(ctx context.Context, k BudgetKey, limit int64, h Hold) (bool, error) {
 	l.mu.Lock()
-	*l.reserved = append(*l.reserved, amount)
+	*l.reserved = append(*l.reserved, h.Amount)
 	l.mu.Unlock()
-	return l.Ledger.Reserve(ctx, k, limit, amount)
+	return l.Ledger.Reserve(ctx, k, limit, h)
 }
 
 // TestBudgetWindowsRollOver: a window's spend starts again at its end, on
@@ -412,4 +413,62 @@ func BenchmarkBudgetAdmission(b *testing.B) {
 			}
 		})
 	}
+}
+
+// lateLedger is a shared Ledger whose Reserve applies the hold and then
+// answers too late (a timeout), as a slow Redis does; it records the
+// holds it made and the ids settled.
+type lateLedger struct {
+	Ledger
+	mu      sync.Mutex
+	made    []string
+	settled []string
+}
+
+func (l *lateLedger) Reserve(ctx context.Context, k BudgetKey, limit int64, h Hold) (bool, error) {
+	l.Ledger.Reserve(ctx, k, limit, h)
+	l.mu.Lock()
+	l.made = append(l.made, h.ID)
+	l.mu.Unlock()
+	return false, context.DeadlineExceeded
+}
+
+func (l *lateLedger) Settle(ctx context.Context, k BudgetKey, id string, spent int64) error {
+	l.mu.Lock()
+	l.settled = append(l.settled, id)
+	l.mu.Unlock()
+	return l.Ledger.Settle(ctx, k, id, spent)
+}
+
+// TestBudgetSettlesUncertainHold: a shared Reserve that timed out may
+// have made its hold; the request reserves in-process, and its
+// settlement ends the shared hold too, by the request's id, so the shared
+// ledger holds nothing once no request is in flight. The spend goes to
+// the ledger that held the reservation (the in-process one).
+func TestBudgetSettlesUncertainHold(t *testing.T) {
+	shared := &lateLedger{Ledger: NewLocalLedger()}
+	base := &usageBase{prompt: 8, completion: 10}
+	r, reps := newTestRouter(t, Config{Base: base, Prices: budgetPrices, Ledger: shared,
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1"}},
+		Budgets:   []Budget{{Name: "all", Limit: 1000, Window: Window{Every: time.Hour}}}})
+	for range 3 {
+		resp, err := r.RoundTrip(budgetRequest(context.Background(), "m", ""))
+		require.NoError(t, err)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	require.Len(t, reps.all(), 3)
+	shared.mu.Lock()
+	made, settled := slices.Clone(shared.made), slices.Clone(shared.settled)
+	shared.mu.Unlock()
+	require.Len(t, made, 3)
+	assert.ElementsMatch(t, made, settled, "every hold the shared ledger made was settled by its id")
+	assert.Len(t, slices.Compact(slices.Sorted(slices.Values(made))), 3, "one id per request")
+	k := BudgetKey{Budget: "all", Window: time.Now().Truncate(time.Hour).Add(time.Hour)}
+	spent, reserved, _ := shared.Ledger.Usage(context.Background(), k)
+	assert.Zero(t, reserved, "the shared ledger holds nothing")
+	assert.Zero(t, spent, "the spend went to the in-process ledger, which held the reservation")
+	lspent, lreserved, _ := r.fallbackLedger.Usage(context.Background(), k)
+	assert.Zero(t, lreserved)
+	assert.Positive(t, lspent)
 }

@@ -89,6 +89,72 @@ func newSlowProxy(t *testing.T, to string) *slowProxy {
 
 func (p *slowProxy) addr() string { return p.l.Addr().String() }
 
+// slowState is a State on the real redis-server through a slowProxy,
+// under a prefix of its own.
+func slowState(t *testing.T, opts ...Option) (*slowProxy, *State) {
+	real := newReal(t)
+	p := newSlowProxy(t, realAddr())
+	pc := redis.NewClient(&redis.Options{Addr: p.addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { pc.Close() })
+	prefix := fmt.Sprintf("holds-%d-%d", os.Getpid(), time.Now().UnixNano())
+	t.Cleanup(func() { real.clean(t, prefix) })
+	return p, New(pc, append([]Option{WithPrefix(prefix)}, opts...)...)
+}
+
+// TestReserveTimeoutLeavesNoHold: Redis is slow for a moment (it answers
+// later than StateTimeout) but runs every command. The router reserves
+// in-process instead, as documented, and every request completes; at
+// each settlement it also asks Redis to end the hold its unanswered
+// Reserve may have made there, and a hold that settlement did not reach
+// ends at its deadline (Budget.HoldFor). Then the fleet's ledger holds
+// nothing. (Such holds stayed until the window ended.)
+func TestReserveTimeoutLeavesNoHold(t *testing.T) {
+	clock := newFleetClock()
+	p, st := slowState(t, WithClock(clock.Now))
+	base := newFleetBase(clock)
+	r, err := relay.New(relay.Config{
+		State: st, StateTimeout: 20 * time.Millisecond, Replicas: 1,
+		Base: base, Clock: clock,
+		Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1"}},
+		Prices:    map[string]relay.Price{"m": {InputPerMTok: 1000, OutputPerMTok: 1000}},
+		Budgets:   []relay.Budget{{Name: "b", Limit: 100, Window: relay.Window{Every: time.Hour}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := send(r, "warm"); err != nil { // a connection in the pool
+		t.Fatal(err)
+	}
+	p.delay.Store(int64(60 * time.Millisecond)) // Redis answers late
+	for i := range 3 {
+		if _, err := send(r, fmt.Sprintf("slow %d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.delay.Store(0)
+	if _, err := send(r, "fast"); err != nil { // Redis answers again
+		t.Fatal(err)
+	}
+	if r.StateFallbacks() == 0 {
+		t.Fatal("Redis was never slow enough to fall back: the test tests nothing")
+	}
+	// A hold whose settlement the State did not send either (it fails
+	// fast while Redis is slow) ends at its deadline.
+	k := relay.BudgetKey{Budget: "b", Window: clock.Now().Truncate(time.Hour).Add(time.Hour)}
+	clock.advance(10*time.Minute + time.Second) // Budget.HoldFor's default
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, reserved, err := st.Usage(ctxT(t), k)
+		if err == nil && reserved == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no request in flight, but the fleet's ledger holds %d reserved (%v)", reserved, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // refundSpy records the errors of a State's Refund calls.
 type refundSpy struct {
 	*State
@@ -183,7 +249,7 @@ type flakyReserve struct {
 	*refundSpy
 }
 
-func (f *flakyReserve) Reserve(ctx context.Context, k relay.BudgetKey, limit, amount int64) (bool, error) {
+func (f *flakyReserve) Reserve(ctx context.Context, k relay.BudgetKey, limit int64, h relay.Hold) (bool, error) {
 	return false, fmt.Errorf("redisstate: reserve %s: %w", k.Budget, context.DeadlineExceeded)
 }
 
@@ -297,13 +363,7 @@ func TestTopUpStaysInItsWindow(t *testing.T) {
 // (answering after 1 s) the request completes without waiting for it.
 // (The call had no bound: the request waited the whole second.)
 func TestBudgetViewBoundedByStateTimeout(t *testing.T) {
-	real := newReal(t)
-	p := newSlowProxy(t, realAddr())
-	pc := redis.NewClient(&redis.Options{Addr: p.addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { pc.Close() })
-	prefix := fmt.Sprintf("holds-%d-%d", os.Getpid(), time.Now().UnixNano())
-	t.Cleanup(func() { real.clean(t, prefix) })
-	st := New(pc, WithPrefix(prefix))
+	p, st := slowState(t)
 	base := newFleetBase(newFleetClock())
 	r, err := relay.New(relay.Config{
 		State: st, StateTimeout: 20 * time.Millisecond, Base: base,
@@ -336,11 +396,11 @@ type flakyTopUp struct {
 	n atomic.Int64
 }
 
-func (f *flakyTopUp) Reserve(ctx context.Context, k relay.BudgetKey, limit, amount int64) (bool, error) {
+func (f *flakyTopUp) Reserve(ctx context.Context, k relay.BudgetKey, limit int64, h relay.Hold) (bool, error) {
 	if f.n.Add(1)%2 == 0 {
 		return false, fmt.Errorf("redisstate: reserve %s: %w", k.Budget, context.DeadlineExceeded)
 	}
-	return f.State.Reserve(ctx, k, limit, amount)
+	return f.State.Reserve(ctx, k, limit, h)
 }
 
 // failFirstNoRoll is failFirstBase without the window rolling.
@@ -378,7 +438,7 @@ func TestTopUpFallbackSettlesEachPart(t *testing.T) {
 	}
 	k := relay.BudgetKey{Budget: "b", Window: clock.Now().Truncate(time.Hour).Add(time.Hour)}
 	const other = 1_000_000_000 // another replica's request holds $1
-	if ok := must[bool](t)(inner.Reserve(ctxT(t), k, 100e9, other)); !ok {
+	if ok := must[bool](t)(inner.Reserve(ctxT(t), k, 100e9, relay.Hold{ID: "other", Amount: other, Expires: clock.Now().Add(time.Hour)})); !ok {
 		t.Fatal("reserve")
 	}
 	for i := range 40 {

@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,21 +25,24 @@ func TestLedgerLikeLocal(t *testing.T) {
 		local := relay.NewLocalLedger()
 		rng := rand.New(rand.NewPCG(3, 4))
 		keys := []string{"", "team-a", "team-b"}
+		ids := []string{"a", "b", "c", "d", "e"} // holds, new, topped up, lowered, settled and made again
 		const limit = 10_000
+		far := time.Now().Add(time.Hour)
 		for i := range 600 {
 			k := relay.BudgetKey{Budget: "daily", Key: keys[rng.IntN(len(keys))], Window: w1}
+			id := ids[rng.IntN(len(ids))]
 			switch rng.IntN(3) {
 			case 0, 1:
-				amount := rng.Int64N(3000)
-				got := must[bool](t)(s.Reserve(ctx, k, limit, amount))
-				want, _ := local.Reserve(ctx, k, limit, amount)
+				h := relay.Hold{ID: id, Amount: rng.Int64N(3000), Expires: far}
+				got := must[bool](t)(s.Reserve(ctx, k, limit, h))
+				want, _ := local.Reserve(ctx, k, limit, h)
 				if got != want {
-					t.Fatalf("call %d: Reserve(%q, %d) = %v, local %v", i, k.Key, amount, got, want)
+					t.Fatalf("call %d: Reserve(%q, %+v) = %v, local %v", i, k.Key, h, got, want)
 				}
 			case 2:
-				reserved, spent := rng.Int64N(3000), rng.Int64N(1000)
-				noErr(t, s.Settle(ctx, k, reserved, spent))
-				local.Settle(ctx, k, reserved, spent)
+				spent := rng.Int64N(1000)
+				noErr(t, s.Settle(ctx, k, id, spent))
+				local.Settle(ctx, k, id, spent)
 			}
 			gs, gr, err := s.Usage(ctx, k)
 			noErr(t, err)
@@ -71,15 +75,19 @@ func TestLedgerConcurrent(t *testing.T) {
 			replicas[i] = New(b.c, func(o *State) { o.prefix = s.prefix })
 		}
 		var admitted atomic.Int64
-		held := make([]int, 32) // reservations each goroutine holds
+		held := make([][]string, 32) // the holds each goroutine has
+		var seq atomic.Int64
+		hold := func() relay.Hold {
+			return relay.Hold{ID: strconv.FormatInt(seq.Add(1), 10), Amount: amount, Expires: time.Now().Add(time.Hour)}
+		}
 		var wg sync.WaitGroup
 		for g := range held {
 			wg.Go(func() {
 				r := replicas[g%len(replicas)]
 				for range 10 {
-					if check[bool](t)(r.Reserve(ctx, k, limit, amount)) {
+					if h := hold(); check[bool](t)(r.Reserve(ctx, k, limit, h)) {
 						admitted.Add(1)
-						held[g]++
+						held[g] = append(held[g], h.ID)
 					}
 				}
 			})
@@ -98,20 +106,20 @@ func TestLedgerConcurrent(t *testing.T) {
 			wg.Go(func() {
 				r := replicas[g%len(replicas)]
 				for range 20 {
-					if held[g] > 0 {
-						noErrG(t, r.Settle(ctx, k, amount, amount-2))
-						held[g]--
+					if n := len(held[g]); n > 0 {
+						noErrG(t, r.Settle(ctx, k, held[g][n-1], amount-2))
+						held[g] = held[g][:n-1]
 					}
-					if check[bool](t)(r.Reserve(ctx, k, limit, amount)) {
-						held[g]++
+					if h := hold(); check[bool](t)(r.Reserve(ctx, k, limit, h)) {
+						held[g] = append(held[g], h.ID)
 					}
 					sp, re, err := r.Usage(ctx, k)
 					if err == nil && sp+re > limit {
 						t.Errorf("spent %d + reserved %d over the limit %d", sp, re, limit)
 					}
 				}
-				for ; held[g] > 0; held[g]-- {
-					noErrG(t, r.Settle(ctx, k, amount, amount-2))
+				for _, id := range held[g] {
+					noErrG(t, r.Settle(ctx, k, id, amount-2))
 				}
 			})
 		}
@@ -136,30 +144,37 @@ func TestLedgerExact(t *testing.T) {
 			{1_000_000_000, 999_999_999},
 		} {
 			k := relay.BudgetKey{Budget: "big", Key: time.Duration(c.limit).String(), Window: w1}
-			noErr(t, s.Settle(ctx, k, 0, c.spent))
+			noErr(t, s.Settle(ctx, k, "none", c.spent))
 			room := c.limit - c.spent
-			if must[bool](t)(s.Reserve(ctx, k, c.limit, room+1)) {
+			far := time.Now().Add(time.Hour)
+			if must[bool](t)(s.Reserve(ctx, k, c.limit, relay.Hold{ID: "a", Amount: room + 1, Expires: far})) {
 				t.Fatalf("limit %d, spent %d: reserved %d, one over", c.limit, c.spent, room+1)
 			}
-			if !must[bool](t)(s.Reserve(ctx, k, c.limit, room)) {
+			if !must[bool](t)(s.Reserve(ctx, k, c.limit, relay.Hold{ID: "a", Amount: room, Expires: far})) {
 				t.Fatalf("limit %d, spent %d: refused exactly the room %d", c.limit, c.spent, room)
 			}
-			if must[bool](t)(s.Reserve(ctx, k, c.limit, 1)) {
+			if must[bool](t)(s.Reserve(ctx, k, c.limit, relay.Hold{ID: "b", Amount: 1, Expires: far})) {
 				t.Fatalf("limit %d: reserved past a full budget", c.limit)
+			}
+			if !must[bool](t)(s.Reserve(ctx, k, c.limit, relay.Hold{ID: "a", Amount: room, Expires: far})) {
+				t.Fatalf("limit %d: the same hold again was refused", c.limit)
 			}
 			if spent, reserved := must2(t)(s.Usage(ctx, k)); spent != c.spent || reserved != room {
 				t.Fatalf("usage %d %d, want %d %d", spent, reserved, c.spent, room)
 			}
-			// A settlement larger than what is reserved floors at zero.
-			noErr(t, s.Settle(ctx, k, math.MaxInt64, 0))
-			if _, reserved := must2(t)(s.Usage(ctx, k)); reserved != 0 {
-				t.Fatalf("reserved %d after settling more than it", reserved)
+			noErr(t, s.Settle(ctx, k, "a", 0))
+			noErr(t, s.Settle(ctx, k, "a", 0)) // settled twice: nothing more
+			if spent, reserved := must2(t)(s.Usage(ctx, k)); spent != c.spent || reserved != 0 {
+				t.Fatalf("after settling: usage %d %d, want %d 0", spent, reserved, c.spent)
 			}
 		}
-		if _, err := s.Reserve(ctx, relay.BudgetKey{Budget: "x", Window: w1}, 10, -1); err == nil {
-			t.Fatal("a negative reservation was taken")
+		x := relay.BudgetKey{Budget: "x", Window: w1}
+		for _, amount := range []int64{-1, 1<<53 + 1} {
+			if _, err := s.Reserve(ctx, x, math.MaxInt64, relay.Hold{ID: "a", Amount: amount}); err == nil {
+				t.Fatalf("a reservation of %d was taken", amount)
+			}
 		}
-		if err := s.Settle(ctx, relay.BudgetKey{Budget: "x", Window: w1}, -1, 0); err == nil {
+		if err := s.Settle(ctx, x, "a", -1); err == nil {
 			t.Fatal("a negative settlement was taken")
 		}
 	})
@@ -173,9 +188,10 @@ func TestLedgerWindows(t *testing.T) {
 		s := b.state(t, WithClock(func() time.Time { return clock }), WithBudgetRetention(time.Hour))
 		ctx := ctxT(t)
 		w2 := w1.Add(time.Hour)
-		must[bool](t)(s.Reserve(ctx, relay.BudgetKey{Budget: "b", Key: "x", Window: w1}, 100, 60))
-		must[bool](t)(s.Reserve(ctx, relay.BudgetKey{Budget: "b", Key: "y", Window: w2}, 100, 60))
-		if !must[bool](t)(s.Reserve(ctx, relay.BudgetKey{Budget: "b", Key: "x", Window: w2}, 100, 60)) {
+		h := relay.Hold{ID: "h", Amount: 60, Expires: w2}
+		must[bool](t)(s.Reserve(ctx, relay.BudgetKey{Budget: "b", Key: "x", Window: w1}, 100, h))
+		must[bool](t)(s.Reserve(ctx, relay.BudgetKey{Budget: "b", Key: "y", Window: w2}, 100, h))
+		if !must[bool](t)(s.Reserve(ctx, relay.BudgetKey{Budget: "b", Key: "x", Window: w2}, 100, h)) {
 			t.Fatal("the next window started with the last one's reservations")
 		}
 		if k := must[[]string](t)(s.Keys(ctx, "b", w1)); !slices.Equal(k, []string{"x"}) {
@@ -189,9 +205,10 @@ func TestLedgerWindows(t *testing.T) {
 		if k := must[[]string](t)(s.Keys(ctx, "other", w1)); len(k) != 0 {
 			t.Fatalf("keys of an unknown budget: %q", k)
 		}
-		acc, set := s.account(relay.BudgetKey{Budget: "b", Key: "x", Window: w1})
+		kx := relay.BudgetKey{Budget: "b", Key: "x", Window: w1}
+		acc, set := s.account(kx)
 		want := w1.Sub(clock) + time.Hour
-		for _, key := range []string{acc, set} {
+		for _, key := range []string{acc, set, s.expiries(kx)} {
 			if pttl := b.c.PTTL(ctx, key).Val(); pttl > want || pttl < want-time.Second {
 				t.Fatalf("%s: TTL %s, want %s (window end + retention)", key, pttl, want)
 			}
@@ -207,7 +224,7 @@ func TestNames(t *testing.T) {
 		ctx := ctxT(t)
 		a := relay.BudgetKey{Budget: "a:b", Key: "c", Window: w1}
 		c := relay.BudgetKey{Budget: "a", Key: "b:c", Window: w1}
-		must[bool](t)(s.Reserve(ctx, a, 100, 10))
+		must[bool](t)(s.Reserve(ctx, a, 100, relay.Hold{ID: "h", Amount: 10, Expires: w1}))
 		if _, r := must2(t)(s.Usage(ctx, c)); r != 0 {
 			t.Fatal("budget a:b key c and budget a key b:c share a ledger")
 		}
@@ -280,4 +297,39 @@ func noErrG(t testing.TB, err error) {
 	if err != nil {
 		t.Error(err)
 	}
+}
+
+// TestLedgerHoldsExpire: a hold never settled (its replica died) stops
+// counting at its deadline, by the State's clock: its room comes back,
+// and a settlement after that charges the spend and releases nothing
+// more. A top-up moves the deadline.
+func TestLedgerHoldsExpire(t *testing.T) {
+	both(t, func(t *testing.T, b *backend) {
+		clock := t0
+		s := b.state(t, WithClock(func() time.Time { return clock }))
+		ctx := ctxT(t)
+		k := relay.BudgetKey{Budget: "monthly", Window: t0.Add(30 * 24 * time.Hour)}
+		const limit = 10_000
+		crashed := relay.Hold{ID: "crashed", Amount: 9_000, Expires: t0.Add(10 * time.Minute)}
+		live := relay.Hold{ID: "live", Amount: 500, Expires: t0.Add(10 * time.Minute)}
+		must[bool](t)(s.Reserve(ctx, k, limit, crashed))
+		must[bool](t)(s.Reserve(ctx, k, limit, live))
+		clock = t0.Add(9 * time.Minute)
+		live.Amount, live.Expires = 800, clock.Add(10*time.Minute) // a top-up
+		must[bool](t)(s.Reserve(ctx, k, limit, live))
+		if must[bool](t)(s.Reserve(ctx, k, limit, relay.Hold{ID: "new", Amount: 2_000, Expires: clock.Add(time.Minute)})) {
+			t.Fatal("a hold fitted past the live ones")
+		}
+		clock = t0.Add(11 * time.Minute) // the crashed hold's deadline has passed, not the live one's
+		if _, reserved := must2(t)(s.Usage(ctx, k)); reserved != 800 {
+			t.Fatalf("reserved %d after the crashed hold's deadline, want the live hold's 800", reserved)
+		}
+		if !must[bool](t)(s.Reserve(ctx, k, limit, relay.Hold{ID: "new", Amount: 2_000, Expires: clock.Add(time.Minute)})) {
+			t.Fatal("the expired hold still takes the budget")
+		}
+		noErr(t, s.Settle(ctx, k, "crashed", 100)) // a settlement that comes late anyway
+		if spent, reserved := must2(t)(s.Usage(ctx, k)); spent != 100 || reserved != 2_800 {
+			t.Fatalf("usage %d %d, want 100 2800", spent, reserved)
+		}
+	})
 }

@@ -92,8 +92,11 @@ func calls(s *State, d time.Duration, now time.Time) (errs []error, longest time
 		func(ctx context.Context) error { return s.Success(ctx, "a", false) },
 		func(ctx context.Context) error { return s.Open(ctx, "z", now) },
 		func(ctx context.Context) error { _, err := s.Probe(ctx, "z", time.Millisecond); return err },
-		func(ctx context.Context) error { _, err := s.Reserve(ctx, k, 1<<62, 1); return err },
-		func(ctx context.Context) error { return s.Settle(ctx, k, 1, 1) },
+		func(ctx context.Context) error {
+			_, err := s.Reserve(ctx, k, 1<<62, relay.Hold{ID: "h", Amount: 1})
+			return err
+		},
+		func(ctx context.Context) error { return s.Settle(ctx, k, "h", 1) },
 		func(ctx context.Context) error { _, _, err := s.Usage(ctx, k); return err },
 		func(ctx context.Context) error { _, err := s.Keys(ctx, "b", k.Window); return err },
 	} {
@@ -315,7 +318,7 @@ func TestCanceledContext(t *testing.T) {
 	if _, err := s.Admit(ctx, relay.Limits{Name: "a", RPM: 1}, 0, false, t0); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Admit with a canceled context: %v", err)
 	}
-	if _, err := s.Reserve(ctx, relay.BudgetKey{Budget: "b", Window: w1}, 10, 1); !errors.Is(err, context.Canceled) {
+	if _, err := s.Reserve(ctx, relay.BudgetKey{Budget: "b", Window: w1}, 10, relay.Hold{ID: "h", Amount: 1}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Reserve with a canceled context: %v", err)
 	}
 	if n := b.calls.n.Load() - before; n != 0 {

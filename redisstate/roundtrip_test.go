@@ -35,8 +35,8 @@ func TestOneRoundTrip(t *testing.T) {
 			{"Admit half-open", func() error { _, err := s.Admit(ctx, u, 1, false, t0.Add(time.Second)); return err }},
 			{"Probe", func() error { _, err := s.Probe(ctx, "a", time.Second); return err }},
 			{"Probe lost", func() error { _, err := s.Probe(ctx, "a", time.Second); return err }},
-			{"Reserve", func() error { _, err := s.Reserve(ctx, k, 1000, 10); return err }},
-			{"Settle", func() error { return s.Settle(ctx, k, 10, 5) }},
+			{"Reserve", func() error { _, err := s.Reserve(ctx, k, 1000, relay.Hold{ID: "h", Amount: 10}); return err }},
+			{"Settle", func() error { return s.Settle(ctx, k, "h", 5) }},
 			{"Usage", func() error { _, _, err := s.Usage(ctx, k); return err }},
 			{"Keys", func() error { _, err := s.Keys(ctx, "b", w1); return err }},
 		} {

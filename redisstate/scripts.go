@@ -203,28 +203,64 @@ local function fits(a, b, c, limit)
 end
 `
 
-// reserveScript is State.Reserve.
+// luaHolds ends the expired holds of an account (at most 64 a call):
+// each hold is a field h:<id> of the account holding its amount, and a
+// member of the expiry set scored by its deadline (Unix ms).
 //
-// KEYS: account (hash: s spent, r reserved), keys of the window (set).
-// ARGV: limit, amount, ttl (ms), scope key.
-var reserveScript = newScript(luaAmounts + `
-local v = redis.call('HMGET', KEYS[1], 's', 'r')
-if not fits(v[1], v[2], ARGV[2], ARGV[1]) then return 0 end
-redis.call('HINCRBY', KEYS[1], 'r', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('SADD', KEYS[2], ARGV[4])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
+// KEYS[1] account, KEYS[3] expiry set; now is the caller's clock (ms).
+const luaHolds = `
+local function expire(now)
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 64)
+  for _, id in ipairs(gone) do
+    local a = redis.call('HGET', KEYS[1], 'h:' .. id)
+    if a then
+      if a ~= '0' and redis.call('HINCRBY', KEYS[1], 'r', '-' .. a) < 0 then
+        redis.call('HSET', KEYS[1], 'r', 0)
+      end
+      redis.call('HDEL', KEYS[1], 'h:' .. id)
+    end
+    redis.call('ZREM', KEYS[3], id)
+  end
+end
+`
+
+// reserveScript is State.Reserve: hold id is set to amount (a top-up
+// adds the difference) if spent + reserved stays within limit with it.
+//
+// KEYS: account (hash: s spent, r reserved, h:<id> each hold), keys of
+// the window (set), expiry set. ARGV: limit, id, amount, deadline (ms),
+// now (ms), ttl (ms), scope key.
+var reserveScript = newScript(luaAmounts + luaHolds + `
+expire(ARGV[5])
+local v = redis.call('HMGET', KEYS[1], 's', 'r', 'h:' .. ARGV[2])
+local delta = tonumber(ARGV[3]) - tonumber(v[3] or '0')
+local d = string.format('%d', delta)
+if delta > 0 and not fits(v[1], v[2], d, ARGV[1]) then return 0 end
+if delta ~= 0 and redis.call('HINCRBY', KEYS[1], 'r', d) < 0 then
+  redis.call('HSET', KEYS[1], 'r', 0)
+end
+redis.call('HSET', KEYS[1], 'h:' .. ARGV[2], ARGV[3])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
+redis.call('PEXPIRE', KEYS[3], ARGV[6])
+redis.call('SADD', KEYS[2], ARGV[7])
+redis.call('PEXPIRE', KEYS[2], ARGV[6])
 return 1
 `)
 
-// settleScript is State.Settle: reservations fall by reserved, at least
-// to 0; spend grows by spent.
+// settleScript is State.Settle: hold id ends (reservations fall by its
+// amount, at least to 0); spend grows by spent.
 //
-// KEYS: account, keys of the window. ARGV: -reserved, spent, ttl (ms),
-// scope key.
+// KEYS: account, keys of the window, expiry set. ARGV: id, spent, ttl
+// (ms), scope key.
 var settleScript = newScript(`
-if redis.call('HINCRBY', KEYS[1], 'r', ARGV[1]) < 0 then
-  redis.call('HSET', KEYS[1], 'r', 0)
+local a = redis.call('HGET', KEYS[1], 'h:' .. ARGV[1])
+if a then
+  if a ~= '0' and redis.call('HINCRBY', KEYS[1], 'r', '-' .. a) < 0 then
+    redis.call('HSET', KEYS[1], 'r', 0)
+  end
+  redis.call('HDEL', KEYS[1], 'h:' .. ARGV[1])
+  redis.call('ZREM', KEYS[3], ARGV[1])
 end
 if ARGV[2] ~= '0' then redis.call('HINCRBY', KEYS[1], 's', ARGV[2]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
@@ -233,4 +269,12 @@ redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 0
 `)
 
-var scripts = []*script{admitScript, refundScript, holdScript, failureScript, openScript, probeScript, reserveScript, settleScript}
+// usageScript is State.Usage: the expired holds end first.
+//
+// KEYS: account, keys of the window (unused), expiry set. ARGV: now (ms).
+var usageScript = newScript(luaHolds + `
+expire(ARGV[1])
+return redis.call('HMGET', KEYS[1], 's', 'r')
+`)
+
+var scripts = []*script{admitScript, refundScript, holdScript, failureScript, openScript, probeScript, reserveScript, settleScript, usageScript}
