@@ -396,6 +396,7 @@ func BenchmarkBudgetAdmission(b *testing.B) {
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {
+				t.res.id = "" // a new request's hold id
 				cands := r.plan(t.cbuf[:0], "m", nil, 1, false, nil)
 				adm := r.admissionOf(&t.c)
 				t.tokens = adm.tokens
