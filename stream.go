@@ -290,10 +290,17 @@ func (s *streamBody) feed(p []byte) {
 	}
 }
 
-// flush looks at the last line of a stream that did not end with a line end.
+// flush looks at the last line of a stream that did not end with a line
+// end, and removes it when it is the injected usage chunk, as process
+// would have.
 func (s *streamBody) flush() {
-	if line, full, ok := s.sc.Flush(); ok {
-		s.line(line, full)
+	line, full, ok := s.sc.Flush()
+	if !ok {
+		return
+	}
+	kind, usageChunk := s.line(line, full)
+	if s.drop && !s.dropBlank && kind == lineData && usageChunk && !s.evPassed && s.w-s.evStart <= streamHoldMax {
+		s.remove(s.evStart, s.w)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,4 +89,19 @@ func TestRegressIdleWhileBytesArrive(t *testing.T) {
 		_, err := stream(t, r, "chat/completions", req)
 		assert.NoError(t, err, req)
 	}
+}
+
+// TestRegressUnterminatedUsageChunk: the usage chunk the router asked for,
+// cut off by the upstream without its final newline, is still removed:
+// the caller reads the stream it asked for, and the report has the usage.
+// (It reached the caller.)
+func TestRegressUnterminatedUsageChunk(t *testing.T) {
+	fin := "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":\"stop\"}]}\n\n"
+	r, reps := bodyRouter(t, Config{}, func() io.Reader {
+		return strings.NewReader(fin + `data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}`)
+	})
+	got, err := stream(t, r, "chat/completions", chatStreamReq)
+	assert.NoError(t, err)
+	assert.Equal(t, fin, string(got))
+	assert.Equal(t, 2, reps.all()[0].Usage.CompletionTokens)
 }
