@@ -180,7 +180,9 @@ func (t *trip) readLoser(a *attempt) {
 	decompress(a.resp)
 	b, cut := readBounded(a.resp.Body, maxKeptBody)
 	if u, ok := parseUsage(b); ok && !cut {
-		t.loser = &loserUsage{u: u, model: a.cand.model, factor: a.cand.up.factor}
+		t.loserMu.Lock()
+		t.losers = append(t.losers, loserUsage{u: u, model: a.cand.model, factor: a.cand.up.factor})
+		t.loserMu.Unlock()
 	}
 	a.close()
 }

@@ -149,3 +149,22 @@ func TestRegressRetriedStreamThenGiveUp(t *testing.T) {
 	}
 	assert.Len(t, reps.all(), 1)
 }
+
+// TestTwoHedgeLosersBothBilled: a request can hedge twice (a retry after a
+// first-token timeout hedges again), and each losing attempt that
+// completed is read on a goroutine of its own: their usages add up in
+// HedgeUsage and the cost, without a race between the readers.
+func TestTwoHedgeLosersBothBilled(t *testing.T) {
+	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1"}},
+		Prices: map[string]Price{"m": {InputPerMTok: 1e6, OutputPerMTok: 1e6}}})
+	require.NoError(t, err)
+	tr := newTrip(r, httptest.NewRequest("POST", "/v1/chat/completions", nil))
+	var wg sync.WaitGroup
+	for _, body := range []string{`{"usage":{"prompt_tokens":3,"completion_tokens":1}}`, `{"usage":{"prompt_tokens":5,"completion_tokens":2}}`} {
+		a := attempt{cand: candidate{up: r.ups[0], model: "m"},
+			resp: &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(body))}}
+		wg.Go(func() { tr.readLoser(&a) })
+	}
+	wg.Wait()
+	assert.Equal(t, Usage{PromptTokens: 8, CompletionTokens: 3}, tr.loserUsage())
+}

@@ -35,7 +35,7 @@ type Report struct {
 	TTFT          time.Duration // to the first content byte (streams) or the response headers
 	Attempts      int           // upstream calls made, hedges included
 	Hedged        bool          // a hedge was sent
-	HedgeUsage    Usage         // a losing hedge's usage, when it answered too (billed; in the costs, not in Usage)
+	HedgeUsage    Usage         // losing hedges' usage, when they answered too, added up (billed; in the costs, not in Usage)
 	HedgeWon      bool          // the hedge's answer was the one returned
 	Overhead      time.Duration // time RoundTrip spent in the router itself: upstream calls and waits excluded
 	StatusCode    int           // final status; 0 when none came
@@ -147,7 +147,7 @@ func (t *trip) report(end bodyEnd) Report {
 			rep.CostUSD = rep.ListCostUSD * t.att.factor()
 		}
 	}
-	if l := t.loser; l != nil { // billed whatever the answer that won
+	for _, l := range t.losers { // billed whatever the answer that won
 		if lp, ok := lookupPrice(s.prices, l.model); ok {
 			c := lp.Cost(l.u)
 			rep.ListCostUSD += c
@@ -326,10 +326,15 @@ func (t *trip) settleTPM(u Usage) {
 	}
 }
 
-// loserUsage is the usage of a hedge's losing attempt that answered too.
+// loserUsage is the usage of the hedges' losing attempts that answered
+// too, added up.
 func (t *trip) loserUsage() Usage {
-	if t.loser == nil {
-		return Usage{}
+	var u Usage
+	for _, l := range t.losers {
+		u.PromptTokens += l.u.PromptTokens
+		u.CompletionTokens += l.u.CompletionTokens
+		u.CachedTokens += l.u.CachedTokens
+		u.ReasoningTokens += l.u.ReasoningTokens
 	}
-	return t.loser.u
+	return u
 }

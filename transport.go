@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -134,12 +135,16 @@ type trip struct {
 	hedged   bool          // a hedge was sent
 	outside  time.Duration // time spent in upstream calls and waits
 	overhead time.Duration // the router's own time, set when RoundTrip returns
-	loser    *loserUsage   // usage of a hedge's losing attempt, when it completed too
-	res      reservations  // what it holds in budgets
-	view     budgetView    // Request.Budget
-	done     atomic.Bool   // the body is done (finish ran)
-	end      bodyEnd       // how it ended, for the report
-	votes    atomic.Int32  // parties the report still waits for (see vote)
+	// Usage of the hedges' losing attempts that completed too (one a
+	// hedge; a retry after a first-token timeout may hedge again), added
+	// by their readers under loserMu, read once every vote is in.
+	losers  []loserUsage
+	loserMu sync.Mutex
+	res     reservations // what it holds in budgets
+	view    budgetView   // Request.Budget
+	done    atomic.Bool  // the body is done (finish ran)
+	end     bodyEnd      // how it ended, for the report
+	votes   atomic.Int32 // parties the report still waits for (see vote)
 
 	stateFallback atomic.Bool // a call to the shared State failed: in-process state decided
 }
