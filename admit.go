@@ -233,16 +233,48 @@ func (r *Router) await(ctx context.Context, cands []candidate, pick int, delay t
 // waitFor does await's waiting, in the upstream's queues, by priority (see
 // queue.go); i is -1 unless the never-empty rule forced another candidate.
 // Tokens are taken when the wait ends, and given back if the request does
-// not go.
+// not go. A request that waits for a slot (delay < 0: its tokens were there
+// when the scan looked) asks for its tokens again once it has the slot,
+// and waits for them, holding the slot, when others took them meanwhile:
+// waiting for a slot never takes a request past the rate limits.
 func (r *Router) waitFor(ctx context.Context, cands []candidate, c *candidate, delay time.Duration, a admission, maxWait time.Duration, tooLong error) (int, ticket, error) {
 	clock := r.s.clock
 	lim := &c.up.lim
 	tpm := lim.charge(a.tokens)
 	start := clock.Now()
-	took := delay >= 0
-	shared := took && r.s.state != nil
+	slotFirst := delay < 0
+	if slotFirst {
+		if r.claim(cands, c, false, a.prio) != claimed {
+			if err := lim.waitSlot(ctx, clock, a.prio, maxWait, tooLong); err != nil {
+				return -1, ticket{}, err
+			}
+			c.up.inflight.Add(1)
+		}
+		now := clock.Now()
+		d, taken, open := r.rate(ctx, a, c, tpm, now)
+		switch {
+		case open:
+			c.up.unclaim()
+			return -1, ticket{}, errFleetOpened
+		case taken || d == 0:
+			if !taken {
+				lim.take(now, tpm)
+			}
+			return r.admitAfterWait(ctx, cands, c, a, tpm, taken, now)
+		}
+		delay, maxWait = d, maxWait-now.Sub(start)
+		if delay > maxWait {
+			c.up.unclaim()
+			return -1, ticket{}, tooLong
+		}
+		start = now
+	}
+	shared := r.s.state != nil
 	if shared {
 		fellBack, err := r.waitShared(ctx, a, c, tpm, delay, maxWait, tooLong)
+		if err != nil && slotFirst {
+			c.up.unclaim()
+		}
 		if err == ErrCircuitOpen {
 			// c's circuit opened for the fleet while we waited: the
 			// others may still take the request (acquire scans again).
@@ -253,41 +285,49 @@ func (r *Router) waitFor(ctx context.Context, cands []candidate, c *candidate, d
 		}
 		shared = !fellBack
 	}
-	if took && !shared {
+	if !shared {
 		w := &waiter{prio: a.prio, tpm: tpm, deadline: start.Add(maxWait), tooLong: tooLong}
 		if err := lim.waitRate(ctx, clock, w); err != nil {
+			if slotFirst {
+				c.up.unclaim()
+			}
 			return -1, ticket{}, err
-		}
-	}
-	give := func(now time.Time) {
-		switch {
-		case shared:
-			r.refundShared(ctx, a.trip, c.up, 1, fleetCharge(a.tokens, c.up), now)
-		case took:
-			lim.refund(now, tpm)
 		}
 	}
 	// A request that waited for this upstream takes it now, even past a
 	// bounded-load cap: the wait already queued it there.
-	if r.claim(cands, c, false, a.prio) != claimed {
+	if !slotFirst && r.claim(cands, c, false, a.prio) != claimed {
 		if err := lim.waitSlot(ctx, clock, a.prio, maxWait-clock.Now().Sub(start), tooLong); err != nil {
-			give(clock.Now())
+			r.giveTokens(ctx, a, c, tpm, shared, clock.Now())
 			return -1, ticket{}, err
 		}
 		c.up.inflight.Add(1)
 	}
-	now := clock.Now()
+	return r.admitAfterWait(ctx, cands, c, a, tpm, shared, clock.Now())
+}
+
+// admitAfterWait is the end of waitFor: c holds a slot and its tokens
+// (from the fleet's limits when fleet is set); the breaker decides.
+func (r *Router) admitAfterWait(ctx context.Context, cands []candidate, c *candidate, a admission, tpm int, fleet bool, now time.Time) (int, ticket, error) {
 	tk, ok := c.up.br.allow(now, c.forced)
 	if !ok { // its circuit opened while we waited
 		c.up.unclaim()
-		give(now)
+		r.giveTokens(ctx, a, c, tpm, fleet, now)
 		return r.forceSoonest(cands, a, now)
 	}
-	if !took {
-		lim.take(now, tpm)
-	}
-	c.fleetTPM = shared
+	c.fleetTPM = fleet
 	return -1, tk, nil
+}
+
+// giveTokens gives back the tokens a request took for c and does not use:
+// to the fleet's limits when it took them there, else to the in-process
+// ones.
+func (r *Router) giveTokens(ctx context.Context, a admission, c *candidate, tpm int, fleet bool, now time.Time) {
+	if fleet {
+		r.refundShared(ctx, a.trip, c.up, 1, fleetCharge(a.tokens, c.up), now)
+		return
+	}
+	c.up.lim.refund(now, tpm)
 }
 
 // forceSoonest is the never-empty rule at admission: when every candidate

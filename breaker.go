@@ -79,6 +79,10 @@ type breaker struct {
 	// atomic and takes no lock; otherwise the state is read under mu.
 	out atomic.Bool
 
+	// changes counts state changes, as gen does, for readers without mu
+	// (an attempt's latency is kept only if no change came during it).
+	changes atomic.Uint64
+
 	mu       sync.Mutex
 	state    BreakerState
 	gen      uint64 // bumped on every state change; stale outcomes are dropped
@@ -230,6 +234,7 @@ func (b *breaker) setLocked(to BreakerState, reason string) *BreakerEvent {
 	b.state = to
 	b.out.Store(to != StateClosed)
 	b.gen++
+	b.changes.Add(1)
 	if b.s.onChange == nil {
 		return nil
 	}

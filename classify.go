@@ -69,6 +69,10 @@ func (r *Router) classify(method string, path string, h http.Header, body []byte
 		c.req.Model = rd.Body[v.Start+1 : v.End-1]
 		if strings.IndexByte(c.req.Model, '\\') >= 0 {
 			c.req.Model = string(jsonscan.AppendUnescaped(nil, c.req.Model, len(c.req.Model)))
+		} else {
+			// A copy: the model goes into reports, errors and whatever a
+			// Policy keeps, and a view would keep the whole body alive.
+			c.req.Model = strings.Clone(c.req.Model)
 		}
 	}
 	c.req.Stream = rd.Stream.Kind == 't'
@@ -96,7 +100,7 @@ func (r *Router) classify(method string, path string, h http.Header, body []byte
 func (r *Router) classifyRef(c *classified) {
 	f := readTop(gjson.Parse(c.body))
 	if f.model.Type == gjson.String {
-		c.req.Model = f.model.Str
+		c.req.Model = strings.Clone(f.model.Str) // (as classify: no view of the body)
 	}
 	c.req.Stream = f.stream.Type == gjson.True
 	if f.maxTokens.Exists() {

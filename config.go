@@ -190,7 +190,7 @@ type Upstream struct {
 	// BodyTags are top-level JSON fields set on every JSON request body
 	// sent to this upstream, e.g. {"x_route_region": "eu-west"}. The fields
 	// the router sets itself (model, stream_options, prompt_cache_key) are
-	// refused.
+	// refused, and so are more than 61 tags.
 	BodyTags map[string]any
 	// PriceFactor scales list prices for this upstream (0.147 for an 85.3%
 	// discount). If 0, 1.
@@ -664,6 +664,11 @@ func resolveUpstream(c Upstream) (upstreamSettings, error) {
 	}
 	tags, tagErrs := resolveTags(c.BodyTags)
 	errs = append(errs, tagErrs...)
+	if len(c.BodyTags) > maxBodyTags {
+		// The body edit sets at most 64 fields: the tags, the model,
+		// prompt_cache_key and stream_options.
+		errs = append(errs, fmt.Sprintf("%d BodyTags, at most %d", len(c.BodyTags), maxBodyTags))
+	}
 	if len(errs) > 0 {
 		return upstreamSettings{}, fmt.Errorf("upstream %q: %s", name, strings.Join(errs, "; "))
 	}
@@ -692,6 +697,9 @@ func resolveUpstream(c Upstream) (upstreamSettings, error) {
 	u.cfg = c
 	return u, nil
 }
+
+// maxBodyTags bounds an upstream's BodyTags.
+const maxBodyTags = 61
 
 func resolveTags(tags map[string]any) ([]bodyTag, []string) {
 	var out []bodyTag

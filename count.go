@@ -53,7 +53,11 @@ func (e encCounter) Tools(tools gjson.Result) int {
 	if n, ok := e.c.memo.get(e.enc, kindTools, tools.Raw); ok {
 		return n
 	}
-	n := prompt.ToolsTokens(e.enc.Count, tools)
+	funcInit := prompt.FuncInitO200K
+	if e.enc == tokens.CL100K {
+		funcInit = prompt.FuncInitCL100K
+	}
+	n := prompt.ToolsTokensFor(e.enc.Count, tools, funcInit)
 	e.c.memo.put(e.enc, kindTools, tools.Raw, n)
 	return n
 }

@@ -215,6 +215,9 @@ func parseReset(v string) (time.Duration, bool) {
 		if err != nil || s < 0 || math.IsNaN(s) {
 			return 0, false
 		}
+		if s >= time.Hour.Seconds() {
+			return time.Hour, true // (converted, a huge one would overflow)
+		}
 		d = time.Duration(s * float64(time.Second))
 	}
 	if d < 0 {

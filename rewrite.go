@@ -31,6 +31,11 @@ func (t *trip) outgoing(ctx context.Context, cand candidate, ob outBody) *http.R
 	u := *cand.up.base
 	u.Path = cand.up.pathTo(t.pathFor())
 	u.RawPath = ""
+	if t.c.req.Endpoint == "" && req.URL.RawPath != "" {
+		// A path the caller escaped (a model id "org%2Fname" in
+		// /v1/models/{model}) goes out escaped as the caller wrote it.
+		u.RawPath = cand.up.base.EscapedPath() + "/" + afterV1(req.URL.EscapedPath())
+	}
 	switch {
 	case u.RawQuery == "":
 		u.RawQuery = req.URL.RawQuery
@@ -77,7 +82,10 @@ func outHeader(in http.Header, up *upstream) http.Header {
 		h[k] = all[len(all)-len(vs) : len(all) : len(all)]
 	}
 	for k, vs := range in {
-		if k == "Accept-Encoding" || (up.auth != nil && k == "Authorization") || extra[k] != nil {
+		switch ck := http.CanonicalHeaderKey(k); {
+		case ck == "Accept-Encoding", up.auth != nil && ck == "Authorization", extra[ck] != nil:
+			// (compared canonically: a caller's header map set by index,
+			// "authorization", must not travel beside the upstream's key)
 			continue
 		}
 		add(k, vs)
@@ -125,7 +133,12 @@ func (t *trip) pathFor() string {
 	if t.c.req.Endpoint != "" {
 		return t.c.req.Endpoint
 	}
-	p := t.req.URL.Path
+	return afterV1(t.req.URL.Path)
+}
+
+// afterV1 is what follows a path's "/v1/" (or the whole path, without its
+// leading slash, when it has none).
+func afterV1(p string) string {
 	if i := strings.Index(p, "/v1/"); i >= 0 {
 		return p[i+len("/v1/"):]
 	}

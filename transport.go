@@ -360,6 +360,7 @@ func (t *trip) observe(a *attempt, now time.Time) {
 func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, hedge bool, sent time.Time) attempt {
 	r := t.r
 	a := attempt{cand: cand, held: true, injected: body.injected}
+	changes := cand.up.br.changes.Load()
 	// state settles the race between the attempt timer and the response:
 	// 0 while waiting, 1 once the response is kept, 2 once the timer fired.
 	var state atomic.Int32
@@ -378,8 +379,12 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 		a.sent = r.s.clock.Now()
 	}
 	if err := ctx.Err(); err != nil {
-		// The call never goes out: its tokens go back.
-		cand.up.lim.refund(a.sent, cand.up.lim.charge(t.tokens))
+		// The call never goes out: its tokens go back, where they were taken.
+		if cand.fleetTPM {
+			r.refundShared(ctx, t, cand.up, 1, fleetCharge(t.tokens, cand.up), a.sent)
+		} else {
+			cand.up.lim.refund(a.sent, cand.up.lim.charge(t.tokens))
+		}
 		if stop != nil {
 			stop()
 		}
@@ -417,7 +422,10 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 	}
 	now := r.s.clock.Now()
 	a.done, a.latency = now, now.Sub(a.sent)
-	if a.err == nil || a.err == ErrAttemptTimeout {
+	if (a.err == nil || a.err == ErrAttemptTimeout) && cand.up.br.changes.Load() == changes {
+		// (an attempt that lived through a change of its breaker's state,
+		// sent before it opened, would bring a stale latency into the
+		// window the opening emptied)
 		cand.up.lat.add(a.latency, now)
 	}
 	if a.err != nil && a.err != ErrAttemptTimeout && ctx.Err() != nil {

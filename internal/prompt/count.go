@@ -12,13 +12,13 @@ import (
 // and 3 for the reply priming. Content-part arrays count their text parts
 // and a fixed estimate per image part; tool calls count their function name
 // and arguments. Tool definitions use the cookbook's function-calling
-// estimate (7 per function, 3 per property, 12 at the end, names, types,
-// descriptions and enum values counted).
+// estimate (7 per function for gpt-4o and later, 10 for gpt-4 and
+// gpt-3.5-turbo; 3 per property, 12 at the end, names, types, descriptions
+// and enum values counted).
 const (
 	tokensPerMessage = 3
 	tokensPerName    = 1
 	tokensReply      = 3
-	toolFuncInit     = 7
 	toolPropInit     = 3
 	toolPropKey      = 3
 	toolEnumInit     = -3
@@ -134,15 +134,29 @@ func content[C Counter](c C, image int, v gjson.Result) int {
 	return n
 }
 
+// The cookbook's tokens per function definition: for the o200k_base models
+// (gpt-4o and later), and for the cl100k_base ones (gpt-4, gpt-3.5-turbo).
+const (
+	FuncInitO200K  = 7
+	FuncInitCL100K = 10
+)
+
 // ToolsTokens estimates the tokens of tool definitions with the cookbook's
-// function-calling formula; count counts one string.
+// function-calling formula for the o200k_base models; count counts one
+// string.
 func ToolsTokens(count func(string) int, tools gjson.Result) int {
+	return ToolsTokensFor(count, tools, FuncInitO200K)
+}
+
+// ToolsTokensFor is ToolsTokens with funcInit tokens per function
+// (FuncInitO200K or FuncInitCL100K).
+func ToolsTokensFor(count func(string) int, tools gjson.Result, funcInit int) int {
 	if !tools.IsArray() || len(tools.Raw) <= 2 {
 		return 0
 	}
 	n := 0
 	tools.ForEach(func(_, t gjson.Result) bool {
-		n += tool(count, t)
+		n += tool(count, t, funcInit)
 		return true
 	})
 	if n > 0 {
@@ -153,7 +167,7 @@ func ToolsTokens(count func(string) int, tools gjson.Result) int {
 
 // tool counts one tool definition (chat's {"function": {...}} or the
 // Responses API's flat shape).
-func tool(count func(string) int, t gjson.Result) int {
+func tool(count func(string) int, t gjson.Result, funcInit int) int {
 	fn := t.Get("function")
 	if !fn.Exists() {
 		fn = t
@@ -162,7 +176,7 @@ func tool(count func(string) int, t gjson.Result) int {
 	if name.Type != gjson.String {
 		return 0
 	}
-	n := toolFuncInit + count(name.Str+":"+strings.TrimSuffix(fn.Get("description").Str, "."))
+	n := funcInit + count(name.Str+":"+strings.TrimSuffix(fn.Get("description").Str, "."))
 	props := fn.Get("parameters.properties")
 	if !props.IsObject() || len(props.Raw) <= 2 {
 		return n

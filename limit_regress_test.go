@@ -1,0 +1,209 @@
+package relay
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestRegressStaleLatenciesReopenAfterRecovery: the p99 breaker empties the
+// latency window when it opens; requests sent before the opening that
+// complete afterwards keep their slow latencies out of it, so once the
+// probe closes the breaker, a fast success does not reopen it. (They added
+// them, and the first success after recovery found the p99 over the bound.)
+func TestRegressStaleLatenciesReopenAfterRecovery(t *testing.T) {
+	clock := newFakeClock()
+	gate1, gate2 := make(chan struct{}), make(chan struct{})
+	var inA atomic.Int32
+	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		if req.URL.Host == "a.test" {
+			id := req.Header.Get("X-Id")
+			if strings.HasPrefix(id, "s") {
+				inA.Add(1)
+				if id < "s20" && len(id) == 3 || len(id) == 2 {
+					<-gate1
+				} else {
+					<-gate2
+				}
+			}
+		}
+		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}, nil
+	})
+	var mu sync.Mutex
+	var evs []string
+	r, _ := newTestRouter(t, Config{Clock: clock, Base: base,
+		Breaker:   BreakerConfig{P99: time.Second, MinSamples: 20, OnChange: func(e BreakerEvent) { mu.Lock(); evs = append(evs, e.From.String()+"->"+e.To.String()); mu.Unlock() }},
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1"}, {Name: "b", BaseURL: "http://b.test/v1"}}})
+	u := r.byName["a"]
+	sendID := func(id string) *http.Response {
+		req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "x")))
+		req.Header.Set("X-Id", id)
+		resp, err := r.RoundTrip(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp
+	}
+	var wg sync.WaitGroup
+	for i := range 40 {
+		id := "s" + itoa(i)
+		wg.Go(func() { sendID(id) })
+	}
+	require.Eventually(t, func() bool { return inA.Load() == 40 }, 5*time.Second, time.Millisecond)
+	clock.Advance(3 * time.Second) // every one of them takes 3 s
+	close(gate1)                   // s0..s19 answer: the p99 opens the breaker
+	require.Eventually(t, func() bool { return u.br.stateAt(clock.Now()) == StateOpen }, 5*time.Second, time.Millisecond)
+	require.Zero(t, u.lat.count(), "window emptied on opening")
+	close(gate2) // s20..s39, sent before the opening, answer now
+	wg.Wait()
+	clock.Advance(30 * time.Second) // cooldown over
+	resp := sendID("probe")
+	require.Equal(t, "a", resp.Header.Get(HeaderUpstream))
+	require.Equal(t, StateClosed, u.br.stateAt(clock.Now()), "the probe closed it")
+	// A healthy, instant answer after recovery.
+	resp = sendID("fast")
+	require.Equal(t, "a", resp.Header.Get(HeaderUpstream))
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, StateClosed, u.br.stateAt(clock.Now()), "a fast success after recovery reopened it; events %v", evs)
+}
+
+// gatedBase is a Base whose calls block until gate is closed; it counts
+// calls and records the fake-clock time of each.
+type gatedBase struct {
+	clock *fakeClock
+	gate  chan struct{}
+	calls atomic.Int32
+	mu    sync.Mutex
+	at    []time.Time
+}
+
+func (g *gatedBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	g.calls.Add(1)
+	g.mu.Lock()
+	g.at = append(g.at, g.clock.Now())
+	g.mu.Unlock()
+	select {
+	case <-g.gate:
+	case <-req.Context().Done():
+		return nil, req.Context().Err()
+	}
+	return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}, nil
+}
+
+func goSend(r http.RoundTripper, ctx context.Context, prio string) <-chan error {
+	errc := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, "POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "x")))
+		if prio != "" {
+			req.Header.Set(HeaderPriority, prio)
+		}
+		resp, err := r.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	return errc
+}
+
+// TestRegressSlotWaitersBypassRPM: requests that found RPM tokens but no
+// in-flight slot wait for the slot, then ask for their tokens again: with
+// RPM 2 and MaxInFlight 1, at most two of five go out in one instant.
+// (They took the tokens without looking whether they were still there,
+// and all five went.)
+func TestRegressSlotWaitersBypassRPM(t *testing.T) {
+	clock := newFakeClock()
+	base := &gatedBase{clock: clock, gate: make(chan struct{})}
+	r, _ := newTestRouter(t, Config{Clock: clock, Base: base,
+		Limits:    LimitConfig{MaxWait: 10 * time.Minute},
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 2, MaxInFlight: 1}}})
+	u := r.ups[0]
+	var errs []<-chan error
+	errs = append(errs, goSend(r, context.Background(), ""))
+	require.Eventually(t, func() bool { return base.calls.Load() == 1 }, 5*time.Second, time.Millisecond)
+	for i := 1; i < 5; i++ {
+		errs = append(errs, goSend(r, context.Background(), ""))
+		require.Eventually(t, func() bool { return int(u.lim.slots.n.Load()) == i }, 5*time.Second, time.Millisecond)
+	}
+	close(base.gate)
+	// Without the clock moving, one more call has its token: it goes; the
+	// next to get the slot waits for a token holding it, and the last two
+	// wait for the slot.
+	require.Eventually(t, func() bool { return base.calls.Load() >= 2 && u.lim.rq.n.Load() == 1 && u.lim.slots.n.Load() == 2 }, 5*time.Second, time.Millisecond,
+		"calls %d, waiting for tokens %d, for slots %d", base.calls.Load(), u.lim.rq.n.Load(), u.lim.slots.n.Load())
+	sent := base.calls.Load()
+	// Drain: move the clock until everyone is done.
+	for _, e := range errs {
+		for done := false; !done; {
+			select {
+			case <-e:
+				done = true
+			case <-time.After(10 * time.Millisecond):
+				clock.Advance(10 * time.Second)
+			}
+		}
+	}
+	assert.LessOrEqual(t, int(sent), 2, "RPM 2: at most 2 calls at one instant, got %d", sent)
+}
+
+// TestRegressCancelBeforeSendRefundsFleet: with a shared State, a request
+// admitted by the fleet's limits whose context ends before its call goes
+// out gives its token back to the fleet's limits. (It refunded the
+// in-process limiter, which it never charged, and the fleet's token was
+// lost.)
+func TestRegressCancelBeforeSendRefundsFleet(t *testing.T) {
+	st := newMemState()
+	clock := newAutoClock()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}, nil
+	})
+	r, err := New(Config{Base: base, Clock: clock, State: st, StateTimeout: time.Second, Strategy: StrategyPriority,
+		Limits:    LimitConfig{MaxWait: 5 * time.Minute},
+		Hooks:     Hooks{OnWait: func(WaitEvent) { cancel() }}, // the caller gives up just as the wait ends
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 2}}})
+	require.NoError(t, err)
+	// Two requests spend the fleet's minute.
+	for range 2 {
+		req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "x")))
+		resp, err := r.RoundTrip(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+	}
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "x")))
+	_, err = r.RoundTrip(req)
+	require.ErrorIs(t, err, context.Canceled)
+	t.Logf("err=%v waits=%v local=%v", err, clock.Waits(), r.ups[0].lim.rpm.TokensAt(clock.Now()))
+	now := clock.Now()
+	st.mu.Lock()
+	fleet := st.rpm["a"].TokensAt(now)
+	st.mu.Unlock()
+	// 30 s passed for the wait: one token came back; the cancelled request
+	// took it and must have given it back.
+	assert.InDelta(t, 1.0, fleet, 1e-6, "the fleet's token taken for a call that never went out is lost")
+}
+
+// TestRegressHugeResetIsCappedNotIgnored: a reset of more than an hour is
+// capped to an hour, also a plain number of seconds too large for a
+// Duration (it overflowed to a negative and was ignored).
+func TestRegressHugeResetIsCappedNotIgnored(t *testing.T) {
+	for _, v := range []string{"86400", "1e10", "1e12"} {
+		d, ok := parseReset(v)
+		assert.True(t, ok, v)
+		assert.Equal(t, time.Hour, d, v)
+	}
+	var l limiter
+	l.init(0, 0, 0)
+	now := time.Unix(1000, 0)
+	resp := &http.Response{StatusCode: 200, Header: http.Header{"X-Ratelimit-Remaining-Requests": {"0"}, "X-Ratelimit-Reset-Requests": {"1e10"}}}
+	l.observe(resp, now)
+	assert.Equal(t, time.Hour, l.delay(now, 0), "held for the capped hour")
+}
