@@ -157,6 +157,9 @@ type call struct {
 	context.Context
 	o    *Observer
 	span trace.Span
+	// endpoint is the operation onRequest read from the URL path, for a
+	// call that fails before the router classifies it (Report.Endpoint "").
+	endpoint string
 
 	mu         sync.Mutex
 	wait       time.Duration // a wait not yet attached to an attempt
@@ -186,14 +189,14 @@ func (o *Observer) callOf(ctx context.Context) *call {
 // report names the model.
 func (o *Observer) onRequest(ctx context.Context, req *http.Request) context.Context {
 	ops := o.ops[""]
-	name := req.Method
+	name, ep := req.Method, ""
 	if req.URL != nil && req.Method == http.MethodPost {
 		if s := o.ops[endpointOf(req.URL.Path)]; s.op != "" {
-			ops, name = s, s.op
+			ops, name, ep = s, s.op, endpointOf(req.URL.Path)
 		}
 	}
 	ctx, span := o.tracer.Start(ctx, name, ops.start...)
-	return &call{Context: ctx, o: o, span: span}
+	return &call{Context: ctx, o: o, span: span, endpoint: ep}
 }
 
 // onAttempt starts an attempt's span and injects its context into the
@@ -346,13 +349,17 @@ func (o *Observer) onReport(r relay.Report) {
 		ctx = context.Background()
 	}
 	et := errclass.Type(r.Err, r.StatusCode)
-	ops := o.ops[r.Endpoint]
+	ep := r.Endpoint
+	if c := o.callOf(ctx); ep == "" && c != nil {
+		ep = c.endpoint // a call that failed before it was classified (a body too large)
+	}
+	ops := o.ops[ep]
 	if ops == nil {
 		ops = o.ops[""]
 	}
 	var rs *reportSets
 	if ops.op != "" {
-		rs = o.reports.Get(o, reportKey{r.Endpoint, r.RequestedModel, r.Model, r.Upstream, r.Bucket, et}, newReportSets)
+		rs = o.reports.Get(o, reportKey{ep, r.RequestedModel, r.Model, r.Upstream, r.Bucket, et}, newReportSets)
 		o.inst.duration.Record(ctx, r.Latency.Seconds(), rs.duration...)
 		if o.estimated || !r.Usage.Estimated {
 			if r.Usage.PromptTokens > 0 || r.Usage.CompletionTokens > 0 {
@@ -362,7 +369,7 @@ func (o *Observer) onReport(r relay.Report) {
 				}
 			}
 		}
-		if r.Stream && r.TTFT > 0 {
+		if streamed(r) {
 			o.inst.ttfc.Record(ctx, r.TTFT.Seconds(), rs.ttfc...)
 		}
 		if r.Priced {
@@ -415,7 +422,7 @@ func (o *Observer) setAttributes(span trace.Span, kv []attribute.KeyValue, fixed
 	}
 	if r.Stream {
 		kv = append(kv, semconv.GenAIRequestStreamKey.Bool(true))
-		if r.TTFT > 0 {
+		if streamed(r) {
 			kv = append(kv, semconv.GenAIResponseTimeToFirstChunkKey.Float64(r.TTFT.Seconds()))
 		}
 	}
@@ -497,4 +504,11 @@ func b2i(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// streamed reports whether r is a stream that sent a first chunk: a 2xx
+// stream with a TTFT (for an error status, Report.TTFT is the time to the
+// headers, not to a chunk).
+func streamed(r relay.Report) bool {
+	return r.Stream && r.TTFT > 0 && r.StatusCode >= 200 && r.StatusCode < 300
 }

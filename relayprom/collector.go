@@ -349,7 +349,7 @@ func (c *Collector) onReport(r relay.Report) {
 		m.cost.Add(r.CostUSD)
 	}
 	m.duration.Observe(r.Latency.Seconds())
-	if r.Stream && r.TTFT > 0 {
+	if r.Stream && r.TTFT > 0 && r.StatusCode >= 200 && r.StatusCode < 300 { // a first chunk came (for an error status, TTFT is to the headers)
 		c.ttftC.Get(c, [2]string{up, model}, newTTFT).Observe(r.TTFT.Seconds())
 	}
 	if r.Hedged {

@@ -74,6 +74,9 @@ var sentinels = []struct {
 	{relay.ErrCircuitOpen, "circuit_open"},
 	{relay.ErrFirstTokenTimeout, "first_token_timeout"},
 	{relay.ErrStreamStalled, "stream_stalled"},
+	{relay.ErrBudgetExceeded, "budget_exceeded"},
+	{relay.ErrContextWindow, "context_window"},
+	{relay.ErrNoTaggedUpstream, "no_tagged_upstream"},
 }
 
 // Type is the type of a call's error: "" when it succeeded.
@@ -94,6 +97,11 @@ func Type(err error, status int) string {
 
 // Kind names a transport error.
 func Kind(err error) string {
+	for _, s := range sentinels {
+		if errors.Is(err, s.err) {
+			return s.name
+		}
+	}
 	switch {
 	case errors.Is(err, relay.ErrAttemptTimeout):
 		return "attempt_timeout"
