@@ -327,7 +327,7 @@ func (r *Router) giveTokens(ctx context.Context, a admission, c *candidate, tpm 
 		r.refundShared(ctx, a.trip, c.up, 1, fleetCharge(a.tokens, c.up), now)
 		return
 	}
-	c.up.lim.refund(now, tpm)
+	c.up.lim.giveBack(r.s.clock, now, tpm)
 }
 
 // forceSoonest is the never-empty rule at admission: when every candidate

@@ -119,6 +119,13 @@ func (s *settings) fitWindow(q *Request, rt Route) (_ Route, changed bool, err e
 	if fit(rt.Model) && !slices.ContainsFunc(rt.Fallbacks, func(m string) bool { return !fit(m) }) {
 		return rt, false, nil // the common case: nothing to change
 	}
+	if rt.Model == "" {
+		// A body with no model (the deployment is in the URL): its
+		// window is unknown, so it fits; only fallbacks that do not fit
+		// are dropped.
+		rt.Fallbacks = slices.DeleteFunc(slices.Clone(rt.Fallbacks), func(m string) bool { return m == "" || !fit(m) })
+		return rt, false, nil
+	}
 	var models []string
 	for _, m := range slices.Concat([]string{rt.Model}, rt.Fallbacks, s.contextFallbacks) {
 		if m != "" && fit(m) && !slices.Contains(models, m) {

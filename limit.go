@@ -95,6 +95,15 @@ func (l *limiter) refund(now time.Time, tpm int) {
 	}
 }
 
+// giveBack refunds, and serves the rate queue's head if the tokens given
+// back are what it waits for (it would otherwise wait for its timer).
+func (l *limiter) giveBack(c Clock, now time.Time, tpm int) {
+	l.refund(now, tpm)
+	if l.rq.n.Load() > 0 {
+		l.pump(c)
+	}
+}
+
 // trySlot takes an in-flight slot without waiting.
 func (l *limiter) trySlot(p Priority) bool {
 	return l.slots == nil || l.slots.try(p)

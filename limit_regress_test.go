@@ -207,3 +207,34 @@ func TestRegressHugeResetIsCappedNotIgnored(t *testing.T) {
 	l.observe(resp, now)
 	assert.Equal(t, time.Hour, l.delay(now, 0), "held for the capped hour")
 }
+
+// TestRegressRefundDoesNotWakeRateQueue: a waiter served by the rate queue
+// that then gives its tokens back (its slot wait is cancelled) hands them
+// to the next waiter at once. (The next waited for its old timer, with the
+// token in the bucket.)
+func TestRegressRefundDoesNotWakeRateQueue(t *testing.T) {
+	clock := newFakeClock()
+	base := &gatedBase{clock: clock, gate: make(chan struct{})}
+	r, _ := newTestRouter(t, Config{Clock: clock, Base: base,
+		Limits:    LimitConfig{MaxWait: 10 * time.Minute},
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 1, MaxInFlight: 1}}})
+	u := r.ups[0]
+	x := goSend(r, context.Background(), "") // takes the token and the slot
+	require.Eventually(t, func() bool { return base.calls.Load() == 1 }, 5*time.Second, time.Millisecond)
+	ctxA, cancelA := context.WithCancel(context.Background())
+	a := goSend(r, ctxA, "")
+	require.Eventually(t, func() bool { return u.lim.rq.n.Load() == 1 }, 5*time.Second, time.Millisecond)
+	b := goSend(r, context.Background(), "")
+	require.Eventually(t, func() bool { return u.lim.rq.n.Load() == 2 }, 5*time.Second, time.Millisecond)
+	clock.Advance(time.Minute) // A gets the token, then waits for the slot
+	require.Eventually(t, func() bool { return u.lim.rq.n.Load() == 1 && u.lim.slots.n.Load() == 1 }, 5*time.Second, time.Millisecond)
+	cancelA()
+	require.ErrorIs(t, <-a, context.Canceled)
+	// A's token went back, and B, at the head of the rate queue, has it.
+	assert.Eventually(t, func() bool { return u.lim.rq.n.Load() == 0 }, time.Second, time.Millisecond,
+		"B still waits for its timer (due in %v) with the token in the bucket", time.Minute)
+	close(base.gate)
+	require.NoError(t, <-x)
+	clock.Advance(time.Minute)
+	require.NoError(t, <-b)
+}

@@ -155,12 +155,11 @@ func (l *limiter) waitRate(ctx context.Context, c Clock, w *waiter) error {
 	case <-ctx.Done():
 	}
 	q.mu.Lock()
-	served := q.leave(w)
-	d, arm = l.dispatchLocked(c.Now())
-	q.mu.Unlock()
-	if served {
+	if q.leave(w) { // served as ctx ended: its tokens go back, to the next
 		l.refund(c.Now(), w.tpm)
 	}
+	d, arm = l.dispatchLocked(c.Now())
+	q.mu.Unlock()
 	if arm {
 		q.arm(c, d, func() { l.pump(c) })
 	}

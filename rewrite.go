@@ -206,7 +206,9 @@ func (t *trip) injectStreamUsage(body []byte) ([]byte, bool) {
 	if !wantsStreamUsage(t.c.req.Endpoint) {
 		return body, false
 	}
-	if gjson.GetBytes(body, "stream_options.include_usage").Bool() {
+	if string(lastMember(lastMember(body, "stream_options"), "include_usage")) == "true" {
+		// The caller asked for it, in the member an upstream reads: the
+		// last of repeated ones, as encoding/json and Python's json do.
 		return body, false
 	}
 	nb, err := sjson.SetBytes(body, "stream_options.include_usage", true)
@@ -291,4 +293,17 @@ func editTop(body []byte, sets []topSet) (out []byte, found uint64) {
 		out = append(out, st.raw...)
 	}
 	return append(out, body[closing:]...), found
+}
+
+// lastMember returns the raw value of the last member named key of the
+// JSON object obj, "" when it has none.
+func lastMember[T jsonscan.Text](obj T, key string) T {
+	var v T
+	jsonscan.Each(obj, 0, func(k, x T) bool {
+		if string(k) == key {
+			v = x
+		}
+		return true
+	})
+	return v
 }

@@ -134,3 +134,37 @@ func tokensFor(model string) func(string) int {
 	enc := tokens.ForModel(model)
 	return enc.Count
 }
+
+// TestRegressNoModelRequestNotRefusedForFallbackWindow: a body without a
+// model (Azure deployments name it in the URL) has an unknown window, so
+// it fits; a fallback that does not fit is dropped, and the request goes
+// as written. (It was refused with ErrContextWindow.)
+func TestRegressNoModelRequestNotRefusedForFallbackWindow(t *testing.T) {
+	up := newRecorder(t, 200, []byte(`{}`))
+	r, _ := newTestRouter(t, Config{
+		Upstreams: []Upstream{{Name: "az", BaseURL: up.URL + "/v1"}},
+		Prices:    map[string]Price{"small": {MaxInputTokens: 1000, MaxOutputTokens: 1000}},
+		Policy:    PolicyFunc(func(q Request) Route { return Route{Fallbacks: []string{"small"}} }),
+	})
+	body := `{"messages":[{"role":"user","content":"` + strings.Repeat("lorem ipsum dolor sit amet ", 3000) + `"}]}`
+	req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(body))
+	resp, err := r.RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Len(t, up.got(), 1)
+	assert.Equal(t, body, string(up.got()[0].Body), "sent as the caller wrote it")
+}
+
+// TestRegressDuplicateStreamOptionsHidesAskedUsage: with stream_options
+// repeated, the upstream reads the last one, which asks for usage: the
+// caller asked for it, and the usage chunk reaches the caller. (The router
+// read the first, injected the option and removed the chunk.)
+func TestRegressDuplicateStreamOptionsHidesAskedUsage(t *testing.T) {
+	const usage = "data: {\"id\":\"x\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":6,\"total_tokens\":11}}\n\n"
+	sse := "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n" + usage + "data: [DONE]\n\n"
+	r, _ := bodyRouter(t, Config{}, func() io.Reader { return strings.NewReader(sse) })
+	req := `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":false},"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Hi"}]}`
+	got, err := stream(t, r, "chat/completions", req)
+	require.NoError(t, err)
+	assert.Equal(t, sse, string(got), "the caller asked (last member) for the usage chunk")
+}

@@ -383,7 +383,7 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 		if cand.fleetTPM {
 			r.refundShared(ctx, t, cand.up, 1, fleetCharge(t.tokens, cand.up), a.sent)
 		} else {
-			cand.up.lim.refund(a.sent, cand.up.lim.charge(t.tokens))
+			cand.up.lim.giveBack(r.s.clock, a.sent, cand.up.lim.charge(t.tokens))
 		}
 		if stop != nil {
 			stop()
