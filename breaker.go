@@ -271,7 +271,7 @@ func (r *Router) Probe(ctx context.Context) []string {
 	if r.s.breaker.probePath == "" {
 		return nil
 	}
-	path := strings.TrimLeft(r.s.breaker.probePath, "/")
+	path, query, _ := strings.Cut(strings.TrimLeft(r.s.breaker.probePath, "/"), "?")
 	var back []string
 	for _, u := range r.ups {
 		if !u.br.due(r.s.clock.Now()) {
@@ -279,13 +279,19 @@ func (r *Router) Probe(ctx context.Context) []string {
 		}
 		pu := *u.base
 		pu.Path = u.base.Path + "/" + path
+		switch {
+		case pu.RawQuery == "":
+			pu.RawQuery = query
+		case query != "":
+			pu.RawQuery += "&" + query // the BaseURL's own query (api-version) first, as requests have it
+		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, pu.String(), nil)
 		if err != nil {
 			continue
 		}
-		if u.auth != nil {
-			req.Header.Set("Authorization", u.auth())
-		}
+		// The upstream's headers as a request carries them (an Azure
+		// Api-Key, its Authorization).
+		req.Header = outHeader(nil, u)
 		resp, err := r.s.base.RoundTrip(req)
 		if err != nil {
 			continue

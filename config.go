@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -219,9 +220,7 @@ func (u Upstream) Format(f fmt.State, verb rune) {
 		}
 		u.Header = h
 	}
-	if p, err := url.Parse(u.BaseURL); err == nil && p.User != nil {
-		u.BaseURL = p.Redacted()
-	}
+	u.BaseURL = redactURL(u.BaseURL)
 	fmt.Fprintf(f, fmt.FormatString(f, verb), plain(u))
 }
 
@@ -441,7 +440,7 @@ type hedgeSettings struct {
 	on      bool
 	delay   time.Duration
 	p95     bool
-	deposit int64 // thousandths of a hedge each request adds to the balance
+	deposit int64 // millionths of a hedge each request adds to the balance
 }
 
 type breakerSettings struct {
@@ -592,7 +591,11 @@ func resolveHedge(c HedgeConfig, bad func(string, ...any)) hedgeSettings {
 	if c.Delay < 0 || c.Budget < 0 || c.Budget > 1 || (c.P95 && c.Delay == 0) {
 		bad("HedgeConfig: Delay must be positive (also with P95), Budget within [0, 1]")
 	}
-	return hedgeSettings{on: c.Delay > 0, delay: c.Delay, p95: c.P95, deposit: int64(orDefault(c.Budget, 0.05) * 1000)}
+	if c.Budget > 0 && c.Budget < 1e-6 {
+		// The budget is kept in millionths of a hedge per request.
+		bad("HedgeConfig: Budget %g is under 1e-6, the smallest share it keeps", c.Budget)
+	}
+	return hedgeSettings{on: c.Delay > 0, delay: c.Delay, p95: c.P95, deposit: int64(math.Round(orDefault(c.Budget, 0.05) * hedgeUnit))}
 }
 
 func resolveBreaker(c BreakerConfig, bad func(string, ...any)) breakerSettings {
@@ -640,16 +643,14 @@ func resolveUpstream(c Upstream) (upstreamSettings, error) {
 	}
 	base, err := url.Parse(c.BaseURL)
 	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
-		shown := c.BaseURL
-		if err == nil && base.User != nil {
-			shown = base.Redacted()
-		} else if err != nil {
-			shown = "(unparsable)"
-		}
-		errs = append(errs, fmt.Sprintf("BaseURL %q must be an absolute http(s) URL", shown))
+		errs = append(errs, fmt.Sprintf("BaseURL %q must be an absolute http(s) URL", redactURL(c.BaseURL)))
 	}
 	if len(c.KeyPrefixes) > 0 {
 		switch {
+		case slices.Contains(c.KeyPrefixes, ""):
+			// (an empty prefix passes any key, and would make every word
+			// of the router's redaction look like a key)
+			errs = append(errs, "KeyPrefixes has an empty prefix")
 		case c.APIKey == "":
 			errs = append(errs, "APIKey is empty")
 		case !slices.ContainsFunc(c.KeyPrefixes, func(p string) bool { return strings.HasPrefix(c.APIKey, p) }):

@@ -130,7 +130,7 @@ func TestNewReportsEveryProblem(t *testing.T) {
 		`upstream "ftp": BaseURL "ftp://x" must be an absolute http(s) URL`,
 		`upstream "hs": APIKey is empty`,
 		`upstream "neg": PriceFactor -1 is negative; RPM, TPM, MaxInFlight and Weight must not be negative`,
-		`upstream "pw": BaseURL "gopher://user:xxxxx@x" must be an absolute http(s) URL`,
+		`upstream "pw": BaseURL "gopher://redacted@x" must be an absolute http(s) URL`,
 		"Jitter 2 is over 1",
 		"LoadFactor 0.5 must be at least 1",
 		"Buckets.Long (100) is below Buckets.Mid (900)",

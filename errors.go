@@ -3,6 +3,7 @@ package relay
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -126,6 +127,7 @@ func newSecrets(ups []Upstream) secrets {
 		if len(u.APIKey) >= 8 {
 			s.values = append(s.values, u.APIKey)
 		}
+		s.values = append(s.values, urlSecrets(u.BaseURL)...)
 		for _, vs := range u.Header {
 			for _, v := range vs {
 				if len(v) >= 8 {
@@ -133,7 +135,11 @@ func newSecrets(ups []Upstream) secrets {
 				}
 			}
 		}
-		prefixes = append(prefixes, u.KeyPrefixes...)
+		for _, p := range u.KeyPrefixes {
+			if p != "" { // (New refuses it; an empty prefix would make every word a key)
+				prefixes = append(prefixes, p)
+			}
+		}
 	}
 	slices.SortFunc(s.values, func(a, b string) int { return len(b) - len(a) })
 	alts := make([]string, len(prefixes))
@@ -142,6 +148,85 @@ func newSecrets(ups []Upstream) secrets {
 	}
 	s.shaped = regexp.MustCompile(`(?:` + strings.Join(alts, "|") + `)[A-Za-z0-9_\-*.]{4,}`)
 	return s
+}
+
+// urlSecrets returns what a BaseURL may carry as a secret: its user part
+// and its query values (Azure's ?api-key=), those of 8 bytes or more.
+func urlSecrets(raw string) []string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	add := func(v string) {
+		if len(v) >= 8 {
+			out = append(out, v, url.QueryEscape(v))
+		}
+	}
+	if u.User != nil {
+		add(u.User.Username())
+		if p, ok := u.User.Password(); ok {
+			add(p)
+		}
+	}
+	for _, vs := range u.Query() {
+		for _, v := range vs {
+			add(v)
+		}
+	}
+	return out
+}
+
+// redactURL returns a URL for printing: without its user part, its query
+// values replaced, or "(unparsable)".
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable)"
+	}
+	if u.User != nil {
+		u.User = url.User("redacted")
+	}
+	if u.RawQuery != "" {
+		q := u.Query()
+		for k := range q {
+			q[k] = []string{"redacted"}
+		}
+		u.RawQuery = q.Encode()
+	}
+	return u.String()
+}
+
+// redactedError is a transport error whose text has the secrets taken out
+// (a Base's *url.Error names the upstream's URL, query key included); it
+// is still the same error to errors.Is/As, os.IsTimeout and net.Error.
+type redactedError struct {
+	err error
+	msg string
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }
+func (e *redactedError) Timeout() bool {
+	var t interface{ Timeout() bool }
+	return errors.As(e.err, &t) && t.Timeout()
+}
+func (e *redactedError) Temporary() bool {
+	var t interface{ Temporary() bool }
+	return errors.As(e.err, &t) && t.Temporary()
+}
+
+// redactErr returns err with the secrets taken out of its text, err itself
+// when its text has none.
+func (s *secrets) redactErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	if r := s.redact(msg); r != msg {
+		return &redactedError{err: err, msg: r}
+	}
+	return err
 }
 
 // redact returns text with every secret replaced by "[redacted]".

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// hedgeBudget is a balance of hedges in thousandths: each request deposits
+// hedgeBudget is a balance of hedges in millionths (hedgeUnit): each request deposits
 // HedgeConfig.Budget of a hedge, up to a balance of 10, and each hedge
 // spends one. It is lock-free.
 type hedgeBudget struct {
@@ -14,14 +14,18 @@ type hedgeBudget struct {
 	deposit int64
 }
 
-const hedgeBudgetCap = 10 * 1000
+const hedgeBudgetCap = 10 * hedgeUnit
 
-// hedgeReserve is the part of the balance, in thousandths, that an
+// hedgeUnit is one hedge in the balance: a millionth is the finest share
+// HedgeConfig.Budget keeps.
+const hedgeUnit = 1_000_000
+
+// hedgeReserve is the part of the balance, in millionths, that an
 // attempt's first look at the hedge delay leaves for later looks (see
 // sendHedged): a hedge at the first look needs 1 + 2 hedges in the
 // balance, one at a later look 1. A new router's balance starts at the
 // reserve.
-const hedgeReserve = 2 * 1000
+const hedgeReserve = 2 * hedgeUnit
 
 func (b *hedgeBudget) add() {
 	for {
@@ -37,10 +41,10 @@ func (b *hedgeBudget) add() {
 func (b *hedgeBudget) take(reserve int64) bool {
 	for {
 		old := b.bal.Load()
-		if old < 1000+reserve {
+		if old < hedgeUnit+reserve {
 			return false
 		}
-		if b.bal.CompareAndSwap(old, old-1000) {
+		if b.bal.CompareAndSwap(old, old-hedgeUnit) {
 			return true
 		}
 	}
@@ -124,7 +128,7 @@ func (t *trip) sendHedged(ctx context.Context, cands []candidate, idx int, tk ti
 	adm.exclude, adm.mayWait = cand.up, false // a hedge goes elsewhere, at once
 	idx2, tk2, _, err := r.acquire(ctx, cands, idx+1, adm)
 	if err != nil {
-		r.hedges.bal.Add(1000) // unspent
+		r.hedges.bal.Add(hedgeUnit) // unspent
 		return <-results, -1
 	}
 	t.hedged = true

@@ -210,7 +210,7 @@ func TestHedgeLaterLooksGetTheReserve(t *testing.T) {
 	resp := <-done
 	require.NotNil(t, resp)
 	assert.Equal(t, "b", resp.Header.Get(HeaderUpstream), "hedged at the second look, from the reserve")
-	assert.Equal(t, int64(hedgeReserve+10-1000), r.hedges.bal.Load(), "the reserve and the request's deposit, less the hedge")
+	assert.Equal(t, int64(hedgeReserve+hedgeUnit/100-hedgeUnit), r.hedges.bal.Load(), "the reserve and the request's deposit, less the hedge")
 	rep := reps.all()[0]
 	assert.True(t, rep.Hedged)
 	assert.Equal(t, 2, rep.Attempts)
@@ -252,7 +252,7 @@ func TestHedgeLooksUntilTheBudgetPays(t *testing.T) {
 		require.Equal(t, next, armed)
 	}
 	assert.Zero(t, b.Calls(), "no hedge without budget")
-	r.hedges.bal.Store(1000) // other requests paid in one hedge
+	r.hedges.bal.Store(hedgeUnit) // other requests paid in one hedge
 	clock.Advance(4 * d)
 	resp := <-done
 	require.NotNil(t, resp)

@@ -253,8 +253,10 @@ func (g *gateway) chat(w http.ResponseWriter, r *http.Request) {
 	}
 	if resp.StatusCode != http.StatusOK {
 		// The upstream's own error, OpenAI-shaped, passes through.
-		if ct := resp.Header.Get("Content-Type"); ct != "" {
-			w.Header().Set("Content-Type", ct)
+		for _, k := range []string{"Content-Type", "Retry-After", "Retry-After-Ms"} {
+			if v := resp.Header.Get(k); v != "" {
+				w.Header().Set(k, v) // (a 429's wait, for the client to honour)
+			}
 		}
 		w.WriteHeader(resp.StatusCode)
 		_, _ = w.Write(answer)
@@ -352,6 +354,12 @@ func writeRouterError(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusTooManyRequests, err.Error(), "", "rate_limit_exceeded")
 	case errors.Is(err, relay.ErrBodyTooLarge):
 		writeError(w, http.StatusBadRequest, err.Error(), "", "request_too_large")
+	case errors.Is(err, relay.ErrContextWindow):
+		writeError(w, http.StatusBadRequest, err.Error(), "messages", "context_length_exceeded")
+	case errors.Is(err, relay.ErrBudgetExceeded):
+		writeError(w, http.StatusTooManyRequests, err.Error(), "", "budget_exceeded")
+	case errors.Is(err, relay.ErrNoTaggedUpstream):
+		writeError(w, http.StatusNotFound, err.Error(), "", "no_tagged_upstream")
 	case errors.Is(err, context.Canceled):
 		writeError(w, 499, "The client closed the request.", "", "client_closed_request")
 	default:

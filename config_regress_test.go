@@ -1,0 +1,192 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/url"
+	"os"
+
+	"fmt"
+	goopenai "github.com/sashabaranov/go-openai"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenrelay/relay/relaytest"
+)
+
+func goopenaiReq() goopenai.ChatCompletionRequest {
+	return goopenai.ChatCompletionRequest{Model: "gpt-4.1", Stream: true,
+		Messages: []goopenai.ChatCompletionMessage{{Role: "user", Content: "x"}}}
+}
+
+// Regressions: each test below failed before its fix; the comment says what
+// held instead.
+
+// A key in the BaseURL's query string (Azure-style ?api-key=) is not printed
+// by Upstream's Format (it was).
+func TestRegressUpstreamFormatQueryKey(t *testing.T) {
+	const key = "QSECRETazure0123456789"
+	up := Upstream{Name: "az", BaseURL: "https://az.example/openai?api-key=" + key}
+	cfg := Config{Upstreams: []Upstream{up}}
+	for _, verb := range []string{"%v", "%+v", "%#v", "%s"} {
+		for _, v := range []any{up, cfg} {
+			assert.NotContains(t, fmt.Sprintf(verb, v), key, "%s of %T", verb, v)
+		}
+	}
+}
+
+// A key carried as the userinfo user (https://KEY@host) is not printed (it
+// was: url.URL.Redacted only hides a password).
+func TestRegressUpstreamFormatUserinfoKey(t *testing.T) {
+	const key = "sk-userinfo-SECRET-42"
+	up := Upstream{Name: "u", BaseURL: "https://" + key + "@api.example/v1"}
+	for _, verb := range []string{"%v", "%+v", "%#v"} {
+		assert.NotContains(t, fmt.Sprintf(verb, up), key, verb)
+	}
+}
+
+// New's error for a BaseURL without a scheme does not print its query key
+// (it printed the URL as given).
+func TestRegressNewErrorQueryKey(t *testing.T) {
+	const key = "QSECRETazure0123456789"
+	_, err := New(Config{Upstreams: []Upstream{{Name: "az", BaseURL: "az.example/openai?api-key=" + key}}})
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), key)
+	_, err = New(Config{Upstreams: []Upstream{{Name: "az", BaseURL: "ftp://" + key + "@az.example/v1"}}})
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), key)
+}
+
+// Router.Probe sends the upstream's Header with GET BaseURL+ProbePath (an
+// upstream authenticated by a header, Api-Key, answered 401 and was never
+// re-admitted).
+func TestRegressProbeSendsUpstreamHeader(t *testing.T) {
+	srv := relaytest.NewServer()
+	t.Cleanup(srv.Close)
+	srv.SetDefault(relaytest.Fault{Status: 500})
+	clock := newAutoClock()
+	r, _ := newTestRouter(t, Config{
+		Clock:     clock,
+		Upstreams: []Upstream{{Name: "a", BaseURL: srv.URL, Header: http.Header{"Api-Key": {"az-key-123456"}}}},
+		Breaker:   BreakerConfig{Failures: 1, ProbePath: "/models"},
+		Retry:     RetryConfig{MaxAttempts: 1},
+	})
+	send(t, r, chatBody("gpt-4.1", "x"))
+	send(t, r, chatBody("gpt-4.1", "x"))
+	require.Equal(t, StateOpen, r.byName["a"].br.stateAt(clock.Now()))
+	clock.Advance(time.Minute)
+	srv.SetDefault(relaytest.Fault{})
+	r.Probe(context.Background())
+	last := srv.Requests()[srv.Calls()-1]
+	require.Equal(t, "GET", last.Method)
+	assert.Equal(t, "az-key-123456", last.Header.Get("Api-Key"), "the probe carries the upstream's headers")
+}
+
+// ProbePath with a query string (e.g. "/models?api-version=...") keeps its
+// query (it was escaped into the path).
+func TestRegressProbePathQuery(t *testing.T) {
+	srv := relaytest.NewServer()
+	t.Cleanup(srv.Close)
+	srv.SetDefault(relaytest.Fault{Status: 500})
+	clock := newAutoClock()
+	r, _ := newTestRouter(t, Config{
+		Clock:     clock,
+		Upstreams: []Upstream{{Name: "a", BaseURL: srv.URL}},
+		Breaker:   BreakerConfig{Failures: 1, ProbePath: "/models?x=1"},
+		Retry:     RetryConfig{MaxAttempts: 1},
+	})
+	send(t, r, chatBody("gpt-4.1", "x"))
+	send(t, r, chatBody("gpt-4.1", "x"))
+	clock.Advance(time.Minute)
+	srv.SetDefault(relaytest.Fault{})
+	r.Probe(context.Background())
+	last := srv.Requests()[srv.Calls()-1]
+	t.Logf("path %q query %q", last.Path, last.RawQuery)
+	assert.Equal(t, "/v1/models", last.Path)
+}
+
+// A BaseURL url.Parse refuses (a trailing newline read from a file) is not
+// printed raw by Format (it was, password included).
+func TestRegressUpstreamFormatUnparsableURL(t *testing.T) {
+	const pw = "PWSECRET-123456"
+	up := Upstream{Name: "u", BaseURL: "https://user:" + pw + "@api.example/v1\n"}
+	for _, verb := range []string{"%v", "%+v", "%#v"} {
+		assert.NotContains(t, fmt.Sprintf(verb, up), pw, verb)
+	}
+}
+
+// An empty key prefix is refused by New, and ignored by the redaction (it
+// passed every key and made the redaction take out every word).
+func TestRegressEmptyKeyPrefix(t *testing.T) {
+	_, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "https://x/v1", APIKey: "whatever-key", KeyPrefixes: []string{""}}}})
+	assert.Error(t, err, "an empty prefix checks nothing")
+	s := newSecrets([]Upstream{{KeyPrefixes: []string{""}}})
+	assert.Equal(t, "The server had an error", s.redact("The server had an error"))
+}
+
+// A small hedge budget is kept (it was rounded to nothing).
+func TestRegressHedgeBudgetRounding(t *testing.T) {
+	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "https://x/v1"}}, Hedge: HedgeConfig{Delay: time.Second, Budget: 0.0005}})
+	require.NoError(t, err)
+	assert.Positive(t, r.hedges.deposit, "Budget 0.0005 (1 hedge per 2000 requests) became 0")
+}
+
+// A Base error naming the URL (as any http.Client-based transport's
+// *url.Error does) has the BaseURL's query key taken out of the error and
+// the report (it carried it), and is still the same error to errors.Is/As.
+func TestRegressBaseErrorQueryKey(t *testing.T) {
+	const key = "QSECRETazure0123456789"
+	r, reps := newTestRouter(t, Config{
+		Upstreams: []Upstream{{Name: "az", BaseURL: "https://az.example/openai?api-key=" + key}},
+		Retry:     RetryConfig{MaxAttempts: 1},
+		Base: roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			return nil, &url.Error{Op: "Post", URL: req.URL.String(), Err: errors.New("connection reset by peer")}
+		}),
+	})
+	_, _, err := send(t, r, chatBody("gpt-4.1", "x"))
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), key)
+	assert.NotContains(t, reps.all()[0].Err.Error(), key)
+}
+
+// A deadline that passes mid-stream: the read error is a timeout and wraps
+// context.DeadlineExceeded, through go-openai's stream reader.
+func TestRegressStreamDeadlineMidBody(t *testing.T) {
+	srv := relaytest.NewServer()
+	t.Cleanup(srv.Close)
+	srv.SetDefault(relaytest.Fault{ChunkDelay: 200 * time.Millisecond})
+	r, _ := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: srv.URL}}})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	st, err := goOpenAIClient(r).CreateChatCompletionStream(ctx, goopenaiReq())
+	require.NoError(t, err)
+	_, err = recvAll(st)
+	require.Error(t, err)
+	t.Logf("%T %v", err, err)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.True(t, os.IsTimeout(err), "os.IsTimeout")
+	var ne net.Error
+	if assert.ErrorAs(t, err, &ne) {
+		assert.True(t, ne.Timeout())
+	}
+}
+
+func TestRegressStreamCancelMidBody(t *testing.T) {
+	srv := relaytest.NewServer()
+	t.Cleanup(srv.Close)
+	srv.SetDefault(relaytest.Fault{ChunkDelay: 200 * time.Millisecond})
+	r, _ := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: srv.URL}}})
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := goOpenAIClient(r).CreateChatCompletionStream(ctx, goopenaiReq())
+	require.NoError(t, err)
+	time.AfterFunc(300*time.Millisecond, cancel)
+	_, err = recvAll(st)
+	require.Error(t, err)
+	t.Logf("%T %v", err, err)
+	assert.ErrorIs(t, err, context.Canceled)
+}

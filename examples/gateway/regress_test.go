@@ -1,0 +1,66 @@
+package main
+
+import (
+	"errors"
+	"net/http"
+	"net/url"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenrelay/relay/relaytest"
+)
+
+// A request whose max_tokens exceeds the model's output window is the
+// client's error (OpenAI: 400). (The gateway answered 502.)
+func TestRegressContextWindowIsClientError(t *testing.T) {
+	f := newFixture(t, nil)
+	resp, b := f.post(t, "/v1/chat/completions", `{"model":"gpt-4.1","messages":[{"role":"user","content":"hi"}],"max_tokens":100000}`)
+	t.Logf("%d %s", resp.StatusCode, b)
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	assert.Zero(t, f.up.Calls())
+}
+
+// /v1/chat passes an upstream error through with its status, body and a
+// 429's Retry-After (which it dropped).
+func TestRegressChatKeepsRetryAfter(t *testing.T) {
+	f := newFixture(t, nil)
+	f.up.Script(relaytest.Fault{Status: 429, Header: http.Header{"Retry-After": {"7"}}})
+	resp, b := f.post(t, "/v1/chat", `{"messages":[{"role":"user","content":"hi"}]}`)
+	require.Equal(t, 429, resp.StatusCode, string(b))
+	assert.Equal(t, "7", resp.Header.Get("Retry-After"))
+}
+
+// Same through /v1/chat/completions (reverse proxy).
+func TestRegressCompletionsKeepsRetryAfter(t *testing.T) {
+	f := newFixture(t, nil)
+	f.up.Script(relaytest.Fault{Status: 429, Header: http.Header{"Retry-After": {"7"}}})
+	resp, b := f.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`)
+	require.Equal(t, 429, resp.StatusCode, string(b))
+	assert.Equal(t, "7", resp.Header.Get("Retry-After"))
+}
+
+// A transport error that names the URL (as an http.Client-style Base does)
+// reaches the gateway's client without the query key (it had it).
+func TestRegressBaseErrorLeaksQueryKey(t *testing.T) {
+	const key = "QSECRETazure0123456789"
+	f := newFixture(t, func(c *config) {
+		c.Upstreams[0].BaseURL += "?api-key=" + key
+		c.Base = rtFunc(func(r *http.Request) (*http.Response, error) {
+			return nil, &url.Error{Op: "Post", URL: r.URL.String(), Err: errors.New("connection reset by peer")}
+		})
+	})
+	resp, b := f.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`)
+	t.Logf("%d %s", resp.StatusCode, b)
+	assert.NotContains(t, string(b), key)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, r := range f.reports {
+		assert.NotContains(t, r.Err.Error(), key)
+	}
+}
+
+type rtFunc func(*http.Request) (*http.Response, error)
+
+func (f rtFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
