@@ -92,16 +92,22 @@ func (e *Error) Unwrap() error { return e.Err }
 // ErrStreamStalled. net/http's *url.Error, os.IsTimeout and net.Error
 // callers ask the error itself, not its chain: this keeps a timeout a
 // timeout through the router and the SDKs' wrapping.
-func (e *Error) Timeout() bool {
-	var t interface{ Timeout() bool }
-	return errors.As(e.Err, &t) && t.Timeout()
-}
+func (e *Error) Timeout() bool { return isTimeout(e.Err) }
 
 // Temporary reports whether the cause says it is temporary (a deprecated
 // net.Error method some callers still read).
-func (e *Error) Temporary() bool {
+func (e *Error) Temporary() bool { return isTemporary(e.Err) }
+
+// isTimeout and isTemporary ask err's chain whether it is a timeout, or
+// temporary.
+func isTimeout(err error) bool {
+	var t interface{ Timeout() bool }
+	return errors.As(err, &t) && t.Timeout()
+}
+
+func isTemporary(err error) bool {
 	var t interface{ Temporary() bool }
-	return errors.As(e.Err, &t) && t.Temporary()
+	return errors.As(err, &t) && t.Temporary()
 }
 
 // timeoutError is a sentinel that is a timeout.
@@ -207,14 +213,8 @@ type redactedError struct {
 
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
-func (e *redactedError) Timeout() bool {
-	var t interface{ Timeout() bool }
-	return errors.As(e.err, &t) && t.Timeout()
-}
-func (e *redactedError) Temporary() bool {
-	var t interface{ Temporary() bool }
-	return errors.As(e.err, &t) && t.Temporary()
-}
+func (e *redactedError) Timeout() bool   { return isTimeout(e.err) }
+func (e *redactedError) Temporary() bool { return isTemporary(e.err) }
 
 // redactErr returns err with the secrets taken out of its text, err itself
 // when its text has none.
