@@ -211,8 +211,8 @@ type redactedError struct {
 	msg string
 }
 
-func (e *redactedError) Error() string { return e.msg }
-func (e *redactedError) Unwrap() error { return e.err }
+func (e *redactedError) Error() string   { return e.msg }
+func (e *redactedError) Unwrap() error   { return e.err }
 func (e *redactedError) Timeout() bool   { return isTimeout(e.err) }
 func (e *redactedError) Temporary() bool { return isTemporary(e.err) }
 
