@@ -127,9 +127,9 @@ func (w Window) start(end time.Time) time.Time {
 	}
 	y, m, d := end.Date()
 	if w.Calendar == Month {
-		return time.Date(y, m-1, 1, 0, 0, 0, 0, end.Location())
+		return dayStart(y, m-1, 1, end.Location())
 	}
-	return time.Date(y, m, d-1, 0, 0, 0, 0, end.Location())
+	return dayStart(y, m, d-1, end.Location())
 }
 
 // end returns the end of the window that holds t.
@@ -146,9 +146,25 @@ func (w Window) end(t time.Time) time.Time {
 	t = t.In(loc)
 	y, m, d := t.Date()
 	if w.Calendar == Month {
-		return time.Date(y, m+1, 1, 0, 0, 0, 0, loc)
+		return dayStart(y, m+1, 1, loc)
 	}
-	return time.Date(y, m, d+1, 0, 0, 0, 0, loc)
+	return dayStart(y, m, d+1, loc)
+}
+
+// dayStart returns the first instant of a day in loc (y, m, d normalized
+// as time.Date does): midnight, or, where a daylight-saving change skips
+// midnight (America/Santiago), the first minute the day has. (time.Date
+// gives a skipped midnight as an instant of the day before.)
+func dayStart(y int, m time.Month, d int, loc *time.Location) time.Time {
+	t := time.Date(y, m, d, 0, 0, 0, 0, loc)
+	wy, wm, wd := time.Date(y, m, d, 12, 0, 0, 0, loc).Date()
+	for i := 0; i < 24*60; i++ {
+		if ty, tm, td := t.Date(); ty == wy && tm == wm && td == wd {
+			break
+		}
+		t = t.Add(time.Minute)
+	}
+	return t
 }
 
 // Currency is the billing currency: the one budgets are set in and
@@ -207,8 +223,9 @@ type Hold struct {
 func NewLocalLedger() Ledger { return &localLedger{m: map[string]map[string]*account{}} }
 
 type localLedger struct {
-	mu sync.Mutex
-	m  map[string]map[string]*account // budget, key
+	mu     sync.Mutex
+	m      map[string]map[string]*account // budget, key
+	latest map[string]time.Time           // by budget: the newest window seen
 }
 
 type account struct {
@@ -225,8 +242,23 @@ func (l *localLedger) at(k BudgetKey) *account {
 		keys = map[string]*account{}
 		l.m[k.Budget] = keys
 	}
+	if last, ok := l.latest[k.Budget]; !ok || last.Before(k.Window) {
+		// A new window: the ledgers of ended ones that hold nothing go
+		// (a PerHeader scope would otherwise keep every key ever seen).
+		if l.latest == nil {
+			l.latest = map[string]time.Time{}
+		}
+		l.latest[k.Budget] = k.Window
+		for key, a := range keys {
+			if a.window.Before(k.Window) && a.reserved == 0 {
+				delete(keys, key)
+			}
+		}
+	}
 	a := keys[k.Key]
 	switch {
+	case a == nil && k.Window.Before(l.latest[k.Budget]):
+		return nil // an ended window (its ledger may have gone with it)
 	case a == nil:
 		a = &account{window: k.Window}
 		keys[k.Key] = a
@@ -271,7 +303,7 @@ func (l *localLedger) Settle(_ context.Context, k BudgetKey, id string, spent in
 			a.reserved -= n
 			delete(a.holds, id)
 		}
-		a.spent += spent
+		a.spent = min(a.spent, math.MaxInt64-spent) + spent // saturating
 	}
 	return nil
 }
@@ -296,6 +328,11 @@ func (l *localLedger) Keys(_ context.Context, budget string, end time.Time) ([]s
 	}
 	return keys, nil
 }
+
+// maxBudgetLimit bounds Budget.Limit, in units of the billing currency:
+// half of what int64 nano-units hold, so that spend, reservations and one
+// more request add up without wrapping.
+const maxBudgetLimit = 4e9
 
 // nanos converts an amount of the billing currency to nano-units,
 // rounding up (a reservation is never short).
@@ -340,6 +377,9 @@ func resolveBudgets(list []Budget, bad func(string, ...any)) []budgetSettings {
 			bad("budget %q is configured twice", b.Name)
 		case !(b.Limit > 0):
 			bad("budget %q: Limit %g must be positive", b.Name, b.Limit)
+		case b.Limit > maxBudgetLimit:
+			// Amounts are int64 nano-units, and sums of them must not wrap.
+			bad("budget %q: Limit %g is over %g units; set it in a larger unit of the currency (Currency.PerUSD)", b.Name, b.Limit, float64(maxBudgetLimit))
 		case (b.Window.Every > 0) == (b.Window.Calendar != NoPeriod) || b.Window.Every < 0 || b.Window.Calendar > Month:
 			bad("budget %q: set exactly one of Window.Every (positive) and Window.Calendar (Day or Month)", b.Name)
 		default:
@@ -415,10 +455,15 @@ func (t *trip) reserve(ctx context.Context, c *candidate, now time.Time) bool {
 			continue
 		}
 		have, onlyLocal := int64(0), false
-		if h != nil {
-			// A top-up: in the hold's window, even if a new one has
-			// begun since, so that one settlement releases all of it.
-			have, onlyLocal, k = h.amount(), h.local > 0 && h.shared == 0, h.k
+		switch {
+		case h != nil && !h.k.Window.Equal(k.Window):
+			// A top-up after the hold's window ended: the hold moves to
+			// the current window (a ledger keeps its current window, and
+			// one settlement must release all of it).
+			t.r.settleLedger(t, h, res.id, 0)
+			*h = held{b: b, k: k}
+		case h != nil:
+			have, onlyLocal = h.amount(), h.local > 0 && h.shared == 0
 		}
 		isNew := h == nil
 		if isNew {
@@ -471,23 +516,53 @@ func (t *trip) worstCase(c *candidate) int64 {
 // settle replaces the trip's reservations by what it cost: cost (in the
 // billing currency) is charged to the ledgers that cover the answering
 // attempt; the others get their reservations back.
-func (t *trip) settle(cost float64) {
+func (t *trip) settle(parts []costPart) {
 	res := &t.res
-	spent := nanos(cost)
-	for i := range res.list {
-		h := &res.list[i]
-		charge := int64(0)
-		if up := t.att.cand.up; up != nil && spent > 0 {
-			if key, covers := h.b.Scope(t.c.req, t.att.cand.model, up.cfg.Name); covers && key == h.k.Key {
-				charge = spent
-			}
+	charges := make([]int64, len(res.list))
+	var loose []held // ledgers a part goes to that the trip holds nothing in
+	for _, p := range parts {
+		spent := nanos(p.cost)
+		if spent <= 0 {
+			continue
 		}
-		t.r.settleLedger(t, h, res.id, charge)
-		if hook := t.r.s.hooks.OnSpend; hook != nil && charge > 0 {
-			hook(SpendEvent{Context: t.ctx, Budget: h.b.Name, Key: h.k.Key, Amount: float64(charge) / 1e9, Currency: t.r.s.currency.Code})
+		for bi := range t.r.s.budgets {
+			b := &t.r.s.budgets[bi]
+			key, covers := b.Scope(t.c.req, p.model, p.upstream)
+			if !covers {
+				continue
+			}
+			if i := slices.IndexFunc(res.list, func(h held) bool { return h.b == b && h.k.Key == key }); i >= 0 {
+				charges[i] += spent
+				continue
+			}
+			loose = append(loose, held{b: b, k: BudgetKey{Budget: b.Name, Key: key, Window: b.windowEnd(t.r.s.clock.Now())}, shared: spent})
 		}
 	}
+	for i := range res.list {
+		t.settleCharge(&res.list[i], charges[i])
+	}
+	for i := range loose {
+		h := &loose[i]
+		spent := h.shared
+		h.shared = 0
+		t.settleCharge(h, spent) // (a hold the ledger does not have: only the spend)
+	}
 	res.list = res.list[:0]
+}
+
+// costPart is a share of a request's cost, in the billing currency, and
+// where it was spent.
+type costPart struct {
+	model, upstream string
+	cost            float64
+}
+
+// settleCharge ends h and charges it spent, telling Hooks.OnSpend.
+func (t *trip) settleCharge(h *held, spent int64) {
+	t.r.settleLedger(t, h, t.res.id, spent)
+	if hook := t.r.s.hooks.OnSpend; hook != nil && spent > 0 {
+		hook(SpendEvent{Context: t.ctx, Budget: h.b.Name, Key: h.k.Key, Amount: float64(spent) / 1e9, Currency: t.r.s.currency.Code})
+	}
 }
 
 // downgrade moves a request a budget refused to the budget's Downgrade
@@ -515,8 +590,9 @@ func (t *trip) budgetError(model string) error {
 type Budgets interface {
 	// Spent returns the share of the named budget's limit spent or
 	// reserved in its current window, in the ledger this request would
-	// charge (0.8 is 80%), and false when the budget does not cover the
-	// request.
+	// charge (0.8 is 80%; with a scope that keys by upstream, the largest
+	// of the ledgers of the upstreams serving its model), and false when
+	// the budget does not cover the request.
 	Spent(name string) (share float64, ok bool)
 	// Most returns the largest such share among the budgets covering the
 	// request; 0 when none does.
@@ -549,17 +625,31 @@ func (v budgetView) Most() float64 {
 	return most
 }
 
+// share is the largest share spent of b's ledgers the request may charge:
+// those of its model on each upstream serving it (one ledger, unless the
+// scope keys by upstream).
 func (v budgetView) share(b *budgetSettings) (float64, bool) {
-	key, covers := b.Scope(*v.q, v.q.Model, "")
-	if !covers {
+	end := b.windowEnd(v.r.s.clock.Now())
+	var keys []string
+	for _, u := range v.r.ups {
+		if !u.serves(v.q.Model) {
+			continue
+		}
+		if key, covers := b.Scope(*v.q, v.q.Model, u.cfg.Name); covers && !slices.Contains(keys, key) {
+			keys = append(keys, key)
+		}
+	}
+	if len(keys) == 0 {
 		return 0, false
 	}
-	k := BudgetKey{Budget: b.Name, Key: key, Window: b.windowEnd(v.r.s.clock.Now())}
-	spent, reserved, err := v.r.usage(v.ctx, k)
-	if err != nil {
-		return 0, true
+	most := 0.0
+	for _, key := range keys {
+		spent, reserved, err := v.r.usage(v.ctx, BudgetKey{Budget: b.Name, Key: key, Window: end})
+		if err == nil {
+			most = max(most, float64(spent+reserved)/float64(b.limit))
+		}
 	}
-	return float64(spent+reserved) / float64(b.limit), true
+	return most, true
 }
 
 // usage reads k's spend and reservations from the router's ledger: a

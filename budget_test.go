@@ -410,7 +410,7 @@ func BenchmarkBudgetAdmission(b *testing.B) {
 				a := attempt{cand: cands[i], tk: tk, held: true}
 				a.release()
 				t.att = a
-				t.settle(1)
+				t.settle([]costPart{{model: "m", upstream: a.cand.up.cfg.Name, cost: 1}})
 			}
 		})
 	}

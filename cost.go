@@ -489,6 +489,12 @@ func usageFrom(f *usageFields) (Usage, bool) {
 	if reasoningOut {
 		u.CompletionTokens += u.ReasoningTokens
 	}
+	// Folding the parts in may pass the clamp: clamp again, keeping
+	// Cached ⊆ Prompt and Reasoning ⊆ Completion.
+	u.PromptTokens = min(u.PromptTokens, maxUsageTokens)
+	u.CompletionTokens = min(u.CompletionTokens, maxUsageTokens)
+	u.CachedTokens = min(u.CachedTokens, u.PromptTokens)
+	u.ReasoningTokens = min(u.ReasoningTokens, u.CompletionTokens)
 	return u, true
 }
 

@@ -61,9 +61,10 @@ func (r *Router) hedgeDelay(u *upstream) time.Duration {
 
 // loserUsage is what a hedge's losing attempt was billed.
 type loserUsage struct {
-	u      Usage
-	model  string
-	factor float64
+	u        Usage
+	model    string
+	upstream string // its budgets' ledgers are the ones this cost goes to
+	factor   float64
 }
 
 // sendHedged sends the attempt on cands[idx]; with hedging on and no
@@ -185,7 +186,7 @@ func (t *trip) readLoser(a *attempt) {
 	b, cut := readBounded(a.resp.Body, maxKeptBody)
 	if u, ok := parseUsage(b); ok && !cut {
 		t.loserMu.Lock()
-		t.losers = append(t.losers, loserUsage{u: u, model: a.cand.model, factor: a.cand.up.factor})
+		t.losers = append(t.losers, loserUsage{u: u, model: a.cand.model, upstream: a.cand.up.cfg.Name, factor: a.cand.up.factor})
 		t.loserMu.Unlock()
 	}
 	a.close()

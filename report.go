@@ -96,7 +96,7 @@ func (t *trip) vote() {
 		return
 	}
 	rep := t.report(t.end)
-	t.settle(rep.Cost)
+	t.settle(t.costParts(rep))
 	t.settleTPM(rep.Usage)
 	if t.r.s.onReport != nil {
 		t.r.s.onReport(rep)
@@ -337,4 +337,24 @@ func (t *trip) loserUsage() Usage {
 		u.ReasoningTokens += l.u.ReasoningTokens
 	}
 	return u
+}
+
+// costParts splits rep's cost, in the billing currency, by where it was
+// spent: the answering attempt's model and upstream, then each hedge loser
+// billed too, so that each part goes to the budget ledgers that cover it.
+func (t *trip) costParts(rep Report) []costPart {
+	perUSD := t.r.s.currency.PerUSD
+	win := rep.Cost
+	var parts []costPart
+	for _, l := range t.losers {
+		if lp, ok := lookupPrice(t.r.s.prices, l.model); ok {
+			c := lp.Cost(l.u) * l.factor * perUSD
+			win -= c
+			parts = append(parts, costPart{model: l.model, upstream: l.upstream, cost: c})
+		}
+	}
+	if up := t.att.cand.up; up != nil {
+		parts = append(parts, costPart{model: t.att.cand.model, upstream: up.cfg.Name, cost: max(win, 0)})
+	}
+	return parts
 }

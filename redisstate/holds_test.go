@@ -317,11 +317,11 @@ func (b *failFirstBase) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // TestTopUpStaysInItsWindow: a request reserves in window W1 on a cheap
 // upstream; its first attempt fails while the window rolls to W2; the
-// retry goes to a dearer upstream, so the reservation is topped up, in
-// W1, where the hold is. No reservation is left once no request is in
-// flight. (The top-up went to W2's ledger while the settlement released
-// everything from W1's: W2 kept a phantom hold until it ended, and W1
-// released other requests' holds.)
+// retry goes to a dearer upstream, so the reservation is topped up: the
+// hold moves to W2, released from W1. No reservation is left once no
+// request is in flight. (The top-up went to W2's ledger while the
+// settlement released everything from W1's: W2 kept a phantom hold until
+// it ended, and W1 released other requests' holds.)
 func TestTopUpStaysInItsWindow(t *testing.T) {
 	b := newReal(t)
 	clock := newFleetClock()
