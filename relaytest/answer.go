@@ -28,9 +28,7 @@ type answer struct {
 
 // write sends a complete answer; Fault.ContentType overrides contentType.
 func (a *answer) write(status int, contentType string, body []byte) {
-	if a.f.ContentType != "" {
-		contentType = a.f.ContentType
-	}
+	contentType = a.contentType(contentType)
 	h := a.w.Header()
 	h.Set("Content-Type", contentType)
 	h.Set("Content-Length", strconv.Itoa(len(body)))
@@ -505,4 +503,16 @@ func (a *answer) model(id string) {
 	}
 	a.write(http.StatusNotFound, "application/json", errorJSON(
 		"The model '"+id+"' does not exist", "invalid_request_error", "model", "model_not_found"))
+}
+
+// contentType is the Content-Type of an answer whose own is ct: the
+// fault's ContentType, else its Header's, else ct.
+func (a *answer) contentType(ct string) string {
+	switch {
+	case a.f.ContentType != "":
+		return a.f.ContentType
+	case a.f.Header.Get("Content-Type") != "":
+		return a.f.Header.Get("Content-Type")
+	}
+	return ct
 }

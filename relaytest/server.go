@@ -444,3 +444,10 @@ func (s *Server) drop(w http.ResponseWriter) {
 	}
 	conn.Close()
 }
+
+// scripted reports whether f asks for anything other than a normal answer.
+func (f *Fault) scripted() bool {
+	return f.Status != 0 || len(f.Header) > 0 || f.Body != "" || f.ContentType != "" || f.Delay != 0 || f.Drop || f.Hang ||
+		f.CachedTokens != 0 || f.ReasoningTokens != 0 || f.NoUsage || f.ChunkDelay != 0 || f.FirstTokenDelay != 0 ||
+		f.StallAfter != 0 || f.CutAfter != 0 || f.ErrorEvent || f.EventLines || f.ToolCall
+}

@@ -311,7 +311,9 @@ func (f *SimFleet) Upstream(region, model string) (SimUpstream, bool) {
 	return p.up, true
 }
 
-// Server returns the Server of a region and model, or nil.
+// Server returns the Server of a region and model, or nil. A fault scripted
+// on it (Script, SetDefault) is answered as a plain Server answers it; the
+// fleet's own faults (a dark region, a 429 burst) come first.
 func (f *SimFleet) Server(region, model string) *Server {
 	if p, ok := f.byName[region+"/"+model]; ok {
 		return p.srv
@@ -520,6 +522,9 @@ func (p *simPath) hook(r *http.Request, rec *Recorded, f Fault) (Fault, func()) 
 	}
 	if g, ok := p.outage(); ok {
 		return g, nil
+	}
+	if f.scripted() {
+		return f, nil // a fault the test scripted on this Server (Script, SetDefault)
 	}
 	if len(rec.Body) == 0 || !gjson.ValidBytes(rec.Body) {
 		return f, nil // the Server answers 400

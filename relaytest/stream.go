@@ -25,10 +25,7 @@ type sse struct {
 // startStream writes and flushes the headers of a stream, then waits the
 // fault's FirstTokenDelay.
 func (a *answer) startStream() *sse {
-	ct := "text/event-stream"
-	if a.f.ContentType != "" {
-		ct = a.f.ContentType
-	}
+	ct := a.contentType("text/event-stream")
 	h := a.w.Header()
 	h.Set("Content-Type", ct)
 	h.Set("Cache-Control", "no-cache")
