@@ -517,11 +517,11 @@ func resolve(c Config) (settings, error) {
 	if s.strategy > StrategyPriority {
 		bad("unknown Strategy %d", c.Strategy)
 	}
-	if s.jitter > 1 {
+	if !(s.jitter <= 1) || math.IsInf(s.jitter, -1) {
 		bad("Jitter %g is over 1", c.Jitter)
 	}
-	if s.loadFactor < 1 {
-		bad("LoadFactor %g must be at least 1", c.LoadFactor)
+	if !(s.loadFactor >= 1) || math.IsInf(s.loadFactor, 1) {
+		bad("LoadFactor %g must be at least 1 (and finite)", c.LoadFactor)
 	}
 	if s.busyP99 < 0 {
 		bad("Breaker.BusyP99 %s is negative", c.Breaker.BusyP99)
@@ -543,8 +543,8 @@ func resolve(c Config) (settings, error) {
 	if s.currency.Code == "" {
 		s.currency.Code = "USD"
 	}
-	if s.currency.PerUSD < 0 {
-		bad("Currency.PerUSD %g is negative", c.Currency.PerUSD)
+	if !(s.currency.PerUSD >= 0) || math.IsInf(s.currency.PerUSD, 1) {
+		bad("Currency.PerUSD %g must be a finite positive number", c.Currency.PerUSD)
 	}
 	resolveShared(&s, c, bad)
 	s.secrets = newSecrets(c.Upstreams)
@@ -657,11 +657,11 @@ func resolveUpstream(c Upstream) (upstreamSettings, error) {
 			errs = append(errs, fmt.Sprintf("APIKey does not start with any of the prefixes %q", c.KeyPrefixes))
 		}
 	}
-	if c.PriceFactor < 0 {
-		errs = append(errs, fmt.Sprintf("PriceFactor %g is negative", c.PriceFactor))
+	if !(c.PriceFactor >= 0) || math.IsInf(c.PriceFactor, 1) {
+		errs = append(errs, fmt.Sprintf("PriceFactor %g is negative or not finite", c.PriceFactor))
 	}
-	if c.RPM < 0 || c.TPM < 0 || c.MaxInFlight < 0 || c.Weight < 0 {
-		errs = append(errs, "RPM, TPM, MaxInFlight and Weight must not be negative")
+	if c.RPM < 0 || c.TPM < 0 || c.MaxInFlight < 0 || !(c.Weight >= 0) || math.IsInf(c.Weight, 1) {
+		errs = append(errs, fmt.Sprintf("RPM %d, TPM %d, MaxInFlight %d and Weight %g must not be negative (nor Weight infinite)", c.RPM, c.TPM, c.MaxInFlight, c.Weight))
 	}
 	tags, tagErrs := resolveTags(c.BodyTags)
 	errs = append(errs, tagErrs...)

@@ -9,6 +9,7 @@ import (
 
 	"fmt"
 	goopenai "github.com/sashabaranov/go-openai"
+	"math"
 	"net/http"
 	"testing"
 	"time"
@@ -189,4 +190,25 @@ func TestRegressStreamCancelMidBody(t *testing.T) {
 	require.Error(t, err)
 	t.Logf("%T %v", err, err)
 	assert.ErrorIs(t, err, context.Canceled)
+}
+
+// NaN and infinite floats in the configuration are refused by New (they
+// passed the range checks, and a NaN PriceFactor or PerUSD would keep a
+// budget from ever tripping).
+func TestRegressNaNConfigRefused(t *testing.T) {
+	nan, inf := math.NaN(), math.Inf(1)
+	up := func() Upstream { return Upstream{Name: "a", BaseURL: "http://a.test/v1"} }
+	for name, c := range map[string]Config{
+		"Jitter":      {Jitter: nan},
+		"LoadFactor":  {LoadFactor: inf},
+		"PerUSD":      {Currency: Currency{Code: "X", PerUSD: nan}},
+		"PriceFactor": {Upstreams: []Upstream{func() Upstream { u := up(); u.PriceFactor = nan; return u }()}},
+		"Weight":      {Upstreams: []Upstream{func() Upstream { u := up(); u.Weight = inf; return u }()}},
+	} {
+		if len(c.Upstreams) == 0 {
+			c.Upstreams = []Upstream{up()}
+		}
+		_, err := New(c)
+		assert.ErrorContains(t, err, name, "%s NaN or infinite", name)
+	}
 }

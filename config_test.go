@@ -129,7 +129,7 @@ func TestNewReportsEveryProblem(t *testing.T) {
 	for _, want := range []string{
 		`upstream "ftp": BaseURL "ftp://x" must be an absolute http(s) URL`,
 		`upstream "hs": APIKey is empty`,
-		`upstream "neg": PriceFactor -1 is negative; RPM, TPM, MaxInFlight and Weight must not be negative`,
+		`upstream "neg": PriceFactor -1 is negative or not finite; RPM -5, TPM 0, MaxInFlight 0 and Weight 0 must not be negative (nor Weight infinite)`,
 		`upstream "pw": BaseURL "gopher://redacted@x" must be an absolute http(s) URL`,
 		"Jitter 2 is over 1",
 		"LoadFactor 0.5 must be at least 1",

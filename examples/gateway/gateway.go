@@ -141,8 +141,9 @@ func newGateway(cfg config) (*gateway, error) {
 	g.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	g.mux.HandleFunc("POST /v1/chat/completions", g.chatCompletions)
 	g.mux.HandleFunc("POST /v1/chat", g.chat)
-	g.mux.HandleFunc("/v1/chat/completions", methodNotAllowed)
-	g.mux.HandleFunc("/v1/chat", methodNotAllowed)
+	g.mux.HandleFunc("/v1/chat/completions", only(http.MethodPost))
+	g.mux.HandleFunc("/v1/chat", only(http.MethodPost))
+	g.mux.HandleFunc("/metrics", only(http.MethodGet))
 	g.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("Unknown request URL: %s %s.", r.Method, r.URL.Path), "", "unknown_url")
 	})
@@ -339,9 +340,12 @@ func writeError(w http.ResponseWriter, status int, message, param, code string) 
 	_ = json.NewEncoder(w).Encode(e)
 }
 
-func methodNotAllowed(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Allow", http.MethodPost)
-	writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("Method %s is not allowed: use POST.", r.Method), "", "method_not_allowed")
+// only answers 405 to a request for a path served for method alone.
+func only(method string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", method)
+		writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("Method %s is not allowed: use %s.", r.Method, method), "", "method_not_allowed")
+	}
 }
 
 // writeRouterError answers a request the router could not get any upstream

@@ -64,3 +64,14 @@ func TestRegressBaseErrorLeaksQueryKey(t *testing.T) {
 type rtFunc func(*http.Request) (*http.Response, error)
 
 func (f rtFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// Other methods on a known path get 405.
+// POST /metrics is a known path with another method: 405, with Allow: GET
+// (it was 404).
+func TestRegressMetricsMethod(t *testing.T) {
+	f := newFixture(t, nil)
+	resp, b := f.post(t, "/metrics", `{}`)
+	t.Logf("%d %s", resp.StatusCode, b)
+	assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
+	assert.Equal(t, http.MethodGet, resp.Header.Get("Allow"))
+}
