@@ -48,30 +48,51 @@ func main() {
 	os.Exit(run(ctx, os.Args[1:], os.Stderr))
 }
 
-// upstreamList is the repeatable -upstream flag: NAME=URL.
-type upstreamList []relay.Upstream
+// upstreamFlag is the repeatable -upstream flag: NAME=URL values, checked
+// after parsing (parseUpstreams) so that a bad one is not echoed whole: a
+// URL may carry a key (Azure's ?api-key=).
+type upstreamFlag []string
 
-func (l *upstreamList) String() string {
-	var s []string
-	for _, u := range *l {
-		s = append(s, u.Name+"="+u.BaseURL)
-	}
-	return strings.Join(s, ",")
+func (l *upstreamFlag) String() string { return "" }
+
+func (l *upstreamFlag) Set(v string) error {
+	*l = append(*l, v)
+	return nil
 }
 
-func (l *upstreamList) Set(v string) error {
-	for _, part := range strings.Split(v, ",") {
-		name, raw, ok := strings.Cut(strings.TrimSpace(part), "=")
-		if !ok || name == "" {
-			return fmt.Errorf("want NAME=URL, got %q", part)
+// parseUpstreams reads NAME=URL values, each possibly comma-separated.
+func parseUpstreams(values []string) ([]relay.Upstream, error) {
+	var ups []relay.Upstream
+	for _, v := range values {
+		for _, part := range strings.Split(v, ",") {
+			name, raw, ok := strings.Cut(strings.TrimSpace(part), "=")
+			if !ok || name == "" {
+				return nil, fmt.Errorf("want NAME=URL, got %q", shownURL(part))
+			}
+			u, err := url.Parse(raw)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return nil, fmt.Errorf("upstream %s: want an http or https URL, got %q", name, shownURL(raw))
+			}
+			ups = append(ups, relay.Upstream{Name: name, BaseURL: strings.TrimSuffix(raw, "/")})
 		}
-		u, err := url.Parse(raw)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("upstream %s: want an http or https URL, got %q", name, raw)
-		}
-		*l = append(*l, relay.Upstream{Name: name, BaseURL: strings.TrimSuffix(raw, "/")})
 	}
-	return nil
+	return ups, nil
+}
+
+// shownURL is a URL as an error may show it: without its user part and
+// its query, which may hold a key.
+func shownURL(raw string) string {
+	if i := strings.IndexAny(raw, "?#"); i >= 0 {
+		raw = raw[:i] + "?…"
+	}
+	if i := strings.Index(raw, "@"); i >= 0 {
+		if j := strings.Index(raw, "://"); j >= 0 && j < i {
+			raw = raw[:j+3] + "…@" + raw[i+1:]
+		} else {
+			raw = "…@" + raw[i+1:]
+		}
+	}
+	return raw
 }
 
 // run is the command; it returns the exit code (2 for bad flags).
@@ -88,9 +109,9 @@ func simulated(cfg *config, fleet *relaytest.SimFleet, fastM, cheapM *string) {
 func run(ctx context.Context, args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var ups upstreamList
+	var upsFlag upstreamFlag
 	addr := fs.String("addr", envOr("GATEWAY_ADDR", "127.0.0.1:8080"), "listen address (env GATEWAY_ADDR)")
-	fs.Var(&ups, "upstream", "upstream NAME=URL (API root, e.g. https://api.openai.com/v1); repeatable or comma-separated (env RELAY_UPSTREAMS); none: a simulated fleet")
+	fs.Var(&upsFlag, "upstream", "upstream NAME=URL (API root, e.g. https://api.openai.com/v1); repeatable or comma-separated (env RELAY_UPSTREAMS); none: a simulated fleet")
 	apiKey := fs.String("api-key", "", "API key for the -upstream endpoints (default $OPENAI_API_KEY)")
 	model := fs.String("model", "", "requested model of /v1/chat calls and of chat completions that name none (default gpt-5.5-codex on the simulated fleet, else gpt-4.1)")
 	fastM := fs.String("fast", "", "ClusterPolicy.Fast: model for 80-260 token prompts (simulated fleet: gemini-2.5-flash)")
@@ -103,13 +124,16 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		}
 		return 2
 	}
-	if len(ups) == 0 {
+	src := "-upstream"
+	if len(upsFlag) == 0 {
 		if v := os.Getenv("RELAY_UPSTREAMS"); v != "" {
-			if err := ups.Set(v); err != nil {
-				fmt.Fprintf(stderr, "gateway: RELAY_UPSTREAMS: %v\n", err)
-				return 2
-			}
+			upsFlag, src = upstreamFlag{v}, "RELAY_UPSTREAMS"
 		}
+	}
+	ups, err := parseUpstreams(upsFlag)
+	if err != nil {
+		fmt.Fprintf(stderr, "gateway: %s: %v\n", src, err)
+		return 2
 	}
 	if fs.NArg() > 0 || *maxBody <= 0 || *grace <= 0 {
 		fmt.Fprintf(stderr, "gateway: bad arguments\n")

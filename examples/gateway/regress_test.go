@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"net/http"
 	"net/url"
@@ -74,4 +76,14 @@ func TestRegressMetricsMethod(t *testing.T) {
 	t.Logf("%d %s", resp.StatusCode, b)
 	assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
 	assert.Equal(t, http.MethodGet, resp.Header.Get("Allow"))
+}
+
+// A bad -upstream value with a key in its query string is not echoed to
+// stderr (it was, by the flag package and by the error).
+func TestRegressFlagErrorEchoesKey(t *testing.T) {
+	const key = "QSECRETazure0123456789"
+	var stderr bytes.Buffer
+	code := run(context.Background(), []string{"-upstream", "az=az.example/openai?api-key=" + key}, &stderr)
+	assert.Equal(t, 2, code)
+	assert.NotContains(t, stderr.String(), key)
 }
