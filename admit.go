@@ -78,9 +78,15 @@ func (r *Router) acquire(ctx context.Context, cands []candidate, start int, a ad
 		// is the caller's timeout.
 		maxWait, tooLong = dl.Sub(now), errWaitPastDeadline
 	}
+	pick, delay := -1, time.Duration(0)
 	switch {
 	case sc.best >= 0 && sc.bestD <= maxWait:
-		i, tk, waited, err := r.await(ctx, cands, sc.best, sc.bestD, a, maxWait, tooLong)
+		pick, delay = sc.best, sc.bestD
+	case sc.slotWait >= 0 && maxWait > 0:
+		pick, delay = sc.slotWait, -1
+	}
+	if pick >= 0 {
+		i, tk, waited, err := r.await(ctx, cands, pick, delay, a, maxWait, tooLong)
 		if err == errFleetOpened {
 			// Scan again with what is left of the wait; the scan now
 			// skips the candidate the fleet opened.
@@ -89,8 +95,8 @@ func (r *Router) acquire(ctx context.Context, cands []candidate, start int, a ad
 			return i, tk, waited + more, err
 		}
 		return i, tk, waited, err
-	case sc.slotWait >= 0 && maxWait > 0:
-		return r.await(ctx, cands, sc.slotWait, -1, a, maxWait, tooLong)
+	}
+	switch {
 	case sc.best < 0 && sc.slotWait < 0 && sc.open > 0:
 		if !a.mayWait {
 			return -1, ticket{}, 0, ErrCircuitOpen // a hedge is never forced

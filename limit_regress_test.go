@@ -238,3 +238,37 @@ func TestRegressRefundDoesNotWakeRateQueue(t *testing.T) {
 	clock.Advance(time.Minute)
 	require.NoError(t, <-b)
 }
+
+// TestSlotWaiterMovesOnWhenFleetOpens: with a shared State, a request that
+// waited for a MaxInFlight slot and then finds the upstream's circuit open
+// for the fleet (opened by another replica during its wait) moves on to
+// another upstream, as a request that waited for tokens does.
+func TestSlotWaiterMovesOnWhenFleetOpens(t *testing.T) {
+	st := newMemState()
+	clock := newFakeClock()
+	base := &gatedBase{clock: clock, gate: make(chan struct{})}
+	r, err := New(Config{Base: roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		if req.URL.Host == "b.test" {
+			return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}, nil
+		}
+		return base.RoundTrip(req)
+	}), Clock: clock, State: st, StateTimeout: time.Second, Strategy: StrategyPriority,
+		Limits: LimitConfig{MaxWait: time.Minute},
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", MaxInFlight: 1},
+			{Name: "b", BaseURL: "http://b.test/v1", MaxInFlight: 1}}})
+	require.NoError(t, err)
+	t.Cleanup(r.CloseIdleConnections)
+	x := goSend(r, context.Background(), "") // holds a's slot
+	require.Eventually(t, func() bool { return base.calls.Load() == 1 }, 5*time.Second, time.Millisecond)
+	// b's slot is taken too, so the next request waits for a's.
+	bs := r.byName["b"]
+	require.True(t, bs.lim.trySlot(PriorityDefault))
+	bs.inflight.Add(1)
+	y := goSend(r, context.Background(), "")
+	require.Eventually(t, func() bool { return r.byName["a"].lim.slots.n.Load() == 1 }, 5*time.Second, time.Millisecond)
+	require.NoError(t, st.Open(context.Background(), "a", clock.Now().Add(time.Hour))) // another replica opens a
+	bs.unclaim()                                                                       // b frees its slot
+	close(base.gate)                                                                   // a's call ends: y gets a's slot
+	require.NoError(t, <-x)
+	require.NoError(t, <-y, "y moves on to b instead of failing")
+}
