@@ -362,7 +362,10 @@ func (r *Router) forceSoonest(cands []candidate, a admission, now time.Time) (in
 	}
 	c := &cands[pick]
 	tpm := c.up.lim.charge(a.tokens)
-	if (a.trip != nil && !a.trip.reserve(context.Background(), c, now)) || r.claim(cands, c, false, a.prio) != claimed {
+	if a.trip != nil && !a.trip.reserve(context.Background(), c, now) {
+		return -1, ticket{}, ErrBudgetExceeded // (the forced try does not fit the budget: a refusal, not a circuit)
+	}
+	if r.claim(cands, c, false, a.prio) != claimed {
 		return -1, ticket{}, ErrCircuitOpen
 	}
 	c.forced = true

@@ -323,3 +323,30 @@ func TestRegressSecondBudgetRefuses(t *testing.T) {
 	}
 	t.Logf("%+v %+v", rep, r.Spend())
 }
+
+// TestRegressForcedTryOverBudgetIsARefusal: when every circuit is open at
+// admission (one opened while the request was routed), the router still
+// tries the one that recovers first (a pool never runs empty); when that
+// try does not fit the budget, it is a refusal, ErrBudgetExceeded, naming
+// the budget. (It was ErrCircuitOpen, which the simulation's budget mode
+// caught, once in about 20 runs, as a failure that was not a refusal.)
+func TestRegressForcedTryOverBudgetIsARefusal(t *testing.T) {
+	clock := newFakeClock()
+	r, err := New(Config{Clock: clock, Prices: budgetPrices,
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1"}},
+		Budgets:   []Budget{{Name: "tight", Limit: 10, Window: Window{Every: time.Hour}}}})
+	require.NoError(t, err)
+	u := r.ups[0]
+	u.br.mu.Lock()
+	u.br.openLocked("test", time.Minute, &u.lat, clock.Now()) // opened while the request was routed
+	u.br.mu.Unlock()
+	req := budgetRequest(context.Background(), "m", "")
+	tr := newTrip(r, req)
+	tr.c.req = Request{Endpoint: EndpointChat, Model: "m", PromptTokens: 100, Header: req.Header, Budget: noBudgets{}}
+	adm := r.admissionOf(&tr.c)
+	adm.trip, adm.mayWait = tr, true
+	tr.tokens = adm.tokens
+	_, _, err = r.forceSoonest([]candidate{{up: u, model: "m"}}, adm, clock.Now())
+	require.ErrorIs(t, err, ErrBudgetExceeded)
+	assert.Equal(t, "tight", tr.res.refused.Name)
+}
