@@ -519,7 +519,8 @@ func (t *trip) worstCase(c *candidate) int64 {
 func (t *trip) settle(parts []costPart) {
 	res := &t.res
 	charges := make([]int64, len(res.list))
-	var loose []held // ledgers a part goes to that the trip holds nothing in
+	var loose []held    // ledgers a part goes to that the trip holds nothing in,
+	var looseCh []int64 // and what they are charged
 	for _, p := range parts {
 		spent := nanos(p.cost)
 		if spent <= 0 {
@@ -535,17 +536,15 @@ func (t *trip) settle(parts []costPart) {
 				charges[i] += spent
 				continue
 			}
-			loose = append(loose, held{b: b, k: BudgetKey{Budget: b.Name, Key: key, Window: b.windowEnd(t.r.s.clock.Now())}, shared: spent})
+			loose = append(loose, held{b: b, k: BudgetKey{Budget: b.Name, Key: key, Window: b.windowEnd(t.r.s.clock.Now())}})
+			looseCh = append(looseCh, spent)
 		}
 	}
 	for i := range res.list {
 		t.settleCharge(&res.list[i], charges[i])
 	}
 	for i := range loose {
-		h := &loose[i]
-		spent := h.shared
-		h.shared = 0
-		t.settleCharge(h, spent) // (a hold the ledger does not have: only the spend)
+		t.settleCharge(&loose[i], looseCh[i]) // (no hold there: only the spend)
 	}
 	res.list = res.list[:0]
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Regressions: each test below failed before its fix; its comment says
+// Regressions: each TestRegress test below failed before its fix; its comment says
 // what held instead.
 
 // A Usage parsed from a response is what Price.Cost prices: with cached
@@ -260,7 +260,7 @@ func TestRegressHedgeLoserChargedToWinnersLedger(t *testing.T) {
 
 // Concurrent requests while windows roll: per window, settled spend never
 // exceeds the limit and nothing stays reserved once all are done.
-func TestRegressConcurrentSettleAndRoll(t *testing.T) {
+func TestConcurrentSettleAndRoll(t *testing.T) {
 	clock := newFakeClock()
 	base := &usageBase{prompt: 8, completion: 10}
 	r, _ := newTestRouter(t, Config{Base: base, Prices: budgetPrices, Clock: clock, Retry: RetryConfig{MaxAttempts: 1},
@@ -304,7 +304,7 @@ func TestRegressConcurrentSettleAndRoll(t *testing.T) {
 	}
 }
 
-func TestRegressSecondBudgetRefuses(t *testing.T) {
+func TestSecondBudgetRefuses(t *testing.T) {
 	base := &usageBase{prompt: 8, completion: 10}
 	r, reps := newTestRouter(t, Config{Base: base, Prices: budgetPrices, Retry: RetryConfig{MaxAttempts: 1},
 		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1"}},

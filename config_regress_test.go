@@ -25,29 +25,26 @@ func goopenaiReq() goopenai.ChatCompletionRequest {
 		Messages: []goopenai.ChatCompletionMessage{{Role: "user", Content: "x"}}}
 }
 
-// Regressions: each test below failed before its fix; the comment says what
+// Regressions: each TestRegress test below failed before its fix; the comment says what
 // held instead.
 
-// A key in the BaseURL's query string (Azure-style ?api-key=) is not printed
-// by Upstream's Format (it was).
-func TestRegressUpstreamFormatQueryKey(t *testing.T) {
-	const key = "QSECRETazure0123456789"
-	up := Upstream{Name: "az", BaseURL: "https://az.example/openai?api-key=" + key}
-	cfg := Config{Upstreams: []Upstream{up}}
-	for _, verb := range []string{"%v", "%+v", "%#v", "%s"} {
-		for _, v := range []any{up, cfg} {
-			assert.NotContains(t, fmt.Sprintf(verb, v), key, "%s of %T", verb, v)
+// A BaseURL's secrets are not printed by Upstream's or Config's Format, for
+// any verb: a key in its query string (Azure-style ?api-key=), a key
+// carried as the userinfo user (url.URL.Redacted only hides a password),
+// and the password of a URL url.Parse refuses (a trailing newline read from
+// a file). (All three were printed.)
+func TestRegressUpstreamFormatHidesURLSecrets(t *testing.T) {
+	for _, c := range []struct{ name, secret, url string }{
+		{"query key", "QSECRETazure0123456789", "https://az.example/openai?api-key=QSECRETazure0123456789"},
+		{"userinfo key", "sk-userinfo-SECRET-42", "https://sk-userinfo-SECRET-42@api.example/v1"},
+		{"unparsable", "PWSECRET-123456", "https://user:PWSECRET-123456@api.example/v1\n"},
+	} {
+		up := Upstream{Name: "u", BaseURL: c.url}
+		for _, verb := range []string{"%v", "%+v", "%#v", "%s"} {
+			for _, v := range []any{up, Config{Upstreams: []Upstream{up}}} {
+				assert.NotContains(t, fmt.Sprintf(verb, v), c.secret, "%s: %s of %T", c.name, verb, v)
+			}
 		}
-	}
-}
-
-// A key carried as the userinfo user (https://KEY@host) is not printed (it
-// was: url.URL.Redacted only hides a password).
-func TestRegressUpstreamFormatUserinfoKey(t *testing.T) {
-	const key = "sk-userinfo-SECRET-42"
-	up := Upstream{Name: "u", BaseURL: "https://" + key + "@api.example/v1"}
-	for _, verb := range []string{"%v", "%+v", "%#v"} {
-		assert.NotContains(t, fmt.Sprintf(verb, up), key, verb)
 	}
 }
 
@@ -111,16 +108,6 @@ func TestRegressProbePathQuery(t *testing.T) {
 	assert.Equal(t, "/v1/models", last.Path)
 }
 
-// A BaseURL url.Parse refuses (a trailing newline read from a file) is not
-// printed raw by Format (it was, password included).
-func TestRegressUpstreamFormatUnparsableURL(t *testing.T) {
-	const pw = "PWSECRET-123456"
-	up := Upstream{Name: "u", BaseURL: "https://user:" + pw + "@api.example/v1\n"}
-	for _, verb := range []string{"%v", "%+v", "%#v"} {
-		assert.NotContains(t, fmt.Sprintf(verb, up), pw, verb)
-	}
-}
-
 // An empty key prefix is refused by New, and ignored by the redaction (it
 // passed every key and made the redaction take out every word).
 func TestRegressEmptyKeyPrefix(t *testing.T) {
@@ -157,7 +144,7 @@ func TestRegressBaseErrorQueryKey(t *testing.T) {
 
 // A deadline that passes mid-stream: the read error is a timeout and wraps
 // context.DeadlineExceeded, through go-openai's stream reader.
-func TestRegressStreamDeadlineMidBody(t *testing.T) {
+func TestStreamDeadlineMidBodyIsTimeout(t *testing.T) {
 	srv := relaytest.NewServer()
 	t.Cleanup(srv.Close)
 	srv.SetDefault(relaytest.Fault{ChunkDelay: 200 * time.Millisecond})
@@ -177,7 +164,7 @@ func TestRegressStreamDeadlineMidBody(t *testing.T) {
 	}
 }
 
-func TestRegressStreamCancelMidBody(t *testing.T) {
+func TestStreamCancelMidBodyIsCanceled(t *testing.T) {
 	srv := relaytest.NewServer()
 	t.Cleanup(srv.Close)
 	srv.SetDefault(relaytest.Fault{ChunkDelay: 200 * time.Millisecond})

@@ -48,49 +48,19 @@ func TestRegressBaseRespAndErrBodyClosed(t *testing.T) {
 // usage; the loser completed with a 200 and usage, so the upstream billed
 // it. Its cost must be in the report.
 func TestRegressHedgeLoserCostDroppedWhenWinnerHasNoUsage(t *testing.T) {
-	var got []Report
-	var mu sync.Mutex
-	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1"}, {Name: "b", BaseURL: "http://127.0.0.1:1"}},
-		Hedge:  HedgeConfig{Delay: time.Second},
-		Prices: map[string]Price{"m": {InputPerMTok: 1e6, OutputPerMTok: 1e6}},
-		OnReport: func(rep Report) {
-			mu.Lock()
-			got = append(got, rep)
-			mu.Unlock()
-		}})
-	require.NoError(t, err)
-	tr := newTrip(r, httptest.NewRequest("POST", "/v1/chat/completions", nil))
-	mk := func(up *upstream, code int, body string, n int) attempt {
-		return attempt{cand: candidate{up: up, model: "m"}, hedge: n,
-			resp: &http.Response{StatusCode: code, Header: http.Header{"Content-Type": {"application/json"}}, Body: io.NopCloser(strings.NewReader(body))}}
-	}
-	results := make(chan attempt, 2)
-	results <- mk(r.ups[0], 400, `{"error":{"message":"unsupported parameter"}}`, 0)
-	results <- mk(r.ups[1], 200, `{"usage":{"prompt_tokens":3,"completion_tokens":1}}`, 1)
-	win := tr.raceHedge(results, [2]context.CancelFunc{func() {}, func() {}})
-	resp, err := tr.finalize(win)
-	require.NoError(t, err)
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 1 }, 10*time.Second, time.Millisecond)
-	assert.Equal(t, Usage{PromptTokens: 3, CompletionTokens: 1}, got[0].HedgeUsage)
-	assert.Equal(t, 4.0, got[0].ListCostUSD, "the loser's 4 billed tokens are in the cost")
+	h := newRaceHarness(t)
+	js := func() http.Header { return http.Header{"Content-Type": {"application/json"}} } // one map a response
+	h.race(t, answered(h.r.ups[0], 400, js(), io.NopCloser(strings.NewReader(`{"error":{"message":"unsupported parameter"}}`)), 0),
+		answered(h.r.ups[1], 200, js(), io.NopCloser(strings.NewReader(`{"usage":{"prompt_tokens":3,"completion_tokens":1}}`)), 1))
+	rep := h.report(t)
+	assert.Equal(t, Usage{PromptTokens: 3, CompletionTokens: 1}, rep.HedgeUsage)
+	assert.Equal(t, 4.0, rep.ListCostUSD, "the loser's 4 billed tokens are in the cost")
 }
 
 // A Base other than http.Transport leaves gzip in place; finalize decodes
 // it to read usage, but a hedge loser's body is parsed raw.
 func TestRegressHedgeLoserGzipUsageLost(t *testing.T) {
-	var got []Report
-	var mu sync.Mutex
-	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1"}, {Name: "b", BaseURL: "http://127.0.0.1:1"}},
-		Hedge:  HedgeConfig{Delay: time.Second},
-		Prices: map[string]Price{"m": {InputPerMTok: 1e6, OutputPerMTok: 1e6}},
-		OnReport: func(rep Report) {
-			mu.Lock()
-			got = append(got, rep)
-			mu.Unlock()
-		}})
-	require.NoError(t, err)
+	h := newRaceHarness(t)
 	gz := func(s string) io.ReadCloser {
 		var b bytes.Buffer
 		w := gzip.NewWriter(&b)
@@ -98,23 +68,15 @@ func TestRegressHedgeLoserGzipUsageLost(t *testing.T) {
 		w.Close()
 		return io.NopCloser(&b)
 	}
-	tr := newTrip(r, httptest.NewRequest("POST", "/v1/chat/completions", nil))
-	mk := func(up *upstream, body string, n int) attempt {
-		return attempt{cand: candidate{up: up, model: "m"}, hedge: n,
-			resp: &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"application/json"}, "Content-Encoding": {"gzip"}}, Body: gz(body)}}
+	hd := func() http.Header {
+		return http.Header{"Content-Type": {"application/json"}, "Content-Encoding": {"gzip"}}
 	}
-	results := make(chan attempt, 2)
-	results <- mk(r.ups[0], `{"usage":{"prompt_tokens":10,"completion_tokens":2}}`, 0)
-	results <- mk(r.ups[1], `{"usage":{"prompt_tokens":3,"completion_tokens":1}}`, 1)
-	win := tr.raceHedge(results, [2]context.CancelFunc{func() {}, func() {}})
-	resp, err := tr.finalize(win)
-	require.NoError(t, err)
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 1 }, 10*time.Second, time.Millisecond)
-	assert.Equal(t, Usage{PromptTokens: 10, CompletionTokens: 2}, got[0].Usage, "the winner's gzip body is decoded")
-	assert.Equal(t, Usage{PromptTokens: 3, CompletionTokens: 1}, got[0].HedgeUsage, "the loser's gzip body too")
-	assert.Equal(t, 16.0, got[0].ListCostUSD)
+	h.race(t, answered(h.r.ups[0], 200, hd(), gz(`{"usage":{"prompt_tokens":10,"completion_tokens":2}}`), 0),
+		answered(h.r.ups[1], 200, hd(), gz(`{"usage":{"prompt_tokens":3,"completion_tokens":1}}`), 1))
+	rep := h.report(t)
+	assert.Equal(t, Usage{PromptTokens: 10, CompletionTokens: 2}, rep.Usage, "the winner's gzip body is decoded")
+	assert.Equal(t, Usage{PromptTokens: 3, CompletionTokens: 1}, rep.HedgeUsage, "the loser's gzip body too")
+	assert.Equal(t, 16.0, rep.ListCostUSD)
 }
 
 // A 2xx stream read ahead for its first token, which the retry policy

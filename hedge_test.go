@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -357,22 +358,11 @@ func TestHedgeKeepsResponseOverLaterError(t *testing.T) {
 // background: the winner is returned at once, and the report, which waits
 // for the loser, comes when the loser's body is done, with both costs.
 func TestHedgeLoserNeverDelaysTheCaller(t *testing.T) {
-	var got []Report
-	var mu sync.Mutex
-	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1"}, {Name: "b", BaseURL: "http://127.0.0.1:1"}},
-		Hedge:  HedgeConfig{Delay: time.Second},
-		Prices: map[string]Price{"m": {InputPerMTok: 1e6, OutputPerMTok: 1e6}},
-		OnReport: func(rep Report) {
-			mu.Lock()
-			got = append(got, rep)
-			mu.Unlock()
-		}})
-	require.NoError(t, err)
-	tr := newTrip(r, httptest.NewRequest("POST", "/v1/chat/completions", nil))
+	h := newRaceHarness(t)
+	r, tr := h.r, h.tr
 	lr, lw := io.Pipe()
 	ok := func(up *upstream, body io.ReadCloser, n int) attempt {
-		return attempt{cand: candidate{up: up, model: "m"}, hedge: n,
-			resp: &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"application/json"}}, Body: body}}
+		return answered(up, 200, http.Header{"Content-Type": {"application/json"}}, body, n)
 	}
 	results := make(chan attempt, 2)
 	results <- ok(r.ups[0], io.NopCloser(strings.NewReader(`{"usage":{"prompt_tokens":10,"completion_tokens":2}}`)), 0)
@@ -387,11 +377,62 @@ func TestHedgeLoserNeverDelaysTheCaller(t *testing.T) {
 	}
 	tr.finalize(win)
 	tr.finish(bodyEnd{usage: Usage{PromptTokens: 10, CompletionTokens: 2}, haveUsage: true})
-	mu.Lock()
-	assert.Empty(t, got, "the report waits for the loser's usage")
-	mu.Unlock()
+	assert.Empty(t, h.reports(), "the report waits for the loser's usage")
 	lw.Write([]byte(`{"usage":{"prompt_tokens":3,"completion_tokens":1}}`))
 	lw.Close()
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 1 }, 10*time.Second, time.Millisecond)
-	assert.Equal(t, 12.0+4.0, got[0].ListCostUSD)
+	assert.Equal(t, 12.0+4.0, h.report(t).ListCostUSD)
+}
+
+// raceHarness drives raceHedge and finalize by hand on a trip of a router
+// with two upstreams and model "m" at $1 a token, collecting its reports.
+type raceHarness struct {
+	r   *Router
+	tr  *trip
+	mu  sync.Mutex
+	got []Report
+}
+
+func newRaceHarness(t *testing.T) *raceHarness {
+	h := &raceHarness{}
+	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1"}, {Name: "b", BaseURL: "http://127.0.0.1:1"}},
+		Hedge:  HedgeConfig{Delay: time.Second},
+		Prices: map[string]Price{"m": {InputPerMTok: 1e6, OutputPerMTok: 1e6}},
+		OnReport: func(rep Report) {
+			h.mu.Lock()
+			h.got = append(h.got, rep)
+			h.mu.Unlock()
+		}})
+	require.NoError(t, err)
+	h.r, h.tr = r, newTrip(r, httptest.NewRequest("POST", "/v1/chat/completions", nil))
+	return h
+}
+
+func (h *raceHarness) reports() []Report {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.got)
+}
+
+// report waits for the trip's one report.
+func (h *raceHarness) report(t *testing.T) Report {
+	require.Eventually(t, func() bool { return len(h.reports()) == 1 }, 10*time.Second, time.Millisecond)
+	return h.reports()[0]
+}
+
+// race races a first attempt and a hedge that have both answered, returns
+// the winner to the caller, and reads its body to the end.
+func (h *raceHarness) race(t *testing.T, first, hedge attempt) {
+	results := make(chan attempt, 2)
+	results <- first
+	results <- hedge
+	resp, err := h.tr.finalize(h.tr.raceHedge(results, [2]context.CancelFunc{func() {}, func() {}}))
+	require.NoError(t, err)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+}
+
+// answered is an attempt of model m on up that answered status with body.
+func answered(up *upstream, status int, header http.Header, body io.ReadCloser, hedge int) attempt {
+	return attempt{cand: candidate{up: up, model: "m"}, hedge: hedge,
+		resp: &http.Response{StatusCode: status, Header: header, Body: body}}
 }

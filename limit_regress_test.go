@@ -97,6 +97,18 @@ func (g *gatedBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}, nil
 }
 
+// gatedRouter is a router on one upstream "a" with an RPM limit, one
+// in-flight slot and a 10-minute MaxWait, on a fake clock, whose calls
+// wait for base's gate.
+func gatedRouter(t *testing.T, rpm int) (*Router, *gatedBase, *fakeClock) {
+	clock := newFakeClock()
+	base := &gatedBase{clock: clock, gate: make(chan struct{})}
+	r, _ := newTestRouter(t, Config{Clock: clock, Base: base,
+		Limits:    LimitConfig{MaxWait: 10 * time.Minute},
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: rpm, MaxInFlight: 1}}})
+	return r, base, clock
+}
+
 func goSend(r http.RoundTripper, ctx context.Context, prio string) <-chan error {
 	errc := make(chan error, 1)
 	go func() {
@@ -119,11 +131,7 @@ func goSend(r http.RoundTripper, ctx context.Context, prio string) <-chan error 
 // (They took the tokens without looking whether they were still there,
 // and all five went.)
 func TestRegressSlotWaitersBypassRPM(t *testing.T) {
-	clock := newFakeClock()
-	base := &gatedBase{clock: clock, gate: make(chan struct{})}
-	r, _ := newTestRouter(t, Config{Clock: clock, Base: base,
-		Limits:    LimitConfig{MaxWait: 10 * time.Minute},
-		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 2, MaxInFlight: 1}}})
+	r, base, clock := gatedRouter(t, 2)
 	u := r.ups[0]
 	var errs []<-chan error
 	errs = append(errs, goSend(r, context.Background(), ""))
@@ -213,11 +221,7 @@ func TestRegressHugeResetIsCappedNotIgnored(t *testing.T) {
 // to the next waiter at once. (The next waited for its old timer, with the
 // token in the bucket.)
 func TestRegressRefundDoesNotWakeRateQueue(t *testing.T) {
-	clock := newFakeClock()
-	base := &gatedBase{clock: clock, gate: make(chan struct{})}
-	r, _ := newTestRouter(t, Config{Clock: clock, Base: base,
-		Limits:    LimitConfig{MaxWait: 10 * time.Minute},
-		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 1, MaxInFlight: 1}}})
+	r, base, clock := gatedRouter(t, 1)
 	u := r.ups[0]
 	x := goSend(r, context.Background(), "") // takes the token and the slot
 	require.Eventually(t, func() bool { return base.calls.Load() == 1 }, 5*time.Second, time.Millisecond)

@@ -96,7 +96,9 @@ func (t *trip) vote() {
 		return
 	}
 	rep := t.report(t.end)
-	t.settle(t.costParts(rep))
+	if len(t.r.s.budgets) > 0 {
+		t.settle(t.costParts(rep))
+	}
 	t.settleTPM(rep.Usage)
 	if t.r.s.onReport != nil {
 		t.r.s.onReport(rep)
@@ -148,11 +150,9 @@ func (t *trip) report(end bodyEnd) Report {
 		}
 	}
 	for _, l := range t.losers { // billed whatever the answer that won
-		if lp, ok := lookupPrice(s.prices, l.model); ok {
-			c := lp.Cost(l.u)
-			rep.ListCostUSD += c
-			rep.CostUSD += c * l.factor
-		}
+		c := t.listCost(l)
+		rep.ListCostUSD += c
+		rep.CostUSD += c * l.factor
 	}
 	rep.Currency = s.currency.Code
 	rep.Cost = rep.CostUSD * s.currency.PerUSD
@@ -347,14 +347,22 @@ func (t *trip) costParts(rep Report) []costPart {
 	win := rep.Cost
 	var parts []costPart
 	for _, l := range t.losers {
-		if lp, ok := lookupPrice(t.r.s.prices, l.model); ok {
-			c := lp.Cost(l.u) * l.factor * perUSD
-			win -= c
-			parts = append(parts, costPart{model: l.model, upstream: l.upstream, cost: c})
-		}
+		c := t.listCost(l) * l.factor * perUSD
+		win -= c
+		parts = append(parts, costPart{model: l.model, upstream: l.upstream, cost: c})
 	}
 	if up := t.att.cand.up; up != nil {
 		parts = append(parts, costPart{model: t.att.cand.model, upstream: up.cfg.Name, cost: max(win, 0)})
 	}
 	return parts
+}
+
+// listCost is what a hedge's losing attempt cost at list price; 0 for a
+// model without a price.
+func (t *trip) listCost(l loserUsage) float64 {
+	p, ok := lookupPrice(t.r.s.prices, l.model)
+	if !ok {
+		return 0
+	}
+	return p.Cost(l.u)
 }

@@ -327,20 +327,7 @@ func TestTopUpStaysInItsWindow(t *testing.T) {
 	clock := newFleetClock()
 	st := b.state(t, WithClock(clock.Now))
 	base := &failFirstBase{fleetBase: newFleetBase(clock), seen: map[string]bool{}}
-	r, err := relay.New(relay.Config{
-		State: st, StateTimeout: time.Second, Base: base, Clock: clock,
-		Upstreams: []relay.Upstream{
-			{Name: "a", BaseURL: "http://a.test/v1"},
-			{Name: "b", BaseURL: "http://b.test/v1", PriceFactor: 3},
-		},
-		Breaker: relay.BreakerConfig{P99: -1},
-		Jitter:  -1,
-		Prices:  map[string]relay.Price{"m": {InputPerMTok: 1000, OutputPerMTok: 1000}},
-		Budgets: []relay.Budget{{Name: "b", Limit: 100, Window: relay.Window{Every: time.Hour}}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := topUpRouter(t, st, base, clock)
 	for i := range 40 {
 		if _, err := send(r, fmt.Sprintf("p%d", i)); err != nil {
 			t.Fatal(err)
@@ -422,20 +409,7 @@ func TestTopUpFallbackSettlesEachPart(t *testing.T) {
 	inner := b.state(t, WithClock(clock.Now))
 	st := &flakyTopUp{State: inner}
 	base := failFirstNoRoll{&failFirstBase{fleetBase: newFleetBase(clock), seen: map[string]bool{}}}
-	r, err := relay.New(relay.Config{
-		State: st, StateTimeout: time.Second, Base: base, Clock: clock,
-		Upstreams: []relay.Upstream{
-			{Name: "a", BaseURL: "http://a.test/v1"},
-			{Name: "b", BaseURL: "http://b.test/v1", PriceFactor: 3},
-		},
-		Breaker: relay.BreakerConfig{P99: -1},
-		Jitter:  -1,
-		Prices:  map[string]relay.Price{"m": {InputPerMTok: 1000, OutputPerMTok: 1000}},
-		Budgets: []relay.Budget{{Name: "b", Limit: 100, Window: relay.Window{Every: time.Hour}}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := topUpRouter(t, st, base, clock)
 	k := relay.BudgetKey{Budget: "b", Window: clock.Now().Truncate(time.Hour).Add(time.Hour)}
 	const other = 1_000_000_000 // another replica's request holds $1
 	if ok := must[bool](t)(inner.Reserve(ctxT(t), k, 100e9, relay.Hold{ID: "other", Amount: other, Expires: clock.Now().Add(time.Hour)})); !ok {
@@ -469,4 +443,26 @@ func waitInFlight(t *testing.T, r *relay.Router, n int) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// topUpRouter is a router on st whose requests, if their first attempt on
+// a fails, retry on b at three times the price: a top-up of the budget
+// "b" ($100 an hour) reservation.
+func topUpRouter(t *testing.T, st relay.State, base http.RoundTripper, clock *fleetClock) *relay.Router {
+	t.Helper()
+	r, err := relay.New(relay.Config{
+		State: st, StateTimeout: time.Second, Base: base, Clock: clock,
+		Upstreams: []relay.Upstream{
+			{Name: "a", BaseURL: "http://a.test/v1"},
+			{Name: "b", BaseURL: "http://b.test/v1", PriceFactor: 3},
+		},
+		Breaker: relay.BreakerConfig{P99: -1},
+		Jitter:  -1,
+		Prices:  map[string]relay.Price{"m": {InputPerMTok: 1000, OutputPerMTok: 1000}},
+		Budgets: []relay.Budget{{Name: "b", Limit: 100, Window: relay.Window{Every: time.Hour}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

@@ -75,7 +75,7 @@ func TestRegressBudgetErrorType(t *testing.T) {
 }
 
 // Closing the response body before reading it ends the span once.
-func TestRegressCloseBeforeRead(t *testing.T) {
+func TestCloseBeforeReadEndsSpanOnce(t *testing.T) {
 	a := server(t, "a")
 	h := newHarness(t, relay.Config{Upstreams: []relay.Upstream{{Name: "a", BaseURL: a.URL}}})
 	for _, stream := range []bool{false, true} {
@@ -118,7 +118,7 @@ func (closedBody) Read([]byte) (int, error) {
 }
 func (closedBody) Close() error { return nil }
 
-func TestRegressClosedRequestBody(t *testing.T) {
+func TestClosedRequestBodyEndsSpan(t *testing.T) {
 	a := server(t, "a")
 	h := newHarness(t, relay.Config{Upstreams: []relay.Upstream{{Name: "a", BaseURL: a.URL}}})
 	req, _ := http.NewRequest(http.MethodPost, "http://relay.test/v1/chat/completions", io.NopCloser(nil))

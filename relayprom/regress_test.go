@@ -55,7 +55,7 @@ func TestRegressPromBudgetErrorType(t *testing.T) {
 }
 
 // 50k caller-chosen models, buckets and upstream names: bounded series.
-func TestRegressPromFlood(t *testing.T) {
+func TestPromFloodStaysBounded(t *testing.T) {
 	c := relayprom.New(relayprom.WithUpstreams(relay.Upstream{Name: "a", Models: []string{"gpt-4.1"}}))
 	h := c.Hooks()
 	for i := range 50000 {

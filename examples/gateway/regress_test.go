@@ -35,7 +35,7 @@ func TestRegressChatKeepsRetryAfter(t *testing.T) {
 }
 
 // Same through /v1/chat/completions (reverse proxy).
-func TestRegressCompletionsKeepsRetryAfter(t *testing.T) {
+func TestCompletionsKeepsRetryAfter(t *testing.T) {
 	f := newFixture(t, nil)
 	f.up.Script(relaytest.Fault{Status: 429, Header: http.Header{"Retry-After": {"7"}}})
 	resp, b := f.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`)
