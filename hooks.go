@@ -91,7 +91,9 @@ type WaitEvent struct {
 }
 
 // JoinHooks returns Hooks that call each of hs's hooks in order. OnRequest
-// hooks chain: each gets the context the one before returned.
+// hooks chain: each gets the context the one before returned. A hook that
+// panics does not keep the ones after it from running (an observer's span
+// still ends when Config.OnReport panics); the panic then goes on.
 func JoinHooks(hs ...Hooks) Hooks {
 	var j Hooks
 	for _, h := range hs {
@@ -113,7 +115,10 @@ func join1[T any](a, b func(T)) func(T) {
 	case b == nil:
 		return a
 	}
-	return func(v T) { a(v); b(v) }
+	return func(v T) {
+		defer b(v) // runs even if a panics
+		a(v)
+	}
 }
 
 func joinRequest(a, b func(context.Context, *http.Request) context.Context) func(context.Context, *http.Request) context.Context {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -228,4 +229,39 @@ func TestHooksOnStateFallback(t *testing.T) {
 	assert.ErrorIs(t, got[0].Err, errDown)
 	assert.Equal(t, "caller", got[0].Context.Value(ctxKey{}))
 	assert.EqualValues(t, len(got), r.StateFallbacks(), "every fallback counted is told")
+}
+
+// TestPanickingOnReportStillEndsObservers: a Config.OnReport that panics
+// runs before the Hooks' OnReport (an observer ending its span there), and
+// must not keep it from running; the panic itself goes on to the caller
+// who finished the body.
+func TestPanickingOnReportStillEndsObservers(t *testing.T) {
+	srv := relaytest.NewServer()
+	t.Cleanup(srv.Close)
+	var observed []Report
+	r, err := New(Config{
+		Clock:     newAutoClock(),
+		Upstreams: []Upstream{{Name: "a", BaseURL: srv.URL}},
+		OnReport:  func(Report) { panic("user hook") },
+		Hooks:     Hooks{OnReport: func(rep Report) { observed = append(observed, rep) }},
+	})
+	require.NoError(t, err)
+	req := httptest.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "x")))
+	resp, err := r.RoundTrip(req)
+	require.NoError(t, err)
+	assert.PanicsWithValue(t, "user hook", func() {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+	})
+	require.Len(t, observed, 1, "the observer's OnReport ran despite the panic before it")
+	assert.Equal(t, "a", observed[0].Upstream)
+
+	// The same for every joined hook, in order.
+	var order []string
+	h := JoinHooks(
+		Hooks{OnWait: func(WaitEvent) { order = append(order, "one"); panic("one") }},
+		Hooks{OnWait: func(WaitEvent) { order = append(order, "two") }},
+	)
+	assert.PanicsWithValue(t, "one", func() { h.OnWait(WaitEvent{}) })
+	assert.Equal(t, []string{"one", "two"}, order)
 }
