@@ -504,7 +504,7 @@ func resolve(c Config) (settings, error) {
 	s.buckets.Mid, s.buckets.Long = orDefault(c.Buckets.Mid, 200), orDefault(c.Buckets.Long, 900)
 	switch {
 	case s.buckets.Mid < 0 || s.buckets.Long < 0:
-		bad("Buckets must not be negative")
+		bad("Buckets (Mid %d, Long %d) must not be negative", c.Buckets.Mid, c.Buckets.Long)
 	case s.buckets.Long < s.buckets.Mid:
 		bad("Buckets.Long (%d) is below Buckets.Mid (%d)", s.buckets.Long, s.buckets.Mid)
 	}
@@ -551,13 +551,19 @@ func resolve(c Config) (settings, error) {
 	return s, errors.Join(errs...)
 }
 
+// notNegative reports a setting below zero, naming it and its value.
+func notNegative[T ~int | ~int64 | ~float64](bad func(string, ...any), name string, v T) {
+	if v < 0 {
+		bad("%s %v is negative", name, v)
+	}
+}
+
 // resolveShared fills in what replicas share: the State, its bounds, the
 // ledger.
 func resolveShared(s *settings, c Config, bad func(string, ...any)) {
 	s.state, s.stateTimeout, s.replicas = c.State, orDefault(c.StateTimeout, 5*time.Millisecond), orDefault(c.Replicas, 1)
-	if s.stateTimeout < 0 || s.replicas < 0 {
-		bad("StateTimeout and Replicas must not be negative")
-	}
+	notNegative(bad, "StateTimeout", c.StateTimeout)
+	notNegative(bad, "Replicas", c.Replicas)
 	switch {
 	case c.Ledger != nil:
 		s.ledger = c.Ledger
@@ -578,9 +584,12 @@ func resolveRetry(c RetryConfig, bad func(string, ...any)) retrySettings {
 	if r.shouldRetry == nil {
 		r.shouldRetry = DefaultShouldRetry
 	}
-	if r.maxAttempts < 0 || r.initial < 0 || r.max < 0 || r.multiplier < 0 || r.maxRetryAfter < 0 || r.attemptTimeout < 0 {
-		bad("RetryConfig: MaxAttempts, intervals, Multiplier, MaxRetryAfter and AttemptTimeout must not be negative")
-	}
+	notNegative(bad, "RetryConfig.MaxAttempts", c.MaxAttempts)
+	notNegative(bad, "RetryConfig.InitialInterval", c.InitialInterval)
+	notNegative(bad, "RetryConfig.MaxInterval", c.MaxInterval)
+	notNegative(bad, "RetryConfig.Multiplier", c.Multiplier)
+	notNegative(bad, "RetryConfig.MaxRetryAfter", c.MaxRetryAfter)
+	notNegative(bad, "RetryConfig.AttemptTimeout", c.AttemptTimeout)
 	if r.randomization >= 1 {
 		bad("RetryConfig.RandomizationFactor %g must be below 1", c.RandomizationFactor)
 	}
@@ -588,8 +597,12 @@ func resolveRetry(c RetryConfig, bad func(string, ...any)) retrySettings {
 }
 
 func resolveHedge(c HedgeConfig, bad func(string, ...any)) hedgeSettings {
-	if c.Delay < 0 || c.Budget < 0 || c.Budget > 1 || (c.P95 && c.Delay == 0) {
-		bad("HedgeConfig: Delay must be positive (also with P95), Budget within [0, 1]")
+	notNegative(bad, "HedgeConfig.Delay", c.Delay)
+	if c.P95 && c.Delay == 0 {
+		bad("HedgeConfig.P95 needs a positive Delay (its floor)")
+	}
+	if c.Budget < 0 || c.Budget > 1 {
+		bad("HedgeConfig.Budget %g is outside [0, 1]", c.Budget)
 	}
 	if c.Budget > 0 && c.Budget < 1e-6 {
 		// The budget is kept in millionths of a hedge per request.
@@ -604,9 +617,9 @@ func resolveBreaker(c BreakerConfig, bad func(string, ...any)) breakerSettings {
 		minSamples: orDefault(c.MinSamples, 20), cooldown: orDefault(c.Cooldown, 30*time.Second),
 		maxCooldown: orDefault(c.MaxCooldown, 5*time.Minute), probePath: c.ProbePath, onChange: c.OnChange,
 	}
-	if b.minSamples < 0 || b.cooldown < 0 || b.maxCooldown < 0 {
-		bad("BreakerConfig: MinSamples, Cooldown and MaxCooldown must not be negative")
-	}
+	notNegative(bad, "Breaker.MinSamples", c.MinSamples)
+	notNegative(bad, "Breaker.Cooldown", c.Cooldown)
+	notNegative(bad, "Breaker.MaxCooldown", c.MaxCooldown)
 	b.maxCooldown = max(b.maxCooldown, b.cooldown)
 	return b
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -26,7 +27,17 @@ func TestNewValidates(t *testing.T) {
 		{"negative factor", Config{Upstreams: []Upstream{{Name: "a", BaseURL: "https://x", PriceFactor: -1}}}, "PriceFactor"},
 		{"buckets", Config{Upstreams: []Upstream{ok}, Buckets: Buckets{Mid: 500, Long: 100}}, "Buckets.Long"},
 		{"body", Config{Upstreams: []Upstream{ok}, MaxBodyBytes: -1}, "MaxBodyBytes"},
-		{"retry", Config{Upstreams: []Upstream{ok}, Retry: RetryConfig{MaxAttempts: -1}}, "RetryConfig"},
+		{"retry", Config{Upstreams: []Upstream{ok}, Retry: RetryConfig{MaxAttempts: -1}}, "RetryConfig.MaxAttempts -1 is negative"},
+		// Each error names the setting and its value.
+		{"negative buckets", Config{Upstreams: []Upstream{ok}, Buckets: Buckets{Mid: -3}}, "Buckets (Mid -3, Long 0)"},
+		{"retry interval", Config{Upstreams: []Upstream{ok}, Retry: RetryConfig{MaxInterval: -time.Second}}, "RetryConfig.MaxInterval -1s is negative"},
+		{"retry multiplier", Config{Upstreams: []Upstream{ok}, Retry: RetryConfig{Multiplier: -1.5}}, "RetryConfig.Multiplier -1.5 is negative"},
+		{"hedge delay", Config{Upstreams: []Upstream{ok}, Hedge: HedgeConfig{Delay: -time.Millisecond}}, "HedgeConfig.Delay -1ms is negative"},
+		{"hedge p95", Config{Upstreams: []Upstream{ok}, Hedge: HedgeConfig{P95: true}}, "HedgeConfig.P95 needs a positive Delay"},
+		{"hedge budget", Config{Upstreams: []Upstream{ok}, Hedge: HedgeConfig{Delay: time.Second, Budget: 1.5}}, "HedgeConfig.Budget 1.5 is outside [0, 1]"},
+		{"breaker", Config{Upstreams: []Upstream{ok}, Breaker: BreakerConfig{Cooldown: -time.Minute}}, "Breaker.Cooldown -1m0s is negative"},
+		{"replicas", Config{Upstreams: []Upstream{ok}, Replicas: -2}, "Replicas -2 is negative"},
+		{"state timeout", Config{Upstreams: []Upstream{ok}, StateTimeout: -time.Millisecond}, "StateTimeout -1ms is negative"},
 		{"bad tag", Config{Upstreams: []Upstream{{Name: "a", BaseURL: "https://x", BodyTags: map[string]any{"f": func() {}}}}}, `body tag "f"`},
 	}
 	for _, c := range cases {
