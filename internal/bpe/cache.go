@@ -157,12 +157,18 @@ func (e *Encoding) countCached(s string, i, j int, scp **scratch) int {
 // countCached1 is countCached for keys of one word.
 func (e *Encoding) countCached1(s string, i, j int) int {
 	l := j - i
-	var buf [8]byte
-	w := keyWord(keyBytes(s, i, j, buf[:]), 0, l)
+	var w uint64
+	if len(s)-i >= 8 {
+		w = binary.LittleEndian.Uint64(unsafe.Slice(unsafe.StringData(s[i:]), 8))
+	} else {
+		var buf [8]byte
+		copy(buf[:], s[i:j])
+		w = binary.LittleEndian.Uint64(buf[:])
+	}
+	w &= ^uint64(0) >> ((64 - 8*uint(l)) & 63) // l is 2 to 8
 	h := mix(uint64(l)*hashMul2, w) * hashMul3
 	t := &e.cache.tables[0]
 	set := t.set(h)
-	word := func(int) uint64 { return w }
 	for way := 0; way+2 <= len(set); way += 2 {
 		m := set[way].Load()
 		if m&(cacheBusy|0xff00) == uint64(l)<<8 && set[way+1].Load() == w && set[way].Load() == m {
@@ -170,7 +176,7 @@ func (e *Encoding) countCached1(s string, i, j int) int {
 		}
 	}
 	n := e.countPiece(s[i:j], nil)
-	t.put(h, uint64(l), word, n)
+	t.put(h, uint64(l), func(int) uint64 { return w }, n)
 	return n
 }
 
