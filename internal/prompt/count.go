@@ -77,13 +77,19 @@ func Tokens[C Counter](c C, image int, endpoint string, f *Fields) int {
 	return 0
 }
 
-// message counts one chat message or Responses input item.
+// message counts one chat message or Responses input item. A member
+// repeated in it counts its last occurrence only, as upstreams read it.
 func message[C Counter](c C, image int, m gjson.Result) int {
 	if !m.IsObject() {
 		return 0
 	}
-	n := tokensPerMessage
+	type counted struct {
+		key string
+		n   int
+	}
+	var members []counted
 	m.ForEach(func(k, v gjson.Result) bool {
+		n := 0
 		switch k.Str {
 		case "content":
 			n += content(c, image, v)
@@ -106,8 +112,19 @@ func message[C Counter](c C, image int, m gjson.Result) int {
 				n += c.Text(v.Str)
 			}
 		}
+		for i := range members {
+			if members[i].key == k.Str {
+				members[i].n = n
+				return true
+			}
+		}
+		members = append(members, counted{k.Str, n})
 		return true
 	})
+	n := tokensPerMessage
+	for _, mb := range members {
+		n += mb.n
+	}
 	return n
 }
 

@@ -20,10 +20,10 @@ import (
 // Reader serves many bodies.
 //
 // Its results are those of the reference readers, Tokens over gjson and
-// AppendCanonical over jsonscan, which differ in two ways the Reader keeps:
-// the count reads every occurrence of a repeated member of a message while
-// the canonical prompt reads the last, and the count compares member names
-// decoded while the canonical prompt compares them as written. When a
+// AppendCanonical over jsonscan. Both read the last occurrence of a
+// repeated member of a message, as upstreams do; they differ in one way
+// the Reader keeps: the count compares member names decoded while the
+// canonical prompt compares them as written. When a
 // member name the Reader looks at is spelled with escapes, or the type of a
 // content part is, the two may disagree on which member is meant: Read then
 // sets Fallback, and the caller uses the reference readers (no SDK writes
@@ -58,6 +58,8 @@ type Reader struct {
 	hints  []hint
 	msgs   []msgRec
 	ops    []op
+	// members are the members of the message being read (see lastWins).
+	members []member
 }
 
 // Value is a member value: Body[Start:End], of kind '"', '{', '[', 'n'
@@ -155,19 +157,19 @@ const (
 // Cap returns the bytes the Reader's buffers hold.
 func (r *Reader) Cap() int {
 	return cap(r.Strs)*int(unsafe.Sizeof(Str{})) + cap(r.msgs)*int(unsafe.Sizeof(msgRec{})) + cap(r.ops)*int(unsafe.Sizeof(op{})) +
-		cap(r.hints)*int(unsafe.Sizeof(hint{}))
+		cap(r.hints)*int(unsafe.Sizeof(hint{})) + cap(r.members)*int(unsafe.Sizeof(member{}))
 }
 
 // Forget drops the Reader's reference to the last body and its Known,
 // keeping its buffers.
 func (r *Reader) Forget() {
-	*r = Reader{Strs: r.Strs[:0], msgs: r.msgs[:0], ops: r.ops[:0], hints: r.hints[:0]}
+	*r = Reader{Strs: r.Strs[:0], msgs: r.msgs[:0], ops: r.ops[:0], hints: r.hints[:0], members: r.members[:0]}
 }
 
 // Read reads body, a request to endpoint.
 func (r *Reader) Read(endpoint, body string) {
 	*r = Reader{Body: body, Endpoint: endpoint, Strs: r.Strs[:0], msgs: r.msgs[:0], ops: r.ops[:0], hints: r.hints[:0],
-		Known: r.Known, KnownMin: r.KnownMin}
+		members: r.members[:0], Known: r.Known, KnownMin: r.KnownMin}
 	i := jsonscan.SkipSpace(body, 0)
 	if i >= len(body) || body[i] != '{' {
 		return // not an object: what it is does not matter
@@ -391,50 +393,91 @@ func (r *Reader) message(j, depth int, fd *field) int {
 	}
 	m := msgRec{object: true, role: -1, typ: -1, name: -1, args: -1, output: -1}
 	fd.consts += tokensPerMessage
+	base := len(r.members)
 	e, ok := r.each(j, depth, func(key string, k, depth int) int {
-		switch key {
-		case "content":
-			return r.content(k, depth, fd, &m)
-		case "tool_calls":
-			return r.toolCalls(k, depth, &m)
-		case "function_call":
-			return r.functionCall(k, depth)
-		case "id", "status":
-			return r.skip(k, depth)
-		}
-		v, esc, e := r.value(k, depth)
+		s0, c0, i0 := int32(len(r.Strs)), fd.consts, fd.images
+		e := r.member(key, k, depth, fd, &m)
 		if e < 0 {
 			return e
 		}
-		isStr := v.Kind == '"'
-		idx := int32(-1)
-		if isStr {
-			idx = r.str(v, esc, key != "type") // "type" is framing, not billed
-		}
-		switch key {
-		case "role":
-			if m.firstRole.Kind == 0 {
-				m.firstRole = v
+		at := int(uintptr(unsafe.Pointer(unsafe.StringData(key))) - uintptr(unsafe.Pointer(unsafe.StringData(r.Body))))
+		mb := member{at, len(key), [2]int32{s0, int32(len(r.Strs))}, fd.consts - c0, fd.images - i0}
+		// Upstreams read a repeated member's last occurrence, as the
+		// canonical prompt does: an earlier one counts nothing.
+		for i := base; i < len(r.members); i++ {
+			if o := &r.members[i]; o.n == mb.n && r.Body[o.at:o.at+o.n] == key {
+				r.uncount(o, fd)
 			}
-			m.role, m.roleSet = idx, isStr
-		case "type":
-			m.typ = idx
-		case "name":
-			m.name = idx
-			if isStr {
-				fd.consts += tokensPerName
-			}
-		case "arguments":
-			m.args = idx
-		case "output":
-			m.output = idx
 		}
+		r.members = append(r.members, mb)
 		return e
 	})
+	r.members = r.members[:base]
 	if !ok {
 		return -1
 	}
 	r.msgs = append(r.msgs, m)
+	return e
+}
+
+// member is what one member of a message added to the count: its range of
+// Strs, and the constants and image parts it added to its field. Its name
+// is Body[at:at+n] (offsets, so that the buffer keeps no body alive).
+type member struct {
+	at, n          int
+	strs           [2]int32
+	consts, images int
+}
+
+// uncount takes what member mb added out of the count.
+func (r *Reader) uncount(mb *member, fd *field) {
+	for k := mb.strs[0]; k < mb.strs[1]; k++ {
+		r.Strs[k].Counted = false
+	}
+	fd.consts -= mb.consts
+	fd.images -= mb.images
+	mb.strs, mb.consts, mb.images = [2]int32{}, 0, 0
+}
+
+// member reads one member of a message or Responses item.
+func (r *Reader) member(key string, k, depth int, fd *field, m *msgRec) int {
+	switch key {
+	case "content":
+		return r.content(k, depth, fd, m)
+	case "tool_calls":
+		return r.toolCalls(k, depth, m)
+	case "function_call":
+		return r.functionCall(k, depth)
+	case "id", "status":
+		return r.skip(k, depth)
+	}
+	v, esc, e := r.value(k, depth)
+	if e < 0 {
+		return e
+	}
+	isStr := v.Kind == '"'
+	idx := int32(-1)
+	if isStr {
+		idx = r.str(v, esc, key != "type") // "type" is framing, not billed
+	}
+	switch key {
+	case "role":
+		if m.firstRole.Kind == 0 {
+			m.firstRole = v
+		}
+		m.role, m.roleSet = idx, isStr
+	case "type":
+		m.typ = idx
+	case "name":
+		m.name = idx
+		if isStr {
+			fd.consts += tokensPerName
+		}
+	case "arguments":
+		m.args = idx
+	case "output":
+		m.output = idx
+	}
 	return e
 }
 

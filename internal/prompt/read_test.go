@@ -477,3 +477,40 @@ func TestReaderKnownSkipsCheck(t *testing.T) {
 		}
 	}
 }
+
+// TestRepeatedMemberCountsLast: a member repeated within one message
+// (two contents, two names, two roles) counts its last occurrence only, as
+// upstreams read it, in the Reader and in the reference reader alike.
+func TestRepeatedMemberCountsLast(t *testing.T) {
+	long := strings.Repeat("a long first content ", 50)
+	for _, c := range []struct{ repeated, last string }{
+		{`{"messages":[{"role":"user","content":"` + long + `","content":"short"}]}`,
+			`{"messages":[{"role":"user","content":"short"}]}`},
+		{`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}],"content":"hi"}]}`,
+			`{"messages":[{"role":"user","content":"hi"}]}`},
+		{`{"messages":[{"role":"user","name":"alice","content":"hi","name":3}]}`,
+			`{"messages":[{"role":"user","content":"hi"}]}`},
+		{`{"messages":[{"role":"system","role":"user","content":"hi","tool_calls":[{"function":{"name":"f","arguments":"{}"}}],"tool_calls":[]}]}`,
+			`{"messages":[{"role":"user","content":"hi","tool_calls":[]}]}`},
+		{`{"input":[{"type":"message","role":"user","content":"` + long + `","content":"x"},{"type":"function_call_output","output":"1","output":"22"}]}`,
+			`{"input":[{"type":"message","role":"user","content":"x"},{"type":"function_call_output","output":"22"}]}`},
+	} {
+		for _, ep := range []string{Chat, Responses} {
+			var r, rl Reader
+			r.Read(ep, c.repeated)
+			rl.Read(ep, c.last)
+			if !r.JSON || r.Fallback || !rl.JSON {
+				t.Fatalf("%s: not read as plain JSON", c.repeated)
+			}
+			got, want := r.Tokens(readCounter{&r}, 85), rl.Tokens(readCounter{&rl}, 85)
+			if got != want {
+				t.Errorf("%s: Reader counts %d for %s, %d without the earlier occurrences", ep, got, c.repeated, want)
+			}
+			f, _ := refTop(c.repeated)
+			fl, _ := refTop(c.last)
+			if got, want := Tokens(refCounter{}, 85, ep, &f), Tokens(refCounter{}, 85, ep, &fl); got != want {
+				t.Errorf("%s: reference counts %d for %s, %d without the earlier occurrences", ep, got, c.repeated, want)
+			}
+		}
+	}
+}
