@@ -2,6 +2,7 @@ package redisstate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -170,35 +171,113 @@ func (s *refundSpy) Refund(ctx context.Context, u relay.Limits, requests, tokens
 	return err
 }
 
-// blockingBase answers at once, except a prompt "block", which waits
-// for release.
+// blockingBase answers at once, except a prompt "block", which says so on
+// entered and waits for release.
 type blockingBase struct {
 	*fleetBase
-	release chan struct{}
+	entered, release chan struct{}
 }
 
 func (b *blockingBase) RoundTrip(r *http.Request) (*http.Response, error) {
 	body, _ := io.ReadAll(r.Body)
 	if strings.Contains(string(body), `"block"`) {
+		if b.entered != nil {
+			b.entered <- struct{}{}
+		}
 		<-b.release
 	}
 	r.Body = io.NopCloser(strings.NewReader(string(body)))
 	return b.fleetBase.RoundTrip(r)
 }
 
+// manualClock is a relay.Clock that moves only when the test moves it
+// (advance); each AfterFunc is announced on armed with its duration.
+type manualClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers []*manualTimer
+	armed  chan time.Duration
+}
+
+type manualTimer struct {
+	at   time.Time
+	f    func()
+	done bool
+}
+
+func newManualClock(start time.Time) *manualClock {
+	return &manualClock{now: start, armed: make(chan time.Duration, 64)}
+}
+
+func (c *manualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *manualClock) AfterFunc(d time.Duration, f func()) func() bool {
+	c.mu.Lock()
+	t := &manualTimer{at: c.now.Add(d), f: f}
+	c.timers = append(c.timers, t)
+	c.mu.Unlock()
+	c.armed <- d
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		stopped := !t.done
+		t.done = true
+		return stopped
+	}
+}
+
+// advance moves the clock by d and runs the timers then due.
+func (c *manualClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	var due []func()
+	for _, t := range c.timers {
+		if !t.done && !t.at.After(c.now) {
+			t.done = true
+			due = append(due, t.f)
+		}
+	}
+	c.mu.Unlock()
+	for _, f := range due {
+		go f()
+	}
+}
+
+// takenSpy is a refundSpy that says on taken when an Admit of tpm or more
+// tokens was taken.
+type takenSpy struct {
+	*refundSpy
+	tpm   int
+	taken chan struct{}
+}
+
+func (s *takenSpy) Admit(ctx context.Context, u relay.Limits, tpm int, force bool, now time.Time) (relay.Verdict, error) {
+	v, err := s.refundSpy.Admit(ctx, u, tpm, force, now)
+	if err == nil && v.Taken && tpm >= s.tpm {
+		s.taken <- struct{}{}
+	}
+	return v, err
+}
+
 // TestCancelledWaiterGivesFleetTokensBack: a request waits for the fleet's
 // TPM, takes its tokens on Redis, then waits for an in-flight slot and its
 // caller cancels. Its tokens go back to the fleet's bucket. (The refund
 // was made with the request's ended context: it never reached Redis, and a
-// healthy Redis was counted as a State fallback.)
+// healthy Redis was counted as a State fallback.) The router's clock moves
+// only when the test moves it.
 func TestCancelledWaiterGivesFleetTokensBack(t *testing.T) {
 	b := newReal(t)
 	st := &refundSpy{State: b.state(t)}
-	base := &blockingBase{fleetBase: newFleetBase(newFleetClock()), release: make(chan struct{})}
-	defer close(base.release)
+	spy := &takenSpy{refundSpy: st, tpm: 50, taken: make(chan struct{}, 1)}
+	clock := newManualClock(t0)
+	base := &blockingBase{fleetBase: newFleetBase(newFleetClock()), entered: make(chan struct{}), release: make(chan struct{})}
 	const tpm = 60000 // 1000 tokens a second
 	r, err := relay.New(relay.Config{
-		State: st, StateTimeout: time.Second, Base: base,
+		Clock: clock, State: spy, StateTimeout: time.Second, Base: base,
 		Limits:    relay.LimitConfig{MaxWait: time.Minute},
 		Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1", TPM: tpm, MaxInFlight: 1}},
 	})
@@ -208,28 +287,47 @@ func TestCancelledWaiterGivesFleetTokensBack(t *testing.T) {
 	// A holds the only slot.
 	aDone := make(chan struct{})
 	go func() { defer close(aDone); send(r, "block") }()
-	waitInFlight(t, r, 1)
+	<-base.entered
+	<-spy.taken // A's own admission
+	defer func() { close(base.release); <-aDone }()
 	// The fleet's bucket is drained (by other replicas).
-	for _, bite := range []int{tpm / 10, 50} {
+	for _, bite := range []int{tpm / 10, 10} {
 		for {
-			v := must[relay.Verdict](t)(st.Admit(ctxT(t), relay.Limits{Name: "a", TPM: tpm}, bite, false, time.Now()))
+			v := must[relay.Verdict](t)(st.Admit(ctxT(t), relay.Limits{Name: "a", TPM: tpm}, bite, false, clock.Now()))
 			if !v.Taken {
 				break
 			}
 		}
 	}
-	// B waits for its tokens (at most about 0.1 s), takes them from the
-	// fleet's bucket, then waits for the slot; its caller gives up.
-	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	// B waits for its tokens, takes them from the fleet's bucket, then
+	// waits for the slot; its caller gives up.
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	body := `{"model":"m","max_tokens":92,"messages":[{"role":"user","content":"b"}]}`
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://relay.test/v1/chat/completions", strings.NewReader(body))
-	_, err = r.RoundTrip(req)
-	t.Logf("B: %v", err)
+	bErr := make(chan error, 1)
+	go func() {
+		_, err := r.RoundTrip(req)
+		bErr <- err
+	}()
+	for taken := false; !taken; {
+		select {
+		case d := <-clock.armed:
+			if d < time.Minute { // the wait for tokens, not MaxWait's
+				clock.advance(d)
+			}
+		case <-spy.taken:
+			taken = true
+		}
+	}
+	cancel()
+	err = <-bErr
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("B: %v, want its caller's cancellation", err)
+	}
 	st.mu.Lock()
 	errs := slices.Clone(st.errs)
 	st.mu.Unlock()
-	t.Logf("Refund calls: %v; StateFallbacks: %d", errs, r.StateFallbacks())
 	if len(errs) == 0 {
 		t.Fatal("B's tokens were never given back: no Refund call")
 	}
