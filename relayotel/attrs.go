@@ -228,15 +228,18 @@ func (b *breakers) transition(name string, to relay.BreakerState) []metric.AddOp
 	return b.entryLocked(name).transition[to]
 }
 
-func (b *breakers) observe(_ context.Context, obs metric.Int64Observer) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for _, e := range b.m {
-		for s := range stateNames {
-			obs.Observe(int64(b2i(relay.BreakerState(s) == e.state)), e.observe[s]...)
+// observe returns the callback that reports the states to inst.
+func (b *breakers) observe(inst metric.Int64Observable) metric.Callback {
+	return func(_ context.Context, obs metric.Observer) error {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		for _, e := range b.m {
+			for s := range stateNames {
+				obs.ObserveInt64(inst, int64(b2i(relay.BreakerState(s) == e.state)), e.observe[s]...)
+			}
 		}
+		return nil
 	}
-	return nil
 }
 
 func newSpendSets(_ *Observer, k [2]string) []metric.AddOption {

@@ -51,17 +51,24 @@
 //
 // Relay's own:
 //
-//	relay.client.cost          counter    {USD}         gen_ai.operation.name, gen_ai.request.model, gen_ai.response.model, relay.upstream, relay.bucket
-//	relay.client.attempts      counter    {attempt}     relay.upstream, relay.attempt.outcome, relay.attempt.hedge
-//	relay.client.retries       counter    {retry}       relay.upstream (the one that failed), relay.retry.reason
-//	relay.client.hedges        counter    {hedge}       relay.hedge.result (won, lost)
-//	relay.client.overhead      histogram  s             gen_ai.operation.name
-//	relay.limiter.wait         histogram  s             relay.upstream, relay.wait.reason, error.type
-//	relay.breaker.state        gauge      1             relay.upstream, relay.breaker.state: 1 for the current state, 0 for the others
-//	relay.breaker.transitions  counter    {transition}  relay.upstream, relay.breaker.state (the new state)
-//	relay.budget.spend         counter    {currency_unit} relay.budget, relay.budget.currency
-//	relay.budget.refusals      counter    {request}     relay.budget (the one that refused)
-//	relay.state.fallbacks      counter    {call}        relay.state.operation
+//	relay.client.cost          counter        {USD}            gen_ai.operation.name, gen_ai.request.model, gen_ai.response.model, relay.upstream, relay.bucket
+//	relay.client.attempts      counter        {attempt}        relay.upstream, relay.attempt.outcome, relay.attempt.hedge
+//	relay.client.retries       counter        {retry}          relay.upstream (the one that failed), relay.retry.reason
+//	relay.client.hedges        counter        {hedge}          relay.hedge.result (won, lost)
+//	relay.client.overhead      histogram      s                gen_ai.operation.name
+//	relay.limiter.wait         histogram      s                relay.upstream, relay.wait.reason, error.type
+//	relay.breaker.state        updowncounter  1                relay.upstream, relay.breaker.state: 1 for the current state, 0 for the others
+//	relay.breaker.transitions  counter        {transition}     relay.upstream, relay.breaker.state (the new state)
+//	relay.budget.spend         counter        {currency_unit}  relay.budget, relay.budget.currency
+//	relay.budget.refusals      counter        {request}        relay.budget (the one that refused)
+//	relay.state.fallbacks      counter        {call}           relay.state.operation
+//
+// relay.breaker.state is an up-down counter, as the conventions' own state
+// metric hw.status is, so that it adds up: Observers that report the same
+// attribute set to one MeterProvider (two routers, each with an upstream
+// "a") show the number of breakers in each state, as they add their
+// counts. An Observer keeps one state per upstream name: give routers whose
+// upstream names repeat an Observer each.
 //
 // relay.client.cost and relay.client.attempts, which every call adds to,
 // are observable counters: the Observer keeps their totals per attribute

@@ -85,10 +85,18 @@ func newInstruments(mp metric.MeterProvider, b *breakers, costs, attempts *sums)
 	in.spend = f64c("relay.budget.spend", "{currency_unit}", "Spend charged to each budget's ledgers, in the billing currency (relay.budget.currency).")
 	in.refusals = i64c("relay.budget.refusals", "{request}", "Requests a budget refused (relay.ErrBudgetExceeded), no upstream called.")
 	in.fallbacks = i64c("relay.state.fallbacks", "{call}", "Calls to the shared state (Config.State, a shared Ledger) that failed or timed out, decided in-process instead, by operation.")
-	_, err := m.Int64ObservableGauge("relay.breaker.state", metric.WithUnit("1"),
-		metric.WithDescription("Circuit breaker state of each upstream: 1 for the current state, 0 for the others."),
-		metric.WithInt64Callback(b.observe))
-	if err != nil {
+	// relay.breaker.state is an up-down counter, as the conventions' own
+	// state metric (hw.status: 1 for the current state, 0 for the others)
+	// is, not a gauge: the observations of Observers that share a
+	// MeterProvider and an attribute set (two routers, each with an
+	// upstream "a") add up to the number of breakers in each state, where
+	// a gauge would keep one of them. Its callback is registered apart:
+	// the SDK ignores the callback given with an instrument it already
+	// made, so a second Observer's breakers would not be reported at all.
+	state := instrument[metric.Int64ObservableUpDownCounter, metric.Int64ObservableUpDownCounterOption](m.Int64ObservableUpDownCounter, nop.Int64ObservableUpDownCounter,
+		"relay.breaker.state", metric.WithUnit("1"),
+		metric.WithDescription("Circuit breakers of each upstream in each state: 1 for a breaker's current state, 0 for the others."))
+	if _, err := m.RegisterCallback(b.observe(state), state); err != nil {
 		otel.Handle(err)
 	}
 	return in

@@ -160,7 +160,7 @@ func kvs(m map[attribute.Key]attribute.Value) map[string]string {
 // instrument is one metric, flattened for comparison.
 type instrument struct {
 	Unit   string
-	Kind   string    // "histogram", "counter", "gauge"
+	Kind   string    // "histogram", "counter", "updowncounter", "gauge"
 	Bounds []float64 // histograms
 	Points []point   // sorted by Attrs
 }
@@ -204,7 +204,9 @@ func (h *harness) metrics(t *testing.T) map[string]instrument {
 				}
 			case metricdata.Sum[int64]:
 				in.Kind = "counter"
-				require.True(t, d.IsMonotonic, m.Name)
+				if !d.IsMonotonic {
+					in.Kind = "updowncounter"
+				}
 				require.Equal(t, metricdata.CumulativeTemporality, d.Temporality, m.Name)
 				for _, p := range d.DataPoints {
 					in.Points = append(in.Points, point{Attrs: enc(p.Attributes), Value: float64(p.Value)})

@@ -155,7 +155,7 @@ func TestPlainCall(t *testing.T) {
 	assert.Equal(t, instrument{Unit: "s", Kind: "histogram", Bounds: overheadBounds,
 		Points: []point{{Attrs: "gen_ai.operation.name=chat", Count: 1, Value: 1}},
 	}, timed(m["relay.client.overhead"]))
-	assert.Equal(t, instrument{Unit: "1", Kind: "gauge", Points: breakerPoints("a", "closed")}, m["relay.breaker.state"])
+	assert.Equal(t, instrument{Unit: "1", Kind: "updowncounter", Points: breakerPoints("a", "closed")}, m["relay.breaker.state"])
 }
 
 // TestStreamedCall: a stream's span ends when its body ends, not when its
@@ -297,7 +297,7 @@ func TestFailedCall(t *testing.T) {
 	assert.NotContains(t, m, "relay.client.retries")
 	assert.Equal(t, []point{{Attrs: set("relay.attempt.hedge=false", "relay.attempt.outcome=5xx", "relay.upstream=a"), Value: 2}},
 		m["relay.client.attempts"].Points)
-	assert.Equal(t, instrument{Unit: "1", Kind: "gauge", Points: breakerPoints("a", "open")}, m["relay.breaker.state"])
+	assert.Equal(t, instrument{Unit: "1", Kind: "updowncounter", Points: breakerPoints("a", "open")}, m["relay.breaker.state"])
 	assert.Equal(t, instrument{Unit: "{transition}", Kind: "counter", Points: []point{
 		{Attrs: set("relay.breaker.state=open", "relay.upstream=a"), Value: 1},
 	}}, m["relay.breaker.transitions"])

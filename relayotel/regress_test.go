@@ -11,7 +11,11 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
 	"github.com/tokenrelay/relay"
+	"github.com/tokenrelay/relay/relayotel"
 	"github.com/tokenrelay/relay/relaytest"
 )
 
@@ -149,4 +153,67 @@ func TestRegressBodyTooLargeDuration(t *testing.T) {
 	assert.Equal(t, "body_too_large", attrs(span)["error.type"].AsString())
 	m := h.metrics(t)
 	assert.Contains(t, m, "gen_ai.client.operation.duration", "the failed chat call is not in the duration metric")
+}
+
+// observed collects reader and returns metric name's points as values by
+// attribute set ("k=v,k=v", as the harness writes them), whatever the
+// instrument's kind (a gauge, a sum).
+func observed(t *testing.T, reader *sdkmetric.ManualReader, name string) map[string]int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	out := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != name {
+				continue
+			}
+			switch d := m.Data.(type) {
+			case metricdata.Gauge[int64]:
+				for _, p := range d.DataPoints {
+					out[enc(p.Attributes)] += p.Value
+				}
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					out[enc(p.Attributes)] += p.Value
+				}
+			default:
+				t.Fatalf("%s: unexpected data %T", name, m.Data)
+			}
+		}
+	}
+	return out
+}
+
+// Two routers in one service (chat and embeddings), each with its
+// Observer on the same MeterProvider. The SDK ignores the callback given
+// when an observable instrument is created again (it warns "Repeated
+// observable instrument creation with callbacks"), so relay.breaker.state
+// showed the first Observer's breakers only: the embeddings router's
+// upstream "e" was missing altogether. Both have an upstream named "a":
+// the chat router's breaker for it opens, the embeddings router's stays
+// closed, and the metric must show one breaker in each state.
+func TestRegressTwoObserversBreakerState(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { mp.Shutdown(context.Background()) })
+	a := relay.Upstream{Name: "a", BaseURL: "http://a.test/v1"}
+	chat := relayotel.New(relayotel.WithMeterProvider(mp), relayotel.WithUpstreams(a))
+	embed := relayotel.New(relayotel.WithMeterProvider(mp), relayotel.WithUpstreams(a, relay.Upstream{Name: "e", BaseURL: "http://e.test/v1"}))
+	chat.Hooks().OnBreaker(relay.BreakerEvent{Upstream: "a", From: relay.StateClosed, To: relay.StateOpen})
+	assert.Equal(t, map[string]int64{
+		"relay.breaker.state=closed,relay.upstream=a":    1,
+		"relay.breaker.state=half_open,relay.upstream=a": 0,
+		"relay.breaker.state=open,relay.upstream=a":      1,
+		"relay.breaker.state=closed,relay.upstream=e":    1,
+		"relay.breaker.state=half_open,relay.upstream=e": 0,
+		"relay.breaker.state=open,relay.upstream=e":      0,
+	}, observed(t, reader, "relay.breaker.state"))
+
+	embed.Hooks().OnBreaker(relay.BreakerEvent{Upstream: "a", From: relay.StateClosed, To: relay.StateOpen})
+	chat.Hooks().OnBreaker(relay.BreakerEvent{Upstream: "a", From: relay.StateOpen, To: relay.StateHalfOpen})
+	got := observed(t, reader, "relay.breaker.state")
+	assert.EqualValues(t, 1, got["relay.breaker.state=half_open,relay.upstream=a"])
+	assert.EqualValues(t, 1, got["relay.breaker.state=open,relay.upstream=a"])
+	assert.EqualValues(t, 0, got["relay.breaker.state=closed,relay.upstream=a"])
 }
