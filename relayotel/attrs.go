@@ -19,6 +19,18 @@ import (
 // (sums).
 const maxCached = labelcache.Max
 
+// newSet is the attribute set of kv and, when the router is named
+// (router valid), relay.router. kv may be sorted in place.
+func newSet(router attribute.KeyValue, kv ...attribute.KeyValue) attribute.Set {
+	if router.Valid() {
+		kv = append(kv[:len(kv):len(kv)], router)
+	}
+	return attribute.NewSet(kv...)
+}
+
+// set is the attribute set of kv and the Observer's relay.router, if any.
+func (o *Observer) set(kv ...attribute.KeyValue) attribute.Set { return newSet(o.router, kv...) }
+
 func recordOpts(s attribute.Set) []metric.RecordOption {
 	return []metric.RecordOption{metric.WithAttributeSet(s)}
 }
@@ -61,15 +73,21 @@ func newOpSets(o *Observer, endpoint string) *opSets {
 	}
 	if s.op == "" {
 		s.start = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
-		s.overhead = recordOpts(attribute.NewSet())
+		if o.router.Valid() {
+			s.start = append(s.start, trace.WithAttributes(o.router))
+		}
+		s.overhead = recordOpts(o.set())
 		return s
 	}
 	kv := []attribute.KeyValue{semconv.GenAIOperationNameKey.String(s.op), o.provider}
 	if o.openai && api.Valid() {
 		kv = append(kv, api)
 	}
+	if o.router.Valid() {
+		kv = append(kv, o.router)
+	}
 	s.start = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(kv...)}
-	s.overhead = recordOpts(attribute.NewSet(semconv.GenAIOperationNameKey.String(s.op)))
+	s.overhead = recordOpts(o.set(semconv.GenAIOperationNameKey.String(s.op)))
 	return s
 }
 
@@ -106,7 +124,7 @@ func newReportSets(o *Observer, k reportKey) *reportSets {
 	}
 	base = append(base, server...)
 	with := func(extra ...attribute.KeyValue) attribute.Set {
-		return attribute.NewSet(append(append([]attribute.KeyValue(nil), base...), extra...)...)
+		return o.set(append(append([]attribute.KeyValue(nil), base...), extra...)...)
 	}
 	rs.ttfc = recordOpts(with())
 	rs.input = recordOpts(with(semconv.GenAITokenTypeInput))
@@ -118,7 +136,7 @@ func newReportSets(o *Observer, k reportKey) *reportSets {
 	}
 	rs.duration = recordOpts(with(errKV...))
 	cost := append([]attribute.KeyValue{semconv.GenAIOperationNameKey.String(op)}, models...)
-	rs.cost = o.costSums.get(attribute.NewSet(append(cost, relayKV...)...))
+	rs.cost = o.costSums.get(o.set(append(cost, relayKV...)...))
 	rs.span = append(append(append(models, server...), relayKV...), errKV...)
 	return rs
 }
@@ -142,7 +160,7 @@ type attemptKey struct {
 }
 
 func newAttemptSum(o *Observer, k attemptKey) *sum {
-	return o.tries.get(attribute.NewSet(
+	return o.tries.get(o.set(
 		attribute.String("relay.upstream", k.upstream),
 		attribute.String("relay.attempt.outcome", k.outcome),
 		attribute.Bool("relay.attempt.hedge", k.hedge),
@@ -151,8 +169,8 @@ func newAttemptSum(o *Observer, k attemptKey) *sum {
 
 type retryKey struct{ upstream, reason string }
 
-func newRetrySets(_ *Observer, k retryKey) []metric.AddOption {
-	return addOpts(attribute.NewSet(
+func newRetrySets(o *Observer, k retryKey) []metric.AddOption {
+	return addOpts(o.set(
 		attribute.String("relay.upstream", k.upstream),
 		attribute.String("relay.retry.reason", k.reason),
 	))
@@ -160,7 +178,7 @@ func newRetrySets(_ *Observer, k retryKey) []metric.AddOption {
 
 type waitKey struct{ upstream, reason, errType string }
 
-func newWaitSets(_ *Observer, k waitKey) []metric.RecordOption {
+func newWaitSets(o *Observer, k waitKey) []metric.RecordOption {
 	kv := []attribute.KeyValue{
 		attribute.String("relay.upstream", k.upstream),
 		attribute.String("relay.wait.reason", k.reason),
@@ -168,14 +186,15 @@ func newWaitSets(_ *Observer, k waitKey) []metric.RecordOption {
 	if k.errType != "" {
 		kv = append(kv, semconv.ErrorTypeKey.String(k.errType))
 	}
-	return recordOpts(attribute.NewSet(kv...))
+	return recordOpts(o.set(kv...))
 }
 
 // breakers keeps each upstream's breaker state for relay.breaker.state,
 // which reports 1 for the current state and 0 for the other two.
 type breakers struct {
-	mu sync.Mutex
-	m  map[string]*breakerSets
+	router attribute.KeyValue // relay.router, when the router is named; set before init
+	mu     sync.Mutex
+	m      map[string]*breakerSets
 }
 
 var stateNames = [3]string{relay.StateClosed: "closed", relay.StateOpen: "open", relay.StateHalfOpen: "half_open"}
@@ -200,7 +219,7 @@ func (b *breakers) entryLocked(name string) *breakerSets {
 	}
 	e := &breakerSets{}
 	for s, sn := range stateNames {
-		set := attribute.NewSet(attribute.String("relay.upstream", name), attribute.String("relay.breaker.state", sn))
+		set := newSet(b.router, attribute.String("relay.upstream", name), attribute.String("relay.breaker.state", sn))
 		e.observe[s] = []metric.ObserveOption{metric.WithAttributeSet(set)}
 		e.transition[s] = addOpts(set)
 	}
@@ -242,14 +261,14 @@ func (b *breakers) observe(inst metric.Int64Observable) metric.Callback {
 	}
 }
 
-func newSpendSets(_ *Observer, k [2]string) []metric.AddOption {
-	return addOpts(attribute.NewSet(attribute.String("relay.budget", k[0]), attribute.String("relay.budget.currency", k[1])))
+func newSpendSets(o *Observer, k [2]string) []metric.AddOption {
+	return addOpts(o.set(attribute.String("relay.budget", k[0]), attribute.String("relay.budget.currency", k[1])))
 }
 
-func newRefusalSets(_ *Observer, budget string) []metric.AddOption {
-	return addOpts(attribute.NewSet(attribute.String("relay.budget", budget)))
+func newRefusalSets(o *Observer, budget string) []metric.AddOption {
+	return addOpts(o.set(attribute.String("relay.budget", budget)))
 }
 
-func newFallbackSets(_ *Observer, op string) []metric.AddOption {
-	return addOpts(attribute.NewSet(attribute.String("relay.state.operation", op)))
+func newFallbackSets(o *Observer, op string) []metric.AddOption {
+	return addOpts(o.set(attribute.String("relay.state.operation", op)))
 }

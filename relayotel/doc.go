@@ -20,7 +20,8 @@
 // openai.api.type (provider "openai"), server.address and server.port of the
 // upstream that answered, http.response.status_code, and relay's own:
 // relay.upstream, relay.bucket, relay.attempts, relay.cost_usd (priced
-// models), relay.hedged, relay.hedge_won and relay.usage.estimated. A failed
+// models), relay.hedged, relay.hedge_won, relay.usage.estimated and
+// relay.router (WithRouterName). A failed
 // call has status Error and error.type.
 //
 // Each upstream call is a child span "relay.attempt" with relay.upstream,
@@ -63,13 +64,6 @@
 //	relay.budget.refusals      counter        {request}        relay.budget (the one that refused)
 //	relay.state.fallbacks      counter        {call}           relay.state.operation
 //
-// relay.breaker.state is an up-down counter, as the conventions' own state
-// metric hw.status is, so that it adds up: Observers that report the same
-// attribute set to one MeterProvider (two routers, each with an upstream
-// "a") show the number of breakers in each state, as they add their
-// counts. An Observer keeps one state per upstream name: give routers whose
-// upstream names repeat an Observer each.
-//
 // relay.client.cost and relay.client.attempts, which every call adds to,
 // are observable counters: the Observer keeps their totals per attribute
 // set (at most 4,096 each; further sets add to otel.metric.overflow=true)
@@ -85,4 +79,17 @@
 // "circuit_open", "attempt_timeout", "first_token_timeout",
 // "stream_stalled", "stream_error", "canceled", "deadline_exceeded",
 // "timeout", "connection", "_OTHER".
+//
+// # Several routers
+//
+// A service with several routers (one for chat, one for embeddings) gives
+// each its Observer, named with WithRouterName: every metric of that
+// Observer, and each call's span, then carries relay.router, so that
+// Observers on one MeterProvider report apart. Unnamed (or named alike),
+// they report the same attribute sets, which add up: the counters sum,
+// and relay.breaker.state, an up-down counter (as the conventions' own
+// state metric, hw.status, is), counts the breakers in each state (two
+// routers with an upstream "a", one breaker open and one closed: 1 and 1).
+// An Observer keeps one breaker state per upstream name, so routers whose
+// upstream names repeat need an Observer each.
 package relayotel

@@ -174,8 +174,14 @@ type point struct {
 // metrics collects every metric of the observer's scope.
 func (h *harness) metrics(t *testing.T) map[string]instrument {
 	t.Helper()
+	return collect(t, h.reader)
+}
+
+// collect collects every metric of the observers' scope from reader.
+func collect(t *testing.T, reader *sdkmetric.ManualReader) map[string]instrument {
+	t.Helper()
 	var rm metricdata.ResourceMetrics
-	require.NoError(t, h.reader.Collect(context.Background(), &rm))
+	require.NoError(t, reader.Collect(context.Background(), &rm))
 	out := map[string]instrument{}
 	for _, sm := range rm.ScopeMetrics {
 		require.Equal(t, "github.com/tokenrelay/relay/relayotel", sm.Scope.Name)

@@ -25,12 +25,14 @@ import (
 const scope = "github.com/tokenrelay/relay/relayotel"
 
 // Observer turns a Router's hooks into OpenTelemetry spans and metrics. It
-// is safe for concurrent use; one Observer may serve several routers.
+// is safe for concurrent use; one Observer may serve several routers whose
+// upstream names differ (it keeps one breaker state per upstream name).
 type Observer struct {
 	tracer    trace.Tracer
 	prop      propagation.TextMapPropagator
 	provider  attribute.KeyValue
-	openai    bool // the provider is "openai": spans carry openai.api.type
+	router    attribute.KeyValue // relay.router; not valid when the router is not named
+	openai    bool               // the provider is "openai": spans carry openai.api.type
 	estimated bool
 	inst      instruments
 
@@ -86,6 +88,9 @@ func New(opts ...Option) *Observer {
 		estimated: c.estimated,
 		addrs:     map[string]address{},
 	}
+	if c.router != "" {
+		o.router = attribute.String("relay.router", c.router)
+	}
 	var names []string
 	for _, u := range c.ups {
 		if a, ok := parseAddress(u.BaseURL); ok {
@@ -93,13 +98,14 @@ func New(opts ...Option) *Observer {
 		}
 		names = append(names, u.Name)
 	}
+	o.breakers.router = o.router
 	o.breakers.init(names)
 	o.ops = map[string]*opSets{}
 	for _, ep := range []string{"chat/completions", "responses", "completions", "embeddings", ""} {
 		o.ops[ep] = newOpSets(o, ep)
 	}
-	o.hedge[0] = addOpts(attribute.NewSet(attribute.String("relay.hedge.result", "lost")))
-	o.hedge[1] = addOpts(attribute.NewSet(attribute.String("relay.hedge.result", "won")))
+	o.hedge[0] = addOpts(o.set(attribute.String("relay.hedge.result", "lost")))
+	o.hedge[1] = addOpts(o.set(attribute.String("relay.hedge.result", "won")))
 	o.inst = newInstruments(c.mp, &o.breakers, &o.costSums, &o.tries)
 	return o
 }

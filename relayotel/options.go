@@ -18,6 +18,7 @@ type config struct {
 	provider  string
 	ups       []relay.Upstream
 	estimated bool
+	router    string
 }
 
 // WithMeterProvider sets the MeterProvider. Default: the global one
@@ -61,4 +62,15 @@ func WithUpstreams(ups ...relay.Upstream) Option {
 // so by default only counts the upstream reported are recorded.
 func WithEstimatedUsage() Option {
 	return func(c *config) { c.estimated = true }
+}
+
+// WithRouterName names the router the Observer observes: every metric it
+// records, and each call's span, then carries relay.router=name. Name the
+// routers of a service that has several (one for chat, one for
+// embeddings), each with its Observer, to tell their series apart: on one
+// MeterProvider, Observers that are not named (or named alike) report the
+// same attribute sets, which the SDK adds up (relay.breaker.state then
+// counts the breakers in each state). Default: no relay.router.
+func WithRouterName(name string) Option {
+	return func(c *config) { c.router = name }
 }
