@@ -94,6 +94,7 @@ func newOpSets(o *Observer, endpoint string) *opSets {
 var attemptStart = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
 
 // reportKey is what a call's metric attributes and span name depend on.
+// Its models are the ones the metrics record (models.bound).
 type reportKey struct {
 	endpoint, requested, model, upstream, bucket, errType string
 }
@@ -102,7 +103,7 @@ type reportSets struct {
 	name                          string // the span's
 	duration, ttfc, input, output []metric.RecordOption
 	cost                          *sum
-	span                          []attribute.KeyValue
+	span                          []attribute.KeyValue // but a model recorded as _OTHER: the span has it as asked
 }
 
 func newReportSets(o *Observer, k reportKey) *reportSets {
@@ -111,7 +112,9 @@ func newReportSets(o *Observer, k reportKey) *reportSets {
 	base := []attribute.KeyValue{semconv.GenAIOperationNameKey.String(op), o.provider}
 	var models []attribute.KeyValue
 	if k.requested != "" {
-		rs.name = op + " " + k.requested
+		if k.requested != otherModel { // a made-up name would make span names without end
+			rs.name = op + " " + k.requested
+		}
 		models = append(models, semconv.GenAIRequestModelKey.String(k.requested))
 	}
 	if k.model != "" {
@@ -137,7 +140,13 @@ func newReportSets(o *Observer, k reportKey) *reportSets {
 	rs.duration = recordOpts(with(errKV...))
 	cost := append([]attribute.KeyValue{semconv.GenAIOperationNameKey.String(op)}, models...)
 	rs.cost = o.costSums.get(o.set(append(cost, relayKV...)...))
-	rs.span = append(append(append(models, server...), relayKV...), errKV...)
+	var spanModels []attribute.KeyValue
+	for _, kv := range models {
+		if kv.Value.AsString() != otherModel {
+			spanModels = append(spanModels, kv)
+		}
+	}
+	rs.span = append(append(append(spanModels, server...), relayKV...), errKV...)
 	return rs
 }
 

@@ -12,7 +12,9 @@
 // A RoundTrip is one span of kind client, started when RoundTrip starts and
 // ended when the response body ends (when the Report is made), not when the
 // headers arrive. It is named "{gen_ai.operation.name} {gen_ai.request.model}"
-// (e.g. "chat gpt-4.1") and carries gen_ai.operation.name,
+// (e.g. "chat gpt-4.1"), or by the operation alone ("chat") when the
+// metrics record its model as "_OTHER" (see Models below), and carries
+// gen_ai.operation.name,
 // gen_ai.provider.name, gen_ai.request.model, gen_ai.response.model,
 // gen_ai.request.stream, gen_ai.response.time_to_first_chunk (streams),
 // gen_ai.usage.input_tokens, gen_ai.usage.output_tokens,
@@ -21,8 +23,9 @@
 // upstream that answered, http.response.status_code, and relay's own:
 // relay.upstream, relay.bucket, relay.attempts, relay.cost_usd (priced
 // models), relay.hedged, relay.hedge_won, relay.usage.estimated and
-// relay.router (WithRouterName). A failed
-// call has status Error and error.type.
+// relay.router (WithRouterName). A failed call has status Error and
+// error.type. Spans carry the models as asked and routed, whatever the
+// metrics record.
 //
 // Each upstream call is a child span "relay.attempt" with relay.upstream,
 // gen_ai.request.model (the model asked of that upstream),
@@ -49,6 +52,25 @@
 // gen_ai.response.model, server.address and server.port. Token counts are
 // the billed ones the upstream reported; counts the router estimated (an
 // answer without usage) are left out unless WithEstimatedUsage.
+//
+// # Models
+//
+// The model names in the metrics (gen_ai.request.model,
+// gen_ai.response.model) are bounded, since callers choose them: a
+// gateway that forwards its callers' "model" would otherwise make an
+// attribute set per made-up name, and past the SDK's cardinality limit
+// (2,000 sets per instrument by default) record the real models' new sets
+// in its overflow set. The metrics record as themselves the models named
+// with WithModels and listed by the upstreams given to WithUpstreams
+// (Upstream.Models), and up to 32 more (WithModelLimit) that the Observer
+// learns, each the first time a call shows it to be real: an upstream was
+// called with it and did not refuse the call as a client error (a 4xx
+// other than 429). Any other model is "_OTHER", the value the conventions
+// give an attribute outside its known set (as error.type and
+// http.request.method do). So with nothing configured, the models a
+// service uses are recorded by name, and a name no upstream serves, one an
+// upstream does not know (404), or one past the limit is "_OTHER".
+// WithModelLimit(0) records only the named models, as relayprom does.
 //
 // Relay's own:
 //

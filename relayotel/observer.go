@@ -47,6 +47,7 @@ type Observer struct {
 	refusals  labelcache.Cache[*Observer, string, []metric.AddOption]    // budget
 	fallbacks labelcache.Cache[*Observer, string, []metric.AddOption]    // operation
 	breakers  breakers
+	models    models                // the model names the metrics record
 	costSums  sums                  // relay.client.cost
 	tries     sums                  // relay.client.attempts
 	ops       map[string]*opSets    // per Report.Endpoint, "" included
@@ -64,7 +65,7 @@ type address struct {
 // Instruments that cannot be created are reported to otel.Handle and
 // replaced by no-ops.
 func New(opts ...Option) *Observer {
-	c := config{provider: "openai"}
+	c := config{provider: "openai", limit: defaultModelLimit}
 	for _, opt := range opts {
 		opt(&c)
 	}
@@ -92,12 +93,15 @@ func New(opts ...Option) *Observer {
 		o.router = attribute.String("relay.router", c.router)
 	}
 	var names []string
+	known := c.models
 	for _, u := range c.ups {
 		if a, ok := parseAddress(u.BaseURL); ok {
 			o.addrs[u.Name] = a
 		}
 		names = append(names, u.Name)
+		known = append(known, u.Models...)
 	}
+	o.models.init(known, c.limit)
 	o.breakers.router = o.router
 	o.breakers.init(names)
 	o.ops = map[string]*opSets{}
@@ -363,9 +367,18 @@ func (o *Observer) onReport(r relay.Report) {
 	if ops == nil {
 		ops = o.ops[""]
 	}
-	var rs *reportSets
+	var (
+		rs               *reportSets
+		requested, model string // as the metrics record them
+	)
 	if ops.op != "" {
-		rs = o.reports.Get(o, reportKey{ep, r.RequestedModel, r.Model, r.Upstream, r.Bucket, et}, newReportSets)
+		learn := vouched(r)
+		requested = o.models.bound(r.RequestedModel, learn)
+		model = requested
+		if r.Model != r.RequestedModel {
+			model = o.models.bound(r.Model, learn)
+		}
+		rs = o.reports.Get(o, reportKey{ep, requested, model, r.Upstream, r.Bucket, et}, newReportSets)
 		o.inst.duration.Record(ctx, r.Latency.Seconds(), rs.duration...)
 		if o.estimated || !r.Usage.Estimated {
 			if r.Usage.PromptTokens > 0 || r.Usage.CompletionTokens > 0 {
@@ -396,15 +409,28 @@ func (o *Observer) onReport(r relay.Report) {
 	}
 	span := c.span
 	if span.IsRecording() {
-		var fixed []attribute.KeyValue
+		var (
+			fixed []attribute.KeyValue
+			kv    [24]attribute.KeyValue
+			n     int
+		)
 		if rs != nil {
 			span.SetName(rs.name)
 			fixed = rs.span
+			// The span has the models as asked, also those the metrics
+			// record as _OTHER (rs.span has the others).
+			if requested == otherModel {
+				kv[n] = semconv.GenAIRequestModelKey.String(r.RequestedModel)
+				n++
+			}
+			if model == otherModel {
+				kv[n] = semconv.GenAIResponseModelKey.String(r.Model)
+				n++
+			}
 		} else {
 			fixed = o.reportSpanAttrs(r, et)
 		}
-		var kv [24]attribute.KeyValue
-		o.setAttributes(span, kv[:0], fixed, r)
+		o.setAttributes(span, kv[:n], fixed, r)
 		if et != "" {
 			span.SetStatus(codes.Error, r.Err.Error())
 		}

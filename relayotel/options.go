@@ -19,6 +19,8 @@ type config struct {
 	ups       []relay.Upstream
 	estimated bool
 	router    string
+	models    []string
+	limit     int // WithModelLimit
 }
 
 // WithMeterProvider sets the MeterProvider. Default: the global one
@@ -50,7 +52,8 @@ func WithProviderName(name string) Option {
 // by Upstream.Name). Pass the Config's slice; only names and base URLs are
 // kept, never a key. An upstream left out is learned from its first request.
 // WithUpstreams also makes relay.breaker.state report every upstream from
-// the start, closed.
+// the start, closed, and the models the upstreams list (Upstream.Models)
+// known to the metrics, as WithModels does.
 func WithUpstreams(ups ...relay.Upstream) Option {
 	return func(c *config) { c.ups = append(c.ups, ups...) }
 }
@@ -73,4 +76,30 @@ func WithEstimatedUsage() Option {
 // counts the breakers in each state). Default: no relay.router.
 func WithRouterName(name string) Option {
 	return func(c *config) { c.router = name }
+}
+
+// WithModels names models the metrics record as themselves in
+// gen_ai.request.model and gen_ai.response.model: those your Policy routes
+// to and falls back to, and the names your callers ask for. The models the
+// upstreams given to WithUpstreams list are named too.
+//
+// A model neither named nor learned (see WithModelLimit) is recorded as
+// "_OTHER", so that the names callers make up cannot add attribute sets
+// without end and push the real ones into the SDK's overflow set. Spans
+// carry every model as asked; a call's span is named by its operation
+// alone ("chat") when its model is "_OTHER" in the metrics.
+func WithModels(names ...string) Option {
+	return func(c *config) { c.models = append(c.models, names...) }
+}
+
+// WithModelLimit sets how many models not named (WithModels,
+// WithUpstreams) the Observer learns, each the first time a call shows it
+// to be real: an upstream was called with it and did not refuse the call
+// as a client error (a 4xx other than 429). A name no upstream serves, one
+// an upstream does not know (404) and one of a call that reached no
+// upstream are not learned, and once n are learned, no more are. Default:
+// 32. 0 learns none: the metrics record only the named models, as
+// relayprom does.
+func WithModelLimit(n int) Option {
+	return func(c *config) { c.limit = n }
 }

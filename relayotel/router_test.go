@@ -80,7 +80,7 @@ func TestRouterNameTwoObservers(t *testing.T) {
 
 	report := func(o *relayotel.Observer, ep, model string) {
 		o.Hooks().OnReport(relay.Report{Endpoint: ep, RequestedModel: model, Model: model, Upstream: "a",
-			Bucket: "short", StatusCode: 200, Priced: true, CostUSD: 0.5})
+			Bucket: "short", Attempts: 1, StatusCode: 200, Priced: true, CostUSD: 0.5})
 	}
 	report(chat, "chat/completions", "gpt-4.1")
 	report(chat, "chat/completions", "gpt-4.1")
