@@ -14,8 +14,8 @@
 // headers arrive. It is named "{gen_ai.operation.name} {gen_ai.request.model}"
 // (e.g. "chat gpt-4.1"), or by the operation alone ("chat") when the
 // metrics record its model as "_OTHER" (see Models below), and carries
-// gen_ai.operation.name,
-// gen_ai.provider.name, gen_ai.request.model, gen_ai.response.model,
+// gen_ai.operation.name, gen_ai.provider.name, gen_ai.request.model,
+// gen_ai.response.model,
 // gen_ai.request.stream, gen_ai.response.time_to_first_chunk (streams),
 // gen_ai.usage.input_tokens, gen_ai.usage.output_tokens,
 // gen_ai.usage.cache_read.input_tokens, gen_ai.usage.reasoning.output_tokens,
@@ -53,25 +53,6 @@
 // the billed ones the upstream reported; counts the router estimated (an
 // answer without usage) are left out unless WithEstimatedUsage.
 //
-// # Models
-//
-// The model names in the metrics (gen_ai.request.model,
-// gen_ai.response.model) are bounded, since callers choose them: a
-// gateway that forwards its callers' "model" would otherwise make an
-// attribute set per made-up name, and past the SDK's cardinality limit
-// (2,000 sets per instrument by default) record the real models' new sets
-// in its overflow set. The metrics record as themselves the models named
-// with WithModels and listed by the upstreams given to WithUpstreams
-// (Upstream.Models), and up to 32 more (WithModelLimit) that the Observer
-// learns, each the first time a call shows it to be real: an upstream was
-// called with it and did not refuse the call as a client error (a 4xx
-// other than 429). Any other model is "_OTHER", the value the conventions
-// give an attribute outside its known set (as error.type and
-// http.request.method do). So with nothing configured, the models a
-// service uses are recorded by name, and a name no upstream serves, one an
-// upstream does not know (404), or one past the limit is "_OTHER".
-// WithModelLimit(0) records only the named models, as relayprom does.
-//
 // Relay's own:
 //
 //	relay.client.cost          counter        {USD}            gen_ai.operation.name, gen_ai.request.model, gen_ai.response.model, relay.upstream, relay.bucket
@@ -101,6 +82,28 @@
 // "circuit_open", "attempt_timeout", "first_token_timeout",
 // "stream_stalled", "stream_error", "canceled", "deadline_exceeded",
 // "timeout", "connection", "_OTHER".
+//
+// # Models
+//
+// The model names in the metrics (gen_ai.request.model and
+// gen_ai.response.model, in the GenAI metrics and relay.client.cost) are
+// bounded, since callers choose them: a gateway that forwards its callers'
+// "model" would otherwise make an attribute set per made-up name, and past
+// the SDK's cardinality limit (2,000 sets per instrument by default) the
+// real models' new sets would go to its overflow set. The metrics record
+// as themselves the models named with WithModels and listed by the
+// upstreams given to WithUpstreams (Upstream.Models), and up to 32 more
+// (WithModelLimit) that the Observer learns, each the first time a call
+// shows it to be real: an upstream was called with it and did not refuse
+// the call as a client error (a 4xx other than 429). Any other model is
+// "_OTHER", the value the conventions give an attribute outside its known
+// set (as error.type and http.request.method do). So with nothing
+// configured, the models a service uses are recorded by name, and a name
+// no upstream serves, one an upstream does not know (404), or one past the
+// limit is "_OTHER"; until a model has been learned, its calls refused
+// before reaching an upstream (by a budget, open circuits) are "_OTHER"
+// too. Spans keep the names as asked.
+// WithModelLimit(0) records only the named models, as relayprom does.
 //
 // # Several routers
 //
