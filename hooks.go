@@ -64,6 +64,12 @@ type StateFallbackEvent struct {
 	Err error // what the call returned (a timeout is context.DeadlineExceeded)
 }
 
+// StateFallbackOps returns the operations a StateFallbackEvent names (its
+// Op), for observers that label by them.
+func StateFallbackOps() []string {
+	return []string{"admit", "refund", "probe", "observe", "reserve", "settle", "usage"}
+}
+
 // AttemptInfo describes one upstream call as it starts.
 type AttemptInfo struct {
 	Upstream string        // the upstream's name

@@ -6,6 +6,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -264,4 +267,26 @@ func TestPanickingOnReportStillEndsObservers(t *testing.T) {
 	)
 	assert.PanicsWithValue(t, "one", func() { h.OnWait(WaitEvent{}) })
 	assert.Equal(t, []string{"one", "two"}, order)
+}
+
+// TestStateFallbackOpsComplete: every operation the router reports to
+// OnStateFallback (each stateFailed call in its source) is in
+// StateFallbackOps, which the observers label by.
+func TestStateFallbackOpsComplete(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	require.NoError(t, err)
+	call := regexp.MustCompile(`stateFailed\([^,]+, "([a-z]+)"`)
+	found := 0
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for _, m := range call.FindAllStringSubmatch(string(src), -1) {
+			found++
+			assert.Contains(t, StateFallbackOps(), m[1], "%s reports op %q", f, m[1])
+		}
+	}
+	assert.GreaterOrEqual(t, found, 7, "the stateFailed calls were found")
 }

@@ -158,7 +158,13 @@ func (o *Observer) onStateFallback(e relay.StateFallbackEvent) {
 }
 
 // stateOps are the operations of relay.StateFallbackEvent.
-var stateOps = map[string]bool{"admit": true, "refund": true, "probe": true, "observe": true, "reserve": true, "settle": true}
+var stateOps = func() map[string]bool {
+	m := map[string]bool{}
+	for _, op := range relay.StateFallbackOps() {
+		m[op] = true
+	}
+	return m
+}()
 
 // call is a RoundTrip's state, kept in its context: the context carries the
 // span, and answers Value(callKey{o}) with the call itself, so that keeping

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/codes"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
@@ -636,4 +637,17 @@ func TestStateFallbacks(t *testing.T) {
 		events = append(events, e.Name+" "+m["relay.state.operation"])
 	}
 	assert.Contains(t, events, "relay.state.fallback admit")
+
+	// Every operation the router names is recorded as itself ("usage",
+	// reading a budget's spend, was "other").
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { mp.Shutdown(context.Background()) })
+	hooks := relayotel.New(relayotel.WithMeterProvider(mp)).Hooks()
+	var want []point
+	for _, op := range relay.StateFallbackOps() {
+		hooks.OnStateFallback(relay.StateFallbackEvent{Op: op, Err: context.DeadlineExceeded})
+		want = append(want, point{Attrs: "relay.state.operation=" + op, Value: 1})
+	}
+	assert.ElementsMatch(t, want, collect(t, reader)["relay.state.fallbacks"].Points)
 }

@@ -191,7 +191,13 @@ func (c *Collector) onSpend(e relay.SpendEvent) {
 }
 
 // stateOps are the operations of relay.StateFallbackEvent.
-var stateOps = map[string]bool{"admit": true, "refund": true, "probe": true, "observe": true, "reserve": true, "settle": true}
+var stateOps = func() map[string]bool {
+	m := map[string]bool{}
+	for _, op := range relay.StateFallbackOps() {
+		m[op] = true
+	}
+	return m
+}()
 
 func (c *Collector) onStateFallback(e relay.StateFallbackEvent) {
 	c.fallbacks.WithLabelValues(c.label(stateOps, e.Op)).Inc()

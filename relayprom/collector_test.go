@@ -1,8 +1,10 @@
 package relayprom_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -315,4 +317,16 @@ func TestStateFallbacks(t *testing.T) {
 	require.EqualValues(t, 1, h.router.StateFallbacks())
 	h.compare(t, helpFallbacks+`relay_state_fallbacks_total{operation="admit"} 1
 `, "relay_state_fallbacks_total")
+
+	// Every operation the router names is counted as itself ("usage",
+	// reading a budget's spend, was "other").
+	h = newHarness(t, relay.Config{Upstreams: []relay.Upstream{{Name: "a", BaseURL: a.URL}}})
+	want := helpFallbacks
+	ops := relay.StateFallbackOps()
+	slices.Sort(ops)
+	for _, op := range ops {
+		h.c.Hooks().OnStateFallback(relay.StateFallbackEvent{Op: op, Err: context.DeadlineExceeded})
+		want += `relay_state_fallbacks_total{operation="` + op + `"} 1` + "\n"
+	}
+	h.compare(t, want, "relay_state_fallbacks_total")
 }
