@@ -14,7 +14,7 @@ type candidate struct {
 	up           *upstream
 	model        string
 	forced       bool      // its circuit is open, but it is the model's soonest to recover
-	fleetProbe   bool      // it carries the fleet's half-open probe (shared State)
+	fleetProbe   string    // the token of the fleet's half-open probe it carries (shared State, Probe); "": none
 	fleetFailing bool      // the fleet has a run of failures on it (shared State): a success ends it
 	fleetTPM     bool      // its admission took the tokens from the fleet's limits (shared State), not the in-process ones
 	fleetOpen    time.Time // the end of its open period in the fleet (shared State); zero: not seen open

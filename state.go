@@ -44,16 +44,28 @@ type State interface {
 	// b.Failures fail in a row, across the fleet, its circuit opens for
 	// b.Cooldown. It returns the end of the open period, zero while closed.
 	Failure(ctx context.Context, upstream string, b CircuitPolicy, now time.Time) (openUntil time.Time, err error)
-	// Success counts a successful attempt: the failure run ends, and a
-	// successful probe closes the circuit for the fleet. The router calls
-	// it only after a probe, or when the attempt's Verdict said Failing.
-	Success(ctx context.Context, upstream string, probe bool) error
+	// Success counts a successful attempt: the failure run ends. probe is
+	// the token Probe returned when the attempt was the fleet's half-open
+	// probe, "" for any other attempt. A probe's success closes the
+	// circuit for the fleet only while its claim is the current one: no
+	// replica claimed the probe after it, and the circuit did not open
+	// again since (a new open period ends every claim of the one before).
+	// A stale probe's success, like any other, only ends the failure run,
+	// and leaves a newer claim in place. The router calls Success only
+	// after a probe, or when the attempt's Verdict said Failing.
+	Success(ctx context.Context, upstream string, probe string) error
 	// Open opens upstream's circuit for the fleet until until (a replica's
-	// own reason, such as its p99 latency, or a failed probe).
+	// own reason, such as its p99 latency, or a failed probe). A new open
+	// period ends the claims on the probe of the one before: none of them
+	// can close the circuit afterwards.
 	Open(ctx context.Context, upstream string, until time.Time) error
 	// Probe claims the half-open probe of upstream's circuit for ttl: it
-	// returns true to the one replica of the fleet that gets it.
-	Probe(ctx context.Context, upstream string, ttl time.Duration) (bool, error)
+	// returns a token unique to the claim to the one replica of the fleet
+	// that gets it, and "" to the others. The claim keeps the other
+	// replicas off the upstream for ttl at most; once ttl has passed,
+	// another replica may claim the probe, and the older claim is then
+	// stale (see Success).
+	Probe(ctx context.Context, upstream string, ttl time.Duration) (token string, err error)
 }
 
 // Limits are one upstream's shared rate limits.
@@ -159,17 +171,17 @@ func (r *Router) admitShared(ctx context.Context, a admission, c *candidate, now
 			return 0, false, true, true
 		}
 		sctx, cancel := r.stateCtx(ctx)
-		won, err := r.s.state.Probe(sctx, c.up.cfg.Name, r.probeTTL())
+		token, err := r.s.state.Probe(sctx, c.up.cfg.Name, r.probeTTL())
 		cancel()
 		if err != nil {
 			r.stateFailed(a.trip, "probe", err)
 			return 0, false, false, false
 		}
-		if !won {
+		if token == "" {
 			c.fleetOpen = now.Add(r.probeTTL()) // another replica probes
 			return 0, false, true, true
 		}
-		c.fleetProbe = true
+		c.fleetProbe = token
 		if v, err = r.stateAdmit(ctx, a, c, tpm, true, now); err != nil {
 			return 0, false, false, false
 		}
@@ -299,8 +311,11 @@ func (r *Router) observeShared(t *trip, a *attempt, o outcome, hold, opened time
 			_, ferr := r.s.state.Failure(ctx, name, policy, now)
 			err = errors.Join(err, ferr)
 		}
-	case o == outcomeSuccess && (a.tk.probe || a.cand.fleetProbe || a.cand.fleetFailing):
-		err = errors.Join(err, r.s.state.Success(ctx, name, a.tk.probe || a.cand.fleetProbe))
+	case o == outcomeSuccess && (a.cand.fleetProbe != "" || a.cand.fleetFailing):
+		// Only the fleet's probe claim closes the fleet's circuit, and
+		// only while it is current (State.Success): not a probe of this
+		// replica's own breaker, nor a forced attempt, which claimed none.
+		err = errors.Join(err, r.s.state.Success(ctx, name, a.cand.fleetProbe))
 	}
 	if err != nil {
 		r.stateFailed(t, "observe", err)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,14 +28,17 @@ type memState struct {
 	hold    map[string]time.Time
 	open    map[string]time.Time
 	fails   map[string]int
-	probe   map[string]bool
+	probe   map[string]string // the token holding the probe lock; "": none (the lock ends with lapse)
+	claim   map[string]string // the latest claim of the open period: its token, which a success may close with
+	claims  atomic.Int64      // tokens handed out
 	admits  atomic.Int64
 	failing atomic.Bool // every call fails, as when Redis is down
 }
 
 func newMemState() *memState {
 	return &memState{Ledger: NewLocalLedger(), rpm: map[string]*rate.Limiter{}, tpm: map[string]*rate.Limiter{},
-		hold: map[string]time.Time{}, open: map[string]time.Time{}, fails: map[string]int{}, probe: map[string]bool{}}
+		hold: map[string]time.Time{}, open: map[string]time.Time{}, fails: map[string]int{}, probe: map[string]string{},
+		claim: map[string]string{}}
 }
 
 var errDown = errors.New("state down")
@@ -64,7 +68,7 @@ func (m *memState) Admit(_ context.Context, u Limits, tpm int, force bool, now t
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if until, ok := m.open[u.Name]; ok && !force {
-		if until.After(now) || m.probe[u.Name] {
+		if until.After(now) || m.probe[u.Name] != "" {
 			return Verdict{Open: true, Until: later(until, now.Add(time.Second))}, nil
 		}
 		return Verdict{Open: true, Until: until}, nil
@@ -114,29 +118,49 @@ func (m *memState) Hold(_ context.Context, name string, until time.Time) error {
 	return nil
 }
 
+// Failure counts a failure while the circuit is closed; while it is open
+// it counts none; half-open (its open period over), a failure (a probe's,
+// or a forced attempt's) opens it again, as on Redis.
 func (m *memState) Failure(_ context.Context, name string, p CircuitPolicy, now time.Time) (time.Time, error) {
 	if m.failing.Load() {
 		return time.Time{}, errDown
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.fails[name]++
-	if m.fails[name] > p.Failures {
-		m.open[name], m.fails[name], m.probe[name] = now.Add(p.Cooldown), 0, false
-		return m.open[name], nil
+	until, open := m.open[name]
+	switch {
+	case open && until.After(now):
+		return until, nil
+	case !open:
+		m.fails[name]++
+		if m.fails[name] <= p.Failures {
+			return time.Time{}, nil
+		}
 	}
-	return time.Time{}, nil
+	m.reopen(name, now.Add(p.Cooldown))
+	return m.open[name], nil
 }
 
-func (m *memState) Success(_ context.Context, name string, probe bool) error {
+// reopen starts an open period until until: the run ends, and so does
+// every claim on the probe of the period before.
+func (m *memState) reopen(name string, until time.Time) {
+	m.open[name], m.fails[name] = until, 0
+	delete(m.probe, name)
+	delete(m.claim, name)
+}
+
+// Success closes the circuit for the probe whose claim is current, and
+// only ends the failure run for anyone else.
+func (m *memState) Success(_ context.Context, name string, probe string) error {
 	if m.failing.Load() {
 		return errDown
 	}
 	m.mu.Lock()
 	m.fails[name] = 0
-	if probe {
+	if probe != "" && m.claim[name] == probe {
 		delete(m.open, name)
-		m.probe[name] = false
+		delete(m.probe, name)
+		delete(m.claim, name)
 	}
 	m.mu.Unlock()
 	return nil
@@ -147,22 +171,33 @@ func (m *memState) Open(_ context.Context, name string, until time.Time) error {
 		return errDown
 	}
 	m.mu.Lock()
-	m.open[name], m.probe[name] = later(m.open[name], until), false
+	if old, ok := m.open[name]; !ok || until.After(old) {
+		m.reopen(name, until)
+	}
 	m.mu.Unlock()
 	return nil
 }
 
-func (m *memState) Probe(_ context.Context, name string, _ time.Duration) (bool, error) {
+func (m *memState) Probe(_ context.Context, name string, _ time.Duration) (string, error) {
 	if m.failing.Load() {
-		return false, errDown
+		return "", errDown
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.probe[name] {
-		return false, nil
+	if _, open := m.open[name]; !open || m.probe[name] != "" {
+		return "", nil
 	}
-	m.probe[name] = true
-	return true, nil
+	token := strconv.FormatInt(m.claims.Add(1), 10)
+	m.probe[name], m.claim[name] = token, token
+	return token, nil
+}
+
+// lapse ends the probe lock of name as its TTL would: the claim stays the
+// latest until another replica claims the probe.
+func (m *memState) lapse(name string) {
+	m.mu.Lock()
+	delete(m.probe, name)
+	m.mu.Unlock()
 }
 
 // fleet is n routers sharing one State over one in-memory upstream that
@@ -295,7 +330,7 @@ func TestSharedStateBreaker(t *testing.T) {
 		v, err := st.Admit(context.Background(), limitsOf(f.routers[i].ups[0]), 1, false, clock.Now())
 		require.NoError(t, err)
 		if v.Open && !v.Until.After(clock.Now()) {
-			if ok, _ := st.Probe(context.Background(), "a", time.Second); ok {
+			if token, _ := st.Probe(context.Background(), "a", time.Second); token != "" {
 				won.Add(1)
 			}
 		}
@@ -403,8 +438,8 @@ func (s *scriptedState) Admit(_ context.Context, u Limits, _ int, force bool, no
 	return s.admit(u, force, now), nil
 }
 
-func (s *scriptedState) Probe(context.Context, string, time.Duration) (bool, error) {
-	return false, nil
+func (s *scriptedState) Probe(context.Context, string, time.Duration) (string, error) {
+	return "", nil
 }
 
 // hostsRouter is a router over upstreams a and b (tried in that order)
@@ -541,4 +576,110 @@ func TestTurnsWaitIsBounded(t *testing.T) {
 	assert.EqualValues(t, 1, q.n.Load())
 	q.leave(head)
 	assert.Zero(t, q.n.Load())
+}
+
+// probeReplica is a router over upstream a sharing st, whose calls answer
+// status; with gate set, each call waits for it to close, and sent tells
+// when a call arrived.
+type probeReplica struct {
+	*Router
+	calls atomic.Int64
+	sent  chan struct{}
+	gate  chan struct{}
+}
+
+func newProbeReplica(t *testing.T, st State, clock Clock, status int, gated bool) *probeReplica {
+	p := &probeReplica{sent: make(chan struct{}, 1)}
+	if gated {
+		p.gate = make(chan struct{})
+	}
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		io.Copy(io.Discard, r.Body)
+		p.calls.Add(1)
+		if p.gate != nil {
+			p.sent <- struct{}{}
+			<-p.gate
+		}
+		return &http.Response{StatusCode: status, Header: http.Header{},
+			Body: io.NopCloser(strings.NewReader(`{"usage":{"prompt_tokens":8,"completion_tokens":2}}`))}, nil
+	})
+	r, err := New(Config{Base: base, Clock: clock, State: st, StateTimeout: time.Second,
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1"}},
+		Breaker:   BreakerConfig{Failures: 2, Cooldown: 30 * time.Second, P99: -1},
+		Retry:     RetryConfig{MaxAttempts: 1}})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.Zero(t, r.StateFallbacks(), "no State call fell back") })
+	p.Router = r
+	return p
+}
+
+// start sends one request on its own goroutine and returns its result's
+// channel once the upstream has it.
+func (p *probeReplica) start() <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "x")))
+		resp, err := p.RoundTrip(req)
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	<-p.sent
+	return done
+}
+
+// TestSharedStaleProbe: replica A claims the fleet's half-open probe and
+// its call outlives the claim (the lock's TTL ends); replica B claims the
+// probe after it. A's success is stale: it neither closes the circuit
+// after B's probe failed and opened it again, nor, while B's probe is in
+// flight, closes it or frees B's claim for a third replica.
+func TestSharedStaleProbe(t *testing.T) {
+	setup := func(t *testing.T, bStatus int, bGated bool) (*memState, *fakeClock, *probeReplica, *probeReplica, <-chan error) {
+		clock := newFakeClock()
+		st := newMemState()
+		a := newProbeReplica(t, st, clock, 200, true)
+		b := newProbeReplica(t, st, clock, bStatus, bGated)
+		require.NoError(t, st.Open(context.Background(), "a", clock.Now().Add(30*time.Second)))
+		clock.Advance(31 * time.Second) // half-open
+		aDone := a.start()              // A probes; its call is slow
+		st.lapse("a")                   // and outlives its claim
+		return st, clock, a, b, aDone
+	}
+	openFor := func(st *memState, now time.Time) bool {
+		v, err := st.Admit(context.Background(), Limits{Name: "a"}, 0, false, now)
+		return err == nil && v.Open && v.Until.After(now)
+	}
+
+	t.Run("newer probe failed", func(t *testing.T) {
+		st, clock, a, b, aDone := setup(t, 503, false)
+		resp, _, err := send(t, b, chatBody("gpt-4.1", "x"))
+		require.NoError(t, err)
+		require.Equal(t, 503, resp.StatusCode, "B's probe")
+		require.EqualValues(t, 1, b.calls.Load())
+		require.True(t, openFor(st, clock.Now()), "B's failed probe opened the circuit again")
+		close(a.gate)
+		require.NoError(t, <-aDone)
+		assert.True(t, openFor(st, clock.Now()), "A's stale probe closed the circuit B's failed probe opened")
+	})
+
+	t.Run("newer probe in flight", func(t *testing.T) {
+		st, clock, a, b, aDone := setup(t, 200, true)
+		bDone := b.start()
+		close(a.gate)
+		require.NoError(t, <-aDone)
+		assert.True(t, openFor(st, clock.Now()), "A's stale probe closed the circuit while B's probe is in flight")
+		token, err := st.Probe(context.Background(), "a", time.Second)
+		require.NoError(t, err)
+		assert.Empty(t, token, "A's stale probe freed B's claim: a third replica claimed the probe")
+		close(b.gate)
+		require.NoError(t, <-bDone)
+		assert.False(t, openFor(st, clock.Now()), "B's probe, the current one, closes the circuit")
+		c := newProbeReplica(t, st, clock, 200, false)
+		resp, _, err := send(t, c, chatBody("gpt-4.1", "x"))
+		require.NoError(t, err)
+		assert.Equal(t, 200, resp.StatusCode)
+		assert.EqualValues(t, 1, c.calls.Load())
+	})
 }

@@ -2,6 +2,7 @@ package redisstate
 
 import (
 	"context"
+	"crypto/rand"
 	"time"
 
 	"github.com/tokenrelay/relay"
@@ -13,17 +14,17 @@ import (
 // is open, failures are not counted (as in the in-process breaker) and
 // Failure returns the end of the open period. Once that has passed
 // (half-open), a failure (the probe's, or a forced attempt's) opens the
-// circuit again for b.Cooldown and frees the probe lock. b.Failures of 0
-// or less turns counting off: Failure then returns zero without a round
-// trip. A run is forgotten WithFailureRun (one minute) after its last
-// failure.
+// circuit again for b.Cooldown and ends every claim on its probe (see
+// Open). b.Failures of 0 or less turns counting off: Failure then returns
+// zero without a round trip. A run is forgotten WithFailureRun (one
+// minute) after its last failure.
 func (s *State) Failure(ctx context.Context, upstream string, b relay.CircuitPolicy, now time.Time) (time.Time, error) {
 	if b.Failures <= 0 {
 		return time.Time{}, nil
 	}
 	k := s.keys(upstream)
 	until := now.Add(max(b.Cooldown, 0))
-	u, err := s.eval(ctx, failureScript, []string{k.fails, k.open(), k.probe(), k.reopened()},
+	u, err := s.eval(ctx, failureScript, []string{k.fails, k.open(), k.probe(), k.reopened(), k.claim},
 		b.Failures, now.UnixMicro(), until.UnixMicro(), ms(s.failRun), ms(max(b.Cooldown, 0)+s.openKeep)).Int64()
 	if err != nil || u == 0 {
 		return time.Time{}, wrap("failure "+upstream, err)
@@ -31,13 +32,19 @@ func (s *State) Failure(ctx context.Context, upstream string, b relay.CircuitPol
 	return time.UnixMicro(u), nil
 }
 
-// Success ends the fleet's failure run of upstream; a successful probe
-// also closes its circuit for the fleet. One DEL.
-func (s *State) Success(ctx context.Context, upstream string, probe bool) error {
+// Success ends the fleet's failure run of upstream (one DEL). With probe,
+// the token of a Probe claim, it also closes the circuit for the fleet if
+// that claim is still the latest of the open period (compare and delete,
+// in a script): once another replica has claimed the probe, or the circuit
+// has opened again, the claim is stale, and its success leaves the circuit
+// and the newer claim as they are. A claim whose lock ran out with no
+// claim after it is still the latest: a probe slower than its lock's ttl
+// closes the circuit when nobody probed after it.
+func (s *State) Success(ctx context.Context, upstream string, probe string) error {
 	k := s.keys(upstream)
 	var err error
-	if probe {
-		err = s.do(ctx, "del", k.fails, k.open(), k.probe(), k.reopened()).Err()
+	if probe != "" {
+		err = s.eval(ctx, successScript, []string{k.fails, k.open(), k.probe(), k.reopened(), k.claim}, probe).Err()
 	} else {
 		err = s.do(ctx, "del", k.fails).Err()
 	}
@@ -46,27 +53,33 @@ func (s *State) Success(ctx context.Context, upstream string, probe bool) error 
 
 // Open opens upstream's circuit for the fleet until until, or leaves it
 // open until a later end already set. A new open period ends the failure
-// run and frees the probe lock. The circuit stays half-open after until
-// until a probe succeeds, or for ten minutes without traffic.
+// run and every claim on the probe of the period before: the lock is
+// freed, and no probe claimed before can close the circuit. The circuit
+// stays half-open after until until a probe succeeds, or for ten minutes
+// without traffic.
 func (s *State) Open(ctx context.Context, upstream string, until time.Time) error {
 	k := s.keys(upstream)
-	err := s.eval(ctx, openScript, []string{k.open(), k.fails, k.probe(), k.reopened()},
+	err := s.eval(ctx, openScript, []string{k.open(), k.fails, k.probe(), k.reopened(), k.claim},
 		until.UnixMicro(), s.ttl(until, s.openKeep)).Err()
 	return wrap("open "+upstream, err)
 }
 
 // Probe claims upstream's half-open probe for ttl (SET NX PX in a
-// script): of the replicas that ask at once, exactly one gets true. It
-// gets false on a closed circuit, and on one that opened again since an
-// Admit last saw it half-open: a replica whose half-open verdict went
-// stale while another's probe failed does not probe the new open period.
-// The lock ends after ttl, or when a probe's success closes the circuit,
-// or when the circuit opens again.
-func (s *State) Probe(ctx context.Context, upstream string, ttl time.Duration) (bool, error) {
+// script): of the replicas that ask at once, exactly one gets a token
+// (crypto/rand.Text: 128 random bits or more), the others "". It gets ""
+// on a closed circuit, and on one that opened again since an Admit last
+// saw it half-open: a replica whose half-open verdict went stale while
+// another's probe failed does not probe the new open period. The lock
+// ends after ttl, or when the current probe's success closes the
+// circuit, or when the circuit opens again; the token stays the open
+// period's latest claim (see Success) until another replica claims the
+// probe or the circuit opens again.
+func (s *State) Probe(ctx context.Context, upstream string, ttl time.Duration) (string, error) {
 	k := s.keys(upstream)
-	n, err := s.eval(ctx, probeScript, []string{k.open(), k.probe(), k.reopened()}, ms(ttl)).Int64()
-	if err != nil {
-		return false, wrap("probe "+upstream, err)
+	token := rand.Text()
+	n, err := s.eval(ctx, probeScript, []string{k.open(), k.probe(), k.reopened(), k.claim}, ms(ttl), token).Int64()
+	if err != nil || n != 1 {
+		return "", wrap("probe "+upstream, err)
 	}
-	return n == 1, nil
+	return token, nil
 }

@@ -45,7 +45,7 @@ func TestBreakerCycle(t *testing.T) {
 			t.Fatalf("forced through an open circuit: %+v", v)
 		}
 		// A plain success does not close it.
-		noErr(t, s.Success(ctx, "a", false))
+		noErr(t, s.Success(ctx, "a", ""))
 		if v := must[relay.Verdict](t)(s.Admit(ctx, u, 0, false, t0.Add(3*time.Second))); !v.Open {
 			t.Fatalf("a non-probe success closed it: %+v", v)
 		}
@@ -55,10 +55,11 @@ func TestBreakerCycle(t *testing.T) {
 		if !v.Open || !v.Until.Equal(until) || v.Until.After(half) {
 			t.Fatalf("half-open: %+v, want Open with the past end %s", v, until)
 		}
-		if !must[bool](t)(s.Probe(ctx, "a", 10*time.Second)) {
+		first := must[string](t)(s.Probe(ctx, "a", 10*time.Second))
+		if first == "" {
 			t.Fatal("the first Probe lost")
 		}
-		if must[bool](t)(s.Probe(ctx, "a", 10*time.Second)) {
+		if must[string](t)(s.Probe(ctx, "a", 10*time.Second)) != "" {
 			t.Fatal("a second Probe won while the first holds the lock")
 		}
 		// While the probe is in flight the others see Open until the lock's end.
@@ -80,17 +81,26 @@ func TestBreakerCycle(t *testing.T) {
 		}
 		// A replica that saw it half-open before the failed probe does
 		// not probe the new open period.
-		if must[bool](t)(s.Probe(ctx, "a", 10*time.Second)) {
+		if must[string](t)(s.Probe(ctx, "a", 10*time.Second)) != "" {
 			t.Fatal("a stale half-open view claimed a probe in the new open period")
+		}
+		// Nor does the failed probe's claim close it.
+		noErr(t, s.Success(ctx, "a", first))
+		if v := must[relay.Verdict](t)(s.Admit(ctx, u, 0, false, half)); !v.Open || !v.Until.Equal(reopened) {
+			t.Fatalf("the failed probe's token closed the new open period: %+v", v)
 		}
 		half = reopened.Add(time.Second)
 		if v := must[relay.Verdict](t)(s.Admit(ctx, u, 0, false, half)); !v.Open || v.Until.After(half) {
 			t.Fatalf("half-open again: %+v", v)
 		}
-		if !must[bool](t)(s.Probe(ctx, "a", 10*time.Second)) {
+		second := must[string](t)(s.Probe(ctx, "a", 10*time.Second))
+		if second == "" {
 			t.Fatal("the failed probe's lock outlived its open period")
 		}
-		noErr(t, s.Success(ctx, "a", true))
+		if second == first {
+			t.Fatal("two claims got the same token")
+		}
+		noErr(t, s.Success(ctx, "a", second))
 		if v := must[relay.Verdict](t)(s.Admit(ctx, u, 0, false, half)); !v.Taken {
 			t.Fatalf("after the probe's success: %+v", v)
 		}
@@ -118,7 +128,7 @@ func TestFailureRun(t *testing.T) {
 					t.Fatalf("round %d: opened within the tolerated run", round)
 				}
 			}
-			noErr(t, s.Success(ctx, "a", false))
+			noErr(t, s.Success(ctx, "a", ""))
 		}
 		// Two replicas' failures make one run.
 		other := New(b.c, func(o *State) { o.prefix = s.prefix })
@@ -174,25 +184,26 @@ func TestOpen(t *testing.T) {
 		}
 		// No probe while open; half-open, one; a failed probe opens it
 		// again and the next half-open period can be probed at once.
-		if must[bool](t)(s.Probe(ctx, "a", time.Minute)) {
+		if must[string](t)(s.Probe(ctx, "a", time.Minute)) != "" {
 			t.Fatal("a probe claimed on an open circuit")
 		}
 		if v := must[relay.Verdict](t)(s.Admit(ctx, u, 0, false, t0.Add(21*time.Second))); !v.Open || !v.Until.Equal(t0.Add(20*time.Second)) {
 			t.Fatalf("%+v, want half-open", v)
 		}
-		if !must[bool](t)(s.Probe(ctx, "a", time.Minute)) {
+		if must[string](t)(s.Probe(ctx, "a", time.Minute)) == "" {
 			t.Fatal("probe lost")
 		}
 		noErr(t, s.Open(ctx, "a", t0.Add(60*time.Second)))
 		if v := must[relay.Verdict](t)(s.Admit(ctx, u, 0, false, t0.Add(61*time.Second))); !v.Open || !v.Until.Equal(t0.Add(60*time.Second)) {
 			t.Fatalf("after the new period: %+v, want half-open (past end, no probe)", v)
 		}
-		if !must[bool](t)(s.Probe(ctx, "a", time.Minute)) {
+		token := must[string](t)(s.Probe(ctx, "a", time.Minute))
+		if token == "" {
 			t.Fatal("the old probe lock outlived a new open period")
 		}
 		// The run was reset by the open: after a probe's success, two
 		// failures are tolerated again.
-		noErr(t, s.Success(ctx, "a", true))
+		noErr(t, s.Success(ctx, "a", token))
 		for range 2 {
 			if !must[time.Time](t)(s.Failure(ctx, "a", policy, t0)).IsZero() {
 				t.Fatal("the run survived the open")
@@ -214,7 +225,7 @@ func TestProbeExclusive(t *testing.T) {
 	both(t, func(t *testing.T, b *backend) {
 		s := b.state(t)
 		ctx := ctxT(t)
-		if must[bool](t)(s.Probe(ctx, "a", time.Minute)) {
+		if must[string](t)(s.Probe(ctx, "a", time.Minute)) != "" {
 			t.Fatal("a probe claimed on a closed circuit")
 		}
 		for round := range 5 {
@@ -223,12 +234,14 @@ func TestProbeExclusive(t *testing.T) {
 				t.Fatalf("%+v, want half-open", v)
 			}
 			var wins atomic.Int32
+			var won atomic.Value
 			var wg sync.WaitGroup
 			for range 32 {
 				wg.Go(func() {
 					replica := New(b.c, func(o *State) { o.prefix = s.prefix })
-					if check[bool](t)(replica.Probe(ctx, "a", time.Minute)) {
+					if token := check[string](t)(replica.Probe(ctx, "a", time.Minute)); token != "" {
 						wins.Add(1)
+						won.Store(token)
 					}
 				})
 			}
@@ -236,7 +249,7 @@ func TestProbeExclusive(t *testing.T) {
 			if wins.Load() != 1 {
 				t.Fatalf("round %d: %d replicas won the probe", round, wins.Load())
 			}
-			noErr(t, s.Success(ctx, "a", true)) // frees the lock
+			noErr(t, s.Success(ctx, "a", won.Load().(string))) // frees the lock
 		}
 	})
 }
@@ -262,7 +275,7 @@ func TestHalfOpenOneProber(t *testing.T) {
 				if v.Until.After(now) {
 					return // another replica's probe is in flight
 				}
-				if !check[bool](t)(s.Probe(ctx, "a", 10*time.Second)) {
+				if check[string](t)(s.Probe(ctx, "a", 10*time.Second)) == "" {
 					return
 				}
 				if v := check[relay.Verdict](t)(s.Admit(ctx, u, 0, true, now)); v.Taken {

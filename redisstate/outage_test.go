@@ -89,7 +89,7 @@ func calls(s *State, d time.Duration, now time.Time) (errs []error, longest time
 		func(ctx context.Context) error { return s.Refund(ctx, u, 1, 10, now) },
 		func(ctx context.Context) error { return s.Hold(ctx, "a", now) },
 		func(ctx context.Context) error { _, err := s.Failure(ctx, "a", policy, now); return err },
-		func(ctx context.Context) error { return s.Success(ctx, "a", false) },
+		func(ctx context.Context) error { return s.Success(ctx, "a", "") },
 		func(ctx context.Context) error { return s.Open(ctx, "z", now) },
 		func(ctx context.Context) error { _, err := s.Probe(ctx, "z", time.Millisecond); return err },
 		func(ctx context.Context) error {

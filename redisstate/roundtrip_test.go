@@ -19,6 +19,7 @@ func TestOneRoundTrip(t *testing.T) {
 		noErr(t, s.Load(ctx))
 		u := relay.Limits{Name: "a", RPM: 100, TPM: 10000}
 		k := relay.BudgetKey{Budget: "b", Key: "k", Window: w1}
+		var token string
 		for _, c := range []struct {
 			name string
 			call func() error
@@ -29,12 +30,13 @@ func TestOneRoundTrip(t *testing.T) {
 			{"Refund", func() error { return s.Refund(ctx, u, 1, 100, t0) }},
 			{"Hold", func() error { return s.Hold(ctx, "a", t0) }},
 			{"Failure", func() error { _, err := s.Failure(ctx, "a", policy, t0); return err }},
-			{"Success", func() error { return s.Success(ctx, "a", false) }},
-			{"Success probe", func() error { return s.Success(ctx, "a", true) }},
+			{"Success", func() error { return s.Success(ctx, "a", "") }},
+			{"Success stale probe", func() error { return s.Success(ctx, "a", "stale") }},
 			{"Open", func() error { return s.Open(ctx, "a", t0) }},
 			{"Admit half-open", func() error { _, err := s.Admit(ctx, u, 1, false, t0.Add(time.Second)); return err }},
-			{"Probe", func() error { _, err := s.Probe(ctx, "a", time.Second); return err }},
+			{"Probe", func() (err error) { token, err = s.Probe(ctx, "a", time.Second); return err }},
 			{"Probe lost", func() error { _, err := s.Probe(ctx, "a", time.Second); return err }},
+			{"Success probe", func() error { return s.Success(ctx, "a", token) }},
 			{"Reserve", func() error { _, err := s.Reserve(ctx, k, 1000, relay.Hold{ID: "h", Amount: 10}); return err }},
 			{"Settle", func() error { return s.Settle(ctx, k, "h", 5) }},
 			{"Usage", func() error { _, _, err := s.Usage(ctx, k); return err }},

@@ -141,8 +141,8 @@ return 1
 // for the cooldown, as a failed probe does; a closed one adds to the run,
 // and past the tolerated count it opens.
 //
-// KEYS: fails, open, probe, reopened. ARGV: failures, now, until if it
-// opens, run ttl (ms), open ttl (ms).
+// KEYS: fails, open, probe, reopened, claim. ARGV: failures, now, until
+// if it opens, run ttl (ms), open ttl (ms).
 var failureScript = newScript(`
 local u = tonumber(redis.call('GET', KEYS[2]))
 if u and tonumber(ARGV[2]) < u then return u end
@@ -153,32 +153,54 @@ if not u then
 end
 redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[5])
 redis.call('SET', KEYS[4], '1', 'PX', ARGV[5])
-redis.call('DEL', KEYS[1], KEYS[3])
+redis.call('DEL', KEYS[1], KEYS[3], KEYS[5])
 return tonumber(ARGV[3])
 `)
 
 // openScript is State.Open: the later of the two ends; a new open period
-// ends the failure run and any probe of the previous one.
+// ends the failure run and every claim on the probe of the previous one.
 //
-// KEYS: open, fails, probe, reopened. ARGV: until, ttl (ms).
+// KEYS: open, fails, probe, reopened, claim. ARGV: until, ttl (ms).
 var openScript = newScript(`
 local old = tonumber(redis.call('GET', KEYS[1]))
 if old and old >= tonumber(ARGV[1]) then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[4], '1', 'PX', ARGV[2])
-redis.call('DEL', KEYS[2], KEYS[3])
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[5])
 return 1
 `)
 
 // probeScript is State.Probe: the lock is taken only on a circuit that is
 // open and was seen half-open (by an Admit) since its open period began,
-// and only by one caller.
+// and only by one caller. The lock holds the caller's token for ttl; the
+// claim key holds it as the open period's latest claim, for as long as
+// the open key lives.
 //
-// KEYS: open, probe, reopened. ARGV: ttl (ms).
+// KEYS: open, probe, reopened, claim. ARGV: ttl (ms), token.
 var probeScript = newScript(`
-if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
-if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then return 1 end
-return 0
+local keep = redis.call('PTTL', KEYS[1])
+if keep == -2 or redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+if not redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[1]) then return 0 end
+if keep > 0 then
+  redis.call('SET', KEYS[4], ARGV[2], 'PX', keep)
+else
+  redis.call('SET', KEYS[4], ARGV[2])
+end
+return 1
+`)
+
+// successScript is State.Success for a probe: the failure run ends; the
+// circuit closes (open, lock, reopened and claim deleted) only if token
+// is the open period's latest claim.
+//
+// KEYS: fails, open, probe, reopened, claim. ARGV: token.
+var successScript = newScript(`
+if redis.call('GET', KEYS[5]) ~= ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 0
+end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+return 1
 `)
 
 // luaAmounts compares sums of int64 amounts exactly: Lua numbers are
@@ -277,4 +299,4 @@ expire(ARGV[1])
 return redis.call('HMGET', KEYS[1], 's', 'r')
 `)
 
-var scripts = []*script{admitScript, refundScript, holdScript, failureScript, openScript, probeScript, reserveScript, settleScript, usageScript}
+var scripts = []*script{admitScript, refundScript, holdScript, failureScript, openScript, probeScript, successScript, reserveScript, settleScript, usageScript}

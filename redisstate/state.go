@@ -188,6 +188,7 @@ func (s *State) ClockOffset(ctx context.Context, now time.Time) (time.Duration, 
 type upKeys struct {
 	admit [7]string // open, probe, hold, rpm, tpm, reopened, fails: the Admit script's KEYS
 	fails string
+	claim string // the token of the latest probe claim of the open period
 }
 
 func (k *upKeys) open() string  { return k.admit[0] }
@@ -210,6 +211,7 @@ func (s *State) keys(name string) *upKeys {
 	k := &upKeys{
 		admit: [7]string{tag + "open", tag + "probe", tag + "hold", tag + "rpm", tag + "tpm", tag + "reopened", tag + "fails"},
 		fails: tag + "fails",
+		claim: tag + "claim",
 	}
 	v, _ := s.ups.LoadOrStore(name, k)
 	return v.(*upKeys)

@@ -37,9 +37,9 @@ func (downState) Failure(context.Context, string, relay.CircuitPolicy, time.Time
 	return time.Time{}, ErrStateDown
 }
 
-func (downState) Success(context.Context, string, bool) error   { return ErrStateDown }
+func (downState) Success(context.Context, string, string) error { return ErrStateDown }
 func (downState) Open(context.Context, string, time.Time) error { return ErrStateDown }
 
-func (downState) Probe(context.Context, string, time.Duration) (bool, error) {
-	return false, ErrStateDown
+func (downState) Probe(context.Context, string, time.Duration) (string, error) {
+	return "", ErrStateDown
 }
