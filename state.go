@@ -47,12 +47,14 @@ type State interface {
 	// Success counts a successful attempt: the failure run ends. probe is
 	// the token Probe returned when the attempt was the fleet's half-open
 	// probe, "" for any other attempt. A probe's success closes the
-	// circuit for the fleet only while its claim is the current one: no
-	// replica claimed the probe after it, and the circuit did not open
-	// again since (a new open period ends every claim of the one before).
-	// A stale probe's success, like any other, only ends the failure run,
-	// and leaves a newer claim in place. The router calls Success only
-	// after a probe, or when the attempt's Verdict said Failing.
+	// circuit for the fleet if its claim belongs to the current open
+	// period: the circuit did not open again since it was claimed (a new
+	// open period ends every claim of the one before). A probe that
+	// outlived its lock and succeeded while a newer probe is in flight
+	// still closes it (a healthy answer, with no failure since); one whose
+	// period ended, like any other attempt, only ends the failure run. The
+	// router calls Success only after a probe, or when the attempt's
+	// Verdict said Failing.
 	Success(ctx context.Context, upstream string, probe string) error
 	// Open opens upstream's circuit for the fleet until until (a replica's
 	// own reason, such as its p99 latency, or a failed probe). A new open
@@ -63,8 +65,8 @@ type State interface {
 	// returns a token unique to the claim to the one replica of the fleet
 	// that gets it, and "" to the others. The claim keeps the other
 	// replicas off the upstream for ttl at most; once ttl has passed,
-	// another replica may claim the probe, and the older claim is then
-	// stale (see Success).
+	// another replica may claim the probe. Every claim of an open period
+	// may close it (see Success) until the circuit opens again.
 	Probe(ctx context.Context, upstream string, ttl time.Duration) (token string, err error)
 }
 

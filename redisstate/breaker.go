@@ -34,12 +34,12 @@ func (s *State) Failure(ctx context.Context, upstream string, b relay.CircuitPol
 
 // Success ends the fleet's failure run of upstream (one DEL). With probe,
 // the token of a Probe claim, it also closes the circuit for the fleet if
-// that claim is still the latest of the open period (compare and delete,
-// in a script): once another replica has claimed the probe, or the circuit
-// has opened again, the claim is stale, and its success leaves the circuit
-// and the newer claim as they are. A claim whose lock ran out with no
-// claim after it is still the latest: a probe slower than its lock's ttl
-// closes the circuit when nobody probed after it.
+// that claim belongs to the current open period (a set membership test
+// and the deletes, in a script). A probe slower than its lock's ttl thus
+// closes the circuit, even while a newer claim is in flight; once the
+// circuit has opened again (the newer probe failed, or Open), the claims
+// of the period before are gone, and an old probe's success only ends the
+// failure run.
 func (s *State) Success(ctx context.Context, upstream string, probe string) error {
 	k := s.keys(upstream)
 	var err error
@@ -71,9 +71,9 @@ func (s *State) Open(ctx context.Context, upstream string, until time.Time) erro
 // saw it half-open: a replica whose half-open verdict went stale while
 // another's probe failed does not probe the new open period. The lock
 // ends after ttl, or when the current probe's success closes the
-// circuit, or when the circuit opens again; the token stays the open
-// period's latest claim (see Success) until another replica claims the
-// probe or the circuit opens again.
+// circuit, or when the circuit opens again; the token stays one of the
+// open period's claims (see Success) until the circuit closes or opens
+// again.
 func (s *State) Probe(ctx context.Context, upstream string, ttl time.Duration) (string, error) {
 	k := s.keys(upstream)
 	token := rand.Text()

@@ -34,7 +34,7 @@
 //	{relay:P:u:U}:open        end of the open period (µs); until then, plus ten minutes (half-open)
 //	{relay:P:u:U}:reopened    an open period not yet seen over; lives as long as :open
 //	{relay:P:u:U}:probe       the half-open probe lock (SET NX PX), holding its claim's token; the ttl the router gives
-//	{relay:P:u:U}:claim       the token of the open period's latest probe claim; lives as long as :open
+//	{relay:P:u:U}:claim       the tokens of the open period's probe claims (a set); lives as long as :open
 //	{relay:P:u:U}:fails       consecutive failures (INCR); a minute after the last (WithFailureRun)
 //	{relay:P:b:B}:a:<end>:<key>  hash: s spent, r reserved (int64 nano-units); window end plus 24 h
 //	{relay:P:b:B}:k:<end>     set of the budget's scope keys in the window; the same
@@ -55,10 +55,11 @@
 // Failures add up across the fleet (Failure), and an open circuit keeps
 // every replica off. Once its open period is over, one replica claims the
 // probe (Probe) and gets a token; the probe's success (Success with that
-// token) closes the circuit only while the claim is the open period's
-// latest. A probe that outlived its lock, after which another replica
-// claimed the probe or the circuit opened again, is stale: its success
-// leaves the circuit, and the newer claim, as they are.
+// token) closes the circuit while the claim belongs to the current open
+// period. A probe that outlived its lock still closes it when it
+// succeeds, even with a newer probe in flight, unless the circuit opened
+// again since it was claimed (the newer probe failed, or a replica called
+// Open): its success then leaves the circuit open.
 //
 // # Clocks
 //

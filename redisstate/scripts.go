@@ -173,7 +173,7 @@ return 1
 // probeScript is State.Probe: the lock is taken only on a circuit that is
 // open and was seen half-open (by an Admit) since its open period began,
 // and only by one caller. The lock holds the caller's token for ttl; the
-// claim key holds it as the open period's latest claim, for as long as
+// claim set holds every token claimed in the open period, for as long as
 // the open key lives.
 //
 // KEYS: open, probe, reopened, claim. ARGV: ttl (ms), token.
@@ -181,21 +181,18 @@ var probeScript = newScript(`
 local keep = redis.call('PTTL', KEYS[1])
 if keep == -2 or redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
 if not redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[1]) then return 0 end
-if keep > 0 then
-  redis.call('SET', KEYS[4], ARGV[2], 'PX', keep)
-else
-  redis.call('SET', KEYS[4], ARGV[2])
-end
+redis.call('SADD', KEYS[4], ARGV[2])
+if keep > 0 then redis.call('PEXPIRE', KEYS[4], keep) end
 return 1
 `)
 
 // successScript is State.Success for a probe: the failure run ends; the
-// circuit closes (open, lock, reopened and claim deleted) only if token
-// is the open period's latest claim.
+// circuit closes (open, lock, reopened and claims deleted) only if token
+// was claimed in the current open period.
 //
 // KEYS: fails, open, probe, reopened, claim. ARGV: token.
 var successScript = newScript(`
-if redis.call('GET', KEYS[5]) ~= ARGV[1] then
+if redis.call('SISMEMBER', KEYS[5], ARGV[1]) == 0 then
   redis.call('DEL', KEYS[1])
   return 0
 end

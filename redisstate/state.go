@@ -188,7 +188,7 @@ func (s *State) ClockOffset(ctx context.Context, now time.Time) (time.Duration, 
 type upKeys struct {
 	admit [7]string // open, probe, hold, rpm, tpm, reopened, fails: the Admit script's KEYS
 	fails string
-	claim string // the token of the latest probe claim of the open period
+	claim string // the tokens of the probe claims of the open period (a set)
 }
 
 func (k *upKeys) open() string  { return k.admit[0] }
