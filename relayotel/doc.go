@@ -117,4 +117,9 @@
 // routers with an upstream "a", one breaker open and one closed: 1 and 1).
 // An Observer keeps one breaker state per upstream name, so routers whose
 // upstream names repeat need an Observer each.
+//
+// An Observer registers callbacks with its MeterProvider for its observed
+// instruments; when its router is replaced (a configuration reload),
+// Close unregisters them, else the provider keeps calling the old
+// Observer, and keeps it in memory, for as long as it lives.
 package relayotel

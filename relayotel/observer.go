@@ -2,6 +2,7 @@ package relayotel
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/url"
 	"strings"
@@ -52,6 +53,7 @@ type Observer struct {
 	tries     sums                  // relay.client.attempts
 	ops       map[string]*opSets    // per Report.Endpoint, "" included
 	hedge     [2][]metric.AddOption // relay.hedge.result lost, won
+	closeMu   sync.Mutex            // held by Close
 }
 
 // address is an upstream's server.address and server.port.
@@ -112,6 +114,23 @@ func New(opts ...Option) *Observer {
 	o.hedge[1] = addOpts(o.set(attribute.String("relay.hedge.result", "won")))
 	o.inst = newInstruments(c.mp, &o.breakers, &o.costSums, &o.tries)
 	return o
+}
+
+// Close unregisters the Observer's observed instruments from its
+// MeterProvider (relay.client.cost, relay.client.attempts,
+// relay.breaker.state): call it when its router is replaced, as on a
+// configuration reload, else the MeterProvider keeps calling it, and keeps
+// it in memory, for as long as the provider lives. Its hooks must not be
+// used after Close. Calling Close again does nothing.
+func (o *Observer) Close() error {
+	o.closeMu.Lock()
+	defer o.closeMu.Unlock()
+	var errs []error
+	for _, reg := range o.inst.regs {
+		errs = append(errs, reg.Unregister())
+	}
+	o.inst.regs = nil
+	return errors.Join(errs...)
 }
 
 // Hooks returns the hooks to install in Config.Hooks.

@@ -113,3 +113,40 @@ func TestRouterNameTwoObservers(t *testing.T) {
 		}
 	}
 }
+
+// TestClose: an Observer closed (its router replaced, as on a
+// configuration reload) is no longer called by the MeterProvider: its
+// observed instruments' series are gone, the other Observer's stay.
+// Closing again does nothing.
+func TestClose(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { mp.Shutdown(context.Background()) })
+	a := relay.Upstream{Name: "a", BaseURL: "http://a.test/v1"}
+	old := relayotel.New(relayotel.WithMeterProvider(mp), relayotel.WithUpstreams(a), relayotel.WithRouterName("old"))
+	cur := relayotel.New(relayotel.WithMeterProvider(mp), relayotel.WithUpstreams(a), relayotel.WithRouterName("new"))
+	for _, o := range []*relayotel.Observer{old, cur} {
+		o.Hooks().OnReport(relay.Report{Endpoint: "chat/completions", RequestedModel: "gpt-4.1", Model: "gpt-4.1", Upstream: "a",
+			Bucket: "short", Attempts: 1, StatusCode: 200, Priced: true, CostUSD: 0.5})
+	}
+	routers := func(name string) []string {
+		var out []string
+		for _, p := range collect(t, reader)[name].Points {
+			for _, kv := range strings.Split(p.Attrs, ",") {
+				if r, ok := strings.CutPrefix(kv, "relay.router="); ok && !slices.Contains(out, r) {
+					out = append(out, r)
+				}
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	for _, name := range []string{"relay.breaker.state", "relay.client.cost"} {
+		assert.Equal(t, []string{"new", "old"}, routers(name), name)
+	}
+	require.NoError(t, old.Close())
+	for _, name := range []string{"relay.breaker.state", "relay.client.cost"} {
+		assert.Equal(t, []string{"new"}, routers(name), "%s after the old Observer's Close", name)
+	}
+	assert.NoError(t, old.Close(), "a second Close")
+}
