@@ -277,6 +277,9 @@ func TestWriteCorpora(t *testing.T) {
 	if dir == "" {
 		t.Skip("BPE_CORPUS_DIR not set")
 	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range benchCorpora(t) {
 		if err := os.WriteFile(filepath.Join(dir, c.name+".txt"), []byte(c.text), 0o644); err != nil {
 			t.Fatal(err)
