@@ -315,8 +315,9 @@ func (r *Router) observeShared(t *trip, a *attempt, o outcome, hold, opened time
 		}
 	case o == outcomeSuccess && (a.cand.fleetProbe != "" || a.cand.fleetFailing):
 		// Only the fleet's probe claim closes the fleet's circuit, and
-		// only while it is current (State.Success): not a probe of this
-		// replica's own breaker, nor a forced attempt, which claimed none.
+		// only within its open period (State.Success): not a probe of
+		// this replica's own breaker, nor a forced attempt, which claimed
+		// none.
 		err = errors.Join(err, r.s.state.Success(ctx, name, a.cand.fleetProbe))
 	}
 	if err != nil {

@@ -58,7 +58,7 @@ type Reader struct {
 	hints  []hint
 	msgs   []msgRec
 	ops    []op
-	// members are the members of the message being read (see lastWins).
+	// members are the members of the messages being read (see message).
 	members []member
 }
 
@@ -405,7 +405,7 @@ func (r *Reader) message(j, depth int, fd *field) int {
 		// Upstreams read a repeated member's last occurrence, as the
 		// canonical prompt does: an earlier one counts nothing.
 		for i := base; i < len(r.members); i++ {
-			if o := &r.members[i]; o.n == mb.n && r.Body[o.at:o.at+o.n] == key {
+			if o := &r.members[i]; o.n == mb.n && (o.n == 0 || r.Body[o.at:o.at+o.n] == key) {
 				r.uncount(o, fd)
 			}
 		}

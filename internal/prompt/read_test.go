@@ -514,3 +514,13 @@ func TestRepeatedMemberCountsLast(t *testing.T) {
 		}
 	}
 }
+
+// TestRepeatedEmptyMemberName: members named "" repeat like any other.
+func TestRepeatedEmptyMemberName(t *testing.T) {
+	var r, rl Reader
+	r.Read(Chat, `{"messages":[{"":"first words","role":"user","":"x"}]}`)
+	rl.Read(Chat, `{"messages":[{"role":"user","":"x"}]}`)
+	if got, want := r.Tokens(readCounter{&r}, 85), rl.Tokens(readCounter{&rl}, 85); got != want {
+		t.Errorf("Tokens = %d, want %d, the count without the first \"\" member", got, want)
+	}
+}
