@@ -11,13 +11,24 @@ import (
 // candidate is one place to send a request: an upstream and the model to ask
 // it for.
 type candidate struct {
-	up           *upstream
-	model        string
+	up    *upstream
+	model string
+	// fleetProbe is the token of the fleet's half-open probe it carries
+	// (shared State, Probe); nil: none. (A pointer, set on the rare
+	// claim, keeps a trip's candidates, and the trip, small.)
+	fleetProbe   *string
 	forced       bool      // its circuit is open, but it is the model's soonest to recover
-	fleetProbe   string    // the token of the fleet's half-open probe it carries (shared State, Probe); "": none
 	fleetFailing bool      // the fleet has a run of failures on it (shared State): a success ends it
 	fleetTPM     bool      // its admission took the tokens from the fleet's limits (shared State), not the in-process ones
 	fleetOpen    time.Time // the end of its open period in the fleet (shared State); zero: not seen open
+}
+
+// probeToken returns the token of the fleet's probe c carries, or "".
+func (c *candidate) probeToken() string {
+	if c.fleetProbe == nil {
+		return ""
+	}
+	return *c.fleetProbe
 }
 
 // Strategy decides the order in which the upstreams serving a model are

@@ -183,7 +183,7 @@ func (r *Router) admitShared(ctx context.Context, a admission, c *candidate, now
 			c.fleetOpen = now.Add(r.probeTTL()) // another replica probes
 			return 0, false, true, true
 		}
-		c.fleetProbe = token
+		c.fleetProbe = &token
 		if v, err = r.stateAdmit(ctx, a, c, tpm, true, now); err != nil {
 			return 0, false, false, false
 		}
@@ -313,12 +313,12 @@ func (r *Router) observeShared(t *trip, a *attempt, o outcome, hold, opened time
 			_, ferr := r.s.state.Failure(ctx, name, policy, now)
 			err = errors.Join(err, ferr)
 		}
-	case o == outcomeSuccess && (a.cand.fleetProbe != "" || a.cand.fleetFailing):
+	case o == outcomeSuccess && (a.cand.fleetProbe != nil || a.cand.fleetFailing):
 		// Only the fleet's probe claim closes the fleet's circuit, and
 		// only within its open period (State.Success): not a probe of
 		// this replica's own breaker, nor a forced attempt, which claimed
 		// none.
-		err = errors.Join(err, r.s.state.Success(ctx, name, a.cand.fleetProbe))
+		err = errors.Join(err, r.s.state.Success(ctx, name, a.cand.probeToken()))
 	}
 	if err != nil {
 		r.stateFailed(t, "observe", err)

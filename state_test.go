@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -685,4 +686,12 @@ func TestSharedStaleProbe(t *testing.T) {
 		assert.Equal(t, 200, resp.StatusCode)
 		assert.EqualValues(t, 1, c.calls.Load())
 	})
+}
+
+// TestTripSize: a trip is allocated once per request, in the runtime's
+// size class of 1,792 bytes. A field that pushes it past (a probe token
+// held in every candidate by value did) costs every request 256 bytes
+// more (the 2,048-byte class): keep it under, or move the field out.
+func TestTripSize(t *testing.T) {
+	assert.LessOrEqual(t, unsafe.Sizeof(trip{}), uintptr(1792))
 }
