@@ -41,6 +41,15 @@ type harness struct {
 	reports []relay.Report
 }
 
+// meterProvider returns a MeterProvider read by a ManualReader, shut down
+// at the end of the test.
+func meterProvider(t *testing.T) (*sdkmetric.ManualReader, *sdkmetric.MeterProvider) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { mp.Shutdown(context.Background()) })
+	return reader, mp
+}
+
 func newHarness(t *testing.T, cfg relay.Config, opts ...relayotel.Option) *harness {
 	t.Helper()
 	h := &harness{reader: sdkmetric.NewManualReader(), rec: tracetest.NewSpanRecorder()}

@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/codes"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
@@ -640,9 +639,7 @@ func TestStateFallbacks(t *testing.T) {
 
 	// Every operation the router names is recorded as itself ("usage",
 	// reading a budget's spend, was "other").
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { mp.Shutdown(context.Background()) })
+	reader, mp := meterProvider(t)
 	hooks := relayotel.New(relayotel.WithMeterProvider(mp)).Hooks()
 	var want []point
 	for _, op := range relay.StateFallbackOps() {

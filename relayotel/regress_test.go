@@ -197,9 +197,7 @@ func observed(t *testing.T, reader *sdkmetric.ManualReader, name string) map[str
 // the chat router's breaker for it opens, the embeddings router's stays
 // closed, and the metric must show one breaker in each state.
 func TestRegressTwoObserversBreakerState(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { mp.Shutdown(context.Background()) })
+	reader, mp := meterProvider(t)
 	a := relay.Upstream{Name: "a", BaseURL: "http://a.test/v1"}
 	chat := relayotel.New(relayotel.WithMeterProvider(mp), relayotel.WithUpstreams(a))
 	embed := relayotel.New(relayotel.WithMeterProvider(mp), relayotel.WithUpstreams(a, relay.Upstream{Name: "e", BaseURL: "http://e.test/v1"}))

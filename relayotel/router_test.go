@@ -9,7 +9,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/tokenrelay/relay"
 	"github.com/tokenrelay/relay/relayotel"
@@ -62,9 +61,7 @@ func TestRouterName(t *testing.T) {
 // TestRouterNameTwoObservers: two routers' Observers on one MeterProvider,
 // named, report apart: each its breakers and its costs.
 func TestRouterNameTwoObservers(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { mp.Shutdown(context.Background()) })
+	reader, mp := meterProvider(t)
 	a := relay.Upstream{Name: "a", BaseURL: "http://a.test/v1"}
 	chat := relayotel.New(relayotel.WithMeterProvider(mp), relayotel.WithUpstreams(a), relayotel.WithRouterName("chat"))
 	embed := relayotel.New(relayotel.WithMeterProvider(mp), relayotel.WithUpstreams(a), relayotel.WithRouterName("embed"))
@@ -119,9 +116,7 @@ func TestRouterNameTwoObservers(t *testing.T) {
 // observed instruments' series are gone, the other Observer's stay.
 // Closing again does nothing.
 func TestClose(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { mp.Shutdown(context.Background()) })
+	reader, mp := meterProvider(t)
 	a := relay.Upstream{Name: "a", BaseURL: "http://a.test/v1"}
 	old := relayotel.New(relayotel.WithMeterProvider(mp), relayotel.WithUpstreams(a), relayotel.WithRouterName("old"))
 	cur := relayotel.New(relayotel.WithMeterProvider(mp), relayotel.WithUpstreams(a), relayotel.WithRouterName("new"))
