@@ -309,9 +309,17 @@ func (r *Router) observeShared(t *trip, a *attempt, o outcome, hold, opened time
 		err = errors.Join(err, r.s.state.Open(ctx, name, opened))
 	case o == outcomeFailure:
 		policy := CircuitPolicy{Failures: r.s.breaker.failures, Cooldown: r.s.breaker.cooldown}
-		if policy.Failures > 0 {
+		switch {
+		case policy.Failures > 0:
 			_, ferr := r.s.state.Failure(ctx, name, policy, now)
 			err = errors.Join(err, ferr)
+		case a.cand.fleetProbe != nil:
+			// Failures are not counted (Breaker.Failures < 0), but a
+			// failed probe still opens the circuit again for the
+			// cooldown, as Failure does while half-open; else the fleet
+			// would try the upstream again as soon as the probe's lock
+			// ran out.
+			err = errors.Join(err, r.s.state.Open(ctx, name, now.Add(policy.Cooldown)))
 		}
 	case o == outcomeSuccess && (a.cand.fleetProbe != nil || a.cand.fleetFailing):
 		// Only the fleet's probe claim closes the fleet's circuit, and

@@ -695,3 +695,32 @@ func TestSharedStaleProbe(t *testing.T) {
 func TestTripSize(t *testing.T) {
 	assert.LessOrEqual(t, unsafe.Sizeof(trip{}), uintptr(1792))
 }
+
+// TestFailedFleetProbeReopensWithoutCounting: with failure counting off
+// (Breaker.Failures < 0), a fleet circuit another replica opened still
+// opens again for the cooldown when this replica's probe of it fails,
+// instead of staying half-open behind the probe's lock.
+func TestFailedFleetProbeReopensWithoutCounting(t *testing.T) {
+	clock := newFakeClock()
+	st := newMemState()
+	r, err := New(Config{
+		Base: roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			io.Copy(io.Discard, req.Body)
+			return &http.Response{StatusCode: 503, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(`{}`))}, nil
+		}),
+		Clock: clock, State: st, StateTimeout: time.Second,
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1"}},
+		Breaker:   BreakerConfig{Failures: -1, Cooldown: 30 * time.Second, P99: -1},
+		Retry:     RetryConfig{MaxAttempts: 1},
+	})
+	require.NoError(t, err)
+	require.NoError(t, st.Open(context.Background(), "a", clock.Now().Add(30*time.Second)))
+	clock.Advance(31 * time.Second) // half-open: this replica claims the probe
+	resp, _, err := send(t, r, chatBody("gpt-4.1", "x"))
+	require.NoError(t, err)
+	require.Equal(t, 503, resp.StatusCode, "the probe failed")
+	v, err := st.Admit(context.Background(), Limits{Name: "a"}, 0, false, clock.Now())
+	require.NoError(t, err)
+	assert.True(t, v.Open && v.Until.Equal(clock.Now().Add(30*time.Second)),
+		"the failed probe opened the circuit again for the cooldown: %+v", v)
+}
