@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"math"
 	"sync/atomic"
 	"time"
 )
@@ -51,7 +52,8 @@ type State interface {
 	// period: the circuit did not open again since it was claimed (a new
 	// open period ends every claim of the one before). A probe that
 	// outlived its lock and succeeded while a newer probe is in flight
-	// still closes it (a healthy answer, with no failure since); one whose
+	// still closes it (a healthy answer, and the circuit has not opened
+	// again since); one whose
 	// period ended, like any other attempt, only ends the failure run. The
 	// router calls Success only after a probe, or when the attempt's
 	// Verdict said Failing.
@@ -162,6 +164,7 @@ func (r *Router) rate(ctx context.Context, a admission, c *candidate, tpm int, n
 // not answer. In half-open, the one replica that claims the fleet's probe
 // sends it.
 func (r *Router) admitShared(ctx context.Context, a admission, c *candidate, now time.Time) (wait time.Duration, taken, open, ok bool) {
+	c.fleetProbe = nil // a claim is this admission's, never one an earlier attempt on c made
 	tpm := fleetCharge(a.tokens, c.up)
 	v, err := r.stateAdmit(ctx, a, c, tpm, c.forced, now)
 	if err != nil {
@@ -316,10 +319,15 @@ func (r *Router) observeShared(t *trip, a *attempt, o outcome, hold, opened time
 		case a.cand.fleetProbe != nil:
 			// Failures are not counted (Breaker.Failures < 0), but a
 			// failed probe still opens the circuit again for the
-			// cooldown, as Failure does while half-open; else the fleet
-			// would try the upstream again as soon as the probe's lock
-			// ran out.
-			err = errors.Join(err, r.s.state.Open(ctx, name, now.Add(policy.Cooldown)))
+			// cooldown while it is half-open, else the fleet would try
+			// the upstream again as soon as the probe's lock ran out.
+			// Failure with a run no failure reaches does just that: it
+			// reopens a half-open circuit, leaves an open one as it is,
+			// and never opens a closed one (a probe slower than its lock
+			// that fails after a newer probe closed the circuit).
+			policy.Failures = math.MaxInt
+			_, ferr := r.s.state.Failure(ctx, name, policy, now)
+			err = errors.Join(err, ferr)
 		}
 	case o == outcomeSuccess && (a.cand.fleetProbe != nil || a.cand.fleetFailing):
 		// Only the fleet's probe claim closes the fleet's circuit, and

@@ -594,28 +594,8 @@ type probeReplica struct {
 }
 
 func newProbeReplica(t *testing.T, st State, clock Clock, status int, gated bool) *probeReplica {
-	p := &probeReplica{sent: make(chan struct{}, 1)}
-	if gated {
-		p.gate = make(chan struct{})
-	}
-	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
-		io.Copy(io.Discard, r.Body)
-		p.calls.Add(1)
-		if p.gate != nil {
-			p.sent <- struct{}{}
-			<-p.gate
-		}
-		return &http.Response{StatusCode: status, Header: http.Header{},
-			Body: io.NopCloser(strings.NewReader(`{"usage":{"prompt_tokens":8,"completion_tokens":2}}`))}, nil
-	})
-	r, err := New(Config{Base: base, Clock: clock, State: st, StateTimeout: time.Second,
-		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1"}},
-		Breaker:   BreakerConfig{Failures: 2, Cooldown: 30 * time.Second, P99: -1},
-		Retry:     RetryConfig{MaxAttempts: 1}})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.Zero(t, r.StateFallbacks(), "no State call fell back") })
-	p.Router = r
-	return p
+	return newProbeReplicaWith(t, st, clock, BreakerConfig{Failures: 2, Cooldown: 30 * time.Second, P99: -1},
+		RetryConfig{MaxAttempts: 1}, statusOf(status), gated)
 }
 
 // start sends one request on its own goroutine and returns its result's

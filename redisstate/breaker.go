@@ -70,8 +70,8 @@ func (s *State) Open(ctx context.Context, upstream string, until time.Time) erro
 // on a closed circuit, and on one that opened again since an Admit last
 // saw it half-open: a replica whose half-open verdict went stale while
 // another's probe failed does not probe the new open period. The lock
-// ends after ttl, or when the current probe's success closes the
-// circuit, or when the circuit opens again; the token stays one of the
+// ends after ttl, or when a success of one of the period's claims closes
+// the circuit, or when the circuit opens again; the token stays one of the
 // open period's claims (see Success) until the circuit closes or opens
 // again.
 func (s *State) Probe(ctx context.Context, upstream string, ttl time.Duration) (string, error) {

@@ -182,7 +182,7 @@ local keep = redis.call('PTTL', KEYS[1])
 if keep == -2 or redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
 if not redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[1]) then return 0 end
 redis.call('SADD', KEYS[4], ARGV[2])
-if keep > 0 then redis.call('PEXPIRE', KEYS[4], keep) end
+if keep >= 0 then redis.call('PEXPIRE', KEYS[4], math.max(keep, 1)) end
 return 1
 `)
 
