@@ -95,7 +95,9 @@
 // upstreams given to WithUpstreams (Upstream.Models), and up to 32 more
 // (WithModelLimit) that the Observer learns, each the first time a call
 // shows it to be real: an upstream was called with it and did not refuse
-// the call as a client error (a 4xx other than 429). Any other model is
+// the call as a client error (a 4xx other than 429). A name a Policy
+// replaced (an alias, a fallback) was not sent, so it is not learned from
+// the call: name your aliases with WithModels. Any other model is
 // "_OTHER", the value the conventions give an attribute outside its known
 // set (as error.type and http.request.method do). So with nothing
 // configured, the models a service uses are recorded by name, and a name
@@ -119,7 +121,9 @@
 // upstream names repeat need an Observer each.
 //
 // An Observer registers callbacks with its MeterProvider for its observed
-// instruments; when its router is replaced (a configuration reload),
-// Close unregisters them, else the provider keeps calling the old
-// Observer, and keeps it in memory, for as long as it lives.
+// instruments. When its router is replaced (a configuration reload),
+// Close unregisters its breaker-state callback, else the provider keeps
+// reporting the old router's breakers; the cost and attempt totals stay
+// reported, so those counters never go backwards (the new Observer's
+// totals add to them).
 package relayotel

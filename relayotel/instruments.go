@@ -41,9 +41,13 @@ type instruments struct {
 	refusals  metric.Int64Counter   // relay.budget.refusals
 	fallbacks metric.Int64Counter   // relay.state.fallbacks
 
-	// regs are the callbacks of the observed instruments, which
-	// Observer.Close unregisters.
-	regs []metric.Registration
+	// breakerReg is relay.breaker.state's callback, which Observer.Close
+	// unregisters. The cost and attempt totals' callback stays: their
+	// counters are monotonic, and the SDK adds the totals of Observers
+	// that share an attribute set (a router replaced by one of the same
+	// name), so dropping a closed Observer's totals would make the
+	// series go backwards.
+	breakerReg metric.Registration
 }
 
 func newInstruments(mp metric.MeterProvider, b *breakers, costs, attempts *sums) instruments {
@@ -78,7 +82,7 @@ func newInstruments(mp metric.MeterProvider, b *breakers, costs, attempts *sums)
 		metric.WithDescription("Cost of the calls in US dollars, after each upstream's price factor; a hedge's losing call that completed is included."))
 	in.attempts = instrument[metric.Int64ObservableCounter, metric.Int64ObservableCounterOption](m.Int64ObservableCounter, nop.Int64ObservableCounter,
 		"relay.client.attempts", metric.WithUnit("{attempt}"), metric.WithDescription("Upstream calls, hedges included, by outcome."))
-	in.register(m, observeSums(in.cost, costs, in.attempts, attempts), in.cost, in.attempts)
+	register(m, observeSums(in.cost, costs, in.attempts, attempts), in.cost, in.attempts)
 	in.retries = i64c("relay.client.retries", "{retry}", "Upstream calls made again after a failed one, by the outcome of the failed one.")
 	in.hedges = i64c("relay.client.hedges", "{hedge}", "Hedges sent: won when the hedge's answer was the one returned.")
 	in.overhead = f64h("relay.client.overhead", "s", "Time a call spent in the router itself, upstream calls and waits excluded.", overheadBounds)
@@ -98,19 +102,19 @@ func newInstruments(mp metric.MeterProvider, b *breakers, costs, attempts *sums)
 	state := instrument[metric.Int64ObservableUpDownCounter, metric.Int64ObservableUpDownCounterOption](m.Int64ObservableUpDownCounter, nop.Int64ObservableUpDownCounter,
 		"relay.breaker.state", metric.WithUnit("1"),
 		metric.WithDescription("Circuit breakers of each upstream in each state: 1 for a breaker's current state, 0 for the others."))
-	in.register(m, b.observe(state), state)
+	in.breakerReg = register(m, b.observe(state), state)
 	return in
 }
 
-// register registers f for the observed instruments obs, to be
-// unregistered by Observer.Close; an error goes to otel.Handle.
-func (in *instruments) register(m metric.Meter, f metric.Callback, obs ...metric.Observable) {
+// register registers f for the observed instruments obs; an error goes
+// to otel.Handle, and the registration is then nil.
+func register(m metric.Meter, f metric.Callback, obs ...metric.Observable) metric.Registration {
 	reg, err := m.RegisterCallback(f, obs...)
 	if err != nil {
 		otel.Handle(err)
-		return
+		return nil
 	}
-	in.regs = append(in.regs, reg)
+	return reg
 }
 
 // instrument makes the instrument name with create, or, when create fails

@@ -2,7 +2,6 @@ package relayotel
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"net/url"
 	"strings"
@@ -116,21 +115,24 @@ func New(opts ...Option) *Observer {
 	return o
 }
 
-// Close unregisters the Observer's observed instruments from its
-// MeterProvider (relay.client.cost, relay.client.attempts,
-// relay.breaker.state): call it when its router is replaced, as on a
-// configuration reload, else the MeterProvider keeps calling it, and keeps
-// it in memory, for as long as the provider lives. Its hooks must not be
-// used after Close. Calling Close again does nothing.
+// Close unregisters the Observer's relay.breaker.state callback from its
+// MeterProvider: call it when its router is replaced, as on a
+// configuration reload, else the provider keeps reporting the old
+// router's breakers (added to the new one's when their attribute sets
+// are the same) for as long as it lives. The totals of relay.client.cost
+// and relay.client.attempts stay reported: those counters never go
+// backwards, and the new Observer's totals add to the old one's (at most
+// 4,096 attribute sets each are kept). Its hooks must not be used after
+// Close. Calling Close again does nothing.
 func (o *Observer) Close() error {
 	o.closeMu.Lock()
 	defer o.closeMu.Unlock()
-	var errs []error
-	for _, reg := range o.inst.regs {
-		errs = append(errs, reg.Unregister())
+	if o.inst.breakerReg == nil {
+		return nil
 	}
-	o.inst.regs = nil
-	return errors.Join(errs...)
+	err := o.inst.breakerReg.Unregister()
+	o.inst.breakerReg = nil
+	return err
 }
 
 // Hooks returns the hooks to install in Config.Hooks.
@@ -398,7 +400,9 @@ func (o *Observer) onReport(r relay.Report) {
 	)
 	if ops.op != "" {
 		learn := vouched(r)
-		requested = o.models.bound(r.RequestedModel, learn)
+		// The name asked for is learned only when it is the one sent: a
+		// Policy's alias or a fallback sends another name upstream.
+		requested = o.models.bound(r.RequestedModel, learn && r.Model == r.RequestedModel)
 		model = requested
 		if r.Model != r.RequestedModel {
 			model = o.models.bound(r.Model, learn)
