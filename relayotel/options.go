@@ -95,12 +95,12 @@ func WithModels(names ...string) Option {
 // WithModelLimit sets how many models not named (WithModels,
 // WithUpstreams) the Observer learns, each the first time a call shows it
 // to be real: an upstream was called with it and did not refuse the call
-// as a client error (a 4xx other than 429); the name a caller asked for
-// is learned only when it is the one sent upstream (not a Policy's alias). A name no upstream serves, one
-// an upstream does not know (404) and one of a call that reached no
-// upstream are not learned, and once n are learned, no more are. Default:
-// 32. 0 learns none: the metrics record only the named models, as
-// relayprom does.
+// as a client error (a 4xx other than 429). The name a caller asked for
+// is learned only when it is the one sent upstream (not when a Policy
+// replaced it). A name no upstream serves, one an upstream does not know
+// (404) and one of a call that reached no upstream are not learned, and
+// once n are learned, no more are. Default: 32. 0 learns none: the
+// metrics record only the named models, as relayprom does.
 func WithModelLimit(n int) Option {
 	return func(c *config) { c.limit = n }
 }
