@@ -87,7 +87,10 @@ func message[C Counter](c C, image int, m gjson.Result) int {
 		key string
 		n   int
 	}
-	var members []counted
+	var (
+		members []counted
+		byName  map[string]int // past 8 members, so that many are counted in linear time
+	)
 	m.ForEach(func(k, v gjson.Result) bool {
 		n := 0
 		switch k.Str {
@@ -112,10 +115,24 @@ func message[C Counter](c C, image int, m gjson.Result) int {
 				n += c.Text(v.Str)
 			}
 		}
-		for i := range members {
-			if members[i].key == k.Str {
+		if byName == nil && len(members) >= 8 {
+			byName = make(map[string]int, 2*len(members))
+			for i, mb := range members {
+				byName[mb.key] = i
+			}
+		}
+		if byName != nil {
+			if i, ok := byName[k.Str]; ok {
 				members[i].n = n
 				return true
+			}
+			byName[k.Str] = len(members)
+		} else {
+			for i := range members {
+				if members[i].key == k.Str {
+					members[i].n = n
+					return true
+				}
 			}
 		}
 		members = append(members, counted{k.Str, n})

@@ -58,8 +58,15 @@ type Reader struct {
 	hints  []hint
 	msgs   []msgRec
 	ops    []op
-	// members are the members of the messages being read (see message).
+	// members are the members of the messages being read (see message),
+	// each name once; byName indexes a message's past linearMembers
+	// (nameIdx, kept empty between messages, is its reused map).
 	members []member
+	byName  map[string]int32
+	nameIdx map[string]int32
+	// steps counts the member lookups' comparisons, for the tests that
+	// hold reading to linear time.
+	steps int
 }
 
 // Value is a member value: Body[Start:End], of kind '"', '{', '[', 'n'
@@ -163,13 +170,13 @@ func (r *Reader) Cap() int {
 // Forget drops the Reader's reference to the last body and its Known,
 // keeping its buffers.
 func (r *Reader) Forget() {
-	*r = Reader{Strs: r.Strs[:0], msgs: r.msgs[:0], ops: r.ops[:0], hints: r.hints[:0], members: r.members[:0]}
+	*r = Reader{Strs: r.Strs[:0], msgs: r.msgs[:0], ops: r.ops[:0], hints: r.hints[:0], members: r.members[:0], nameIdx: r.nameIdx}
 }
 
 // Read reads body, a request to endpoint.
 func (r *Reader) Read(endpoint, body string) {
 	*r = Reader{Body: body, Endpoint: endpoint, Strs: r.Strs[:0], msgs: r.msgs[:0], ops: r.ops[:0], hints: r.hints[:0],
-		members: r.members[:0], Known: r.Known, KnownMin: r.KnownMin}
+		members: r.members[:0], nameIdx: r.nameIdx, Known: r.Known, KnownMin: r.KnownMin}
 	i := jsonscan.SkipSpace(body, 0)
 	if i >= len(body) || body[i] != '{' {
 		return // not an object: what it is does not matter
@@ -403,21 +410,64 @@ func (r *Reader) message(j, depth int, fd *field) int {
 		at := int(uintptr(unsafe.Pointer(unsafe.StringData(key))) - uintptr(unsafe.Pointer(unsafe.StringData(r.Body))))
 		mb := member{at, len(key), [2]int32{s0, int32(len(r.Strs))}, fd.consts - c0, fd.images - i0}
 		// Upstreams read a repeated member's last occurrence, as the
-		// canonical prompt does: an earlier one counts nothing.
-		for i := base; i < len(r.members); i++ {
-			if o := &r.members[i]; o.n == mb.n && (o.n == 0 || r.Body[o.at:o.at+o.n] == key) {
-				r.uncount(o, fd)
+		// canonical prompt does: an earlier one counts nothing, and the
+		// later one takes its place, so the list holds each name once.
+		if i := r.findMember(base, key); i >= 0 {
+			r.uncount(&r.members[i], fd)
+			r.members[i] = mb
+		} else {
+			r.members = append(r.members, mb)
+			if r.byName != nil {
+				r.byName[key] = int32(len(r.members) - 1)
 			}
 		}
-		r.members = append(r.members, mb)
 		return e
 	})
 	r.members = r.members[:base]
+	if r.byName != nil {
+		clear(r.byName) // its keys are views of the body: keep none past the message
+		r.byName = nil
+	}
 	if !ok {
 		return -1
 	}
 	r.msgs = append(r.msgs, m)
 	return e
+}
+
+// linearMembers is how many members of a message findMember compares one
+// by one before it indexes them by name.
+const linearMembers = 8
+
+// findMember returns the index in r.members of the member of the message
+// being read (from base) named key, or -1. Past linearMembers names it
+// looks them up in an index by name, so that a message of many members
+// is read in linear time.
+func (r *Reader) findMember(base int, key string) int {
+	if r.byName == nil {
+		if len(r.members)-base < linearMembers {
+			for i := base; i < len(r.members); i++ {
+				r.steps++
+				if o := &r.members[i]; o.n == len(key) && (o.n == 0 || r.Body[o.at:o.at+o.n] == key) {
+					return i
+				}
+			}
+			return -1
+		}
+		if r.nameIdx == nil {
+			r.nameIdx = make(map[string]int32)
+		}
+		r.byName = r.nameIdx
+		for i := base; i < len(r.members); i++ {
+			o := &r.members[i]
+			r.byName[r.Body[o.at:o.at+o.n]] = int32(i)
+		}
+	}
+	r.steps++
+	if i, ok := r.byName[key]; ok {
+		return int(i)
+	}
+	return -1
 }
 
 // member is what one member of a message added to the count: its range of

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -523,4 +524,72 @@ func TestRepeatedEmptyMemberName(t *testing.T) {
 	if got, want := r.Tokens(readCounter{&r}, 85), rl.Tokens(readCounter{&rl}, 85); got != want {
 		t.Errorf("Tokens = %d, want %d, the count without the first \"\" member", got, want)
 	}
+}
+
+// manyMembers returns a chat body of one message with n members after its
+// role: n times the same name when same, else n distinct names, and then
+// the first few of them again.
+func manyMembers(n int, same bool) string {
+	var b strings.Builder
+	b.WriteString(`{"messages":[{"role":"user"`)
+	for i := range n {
+		if same {
+			b.WriteString(`,"a":"x` + strconv.Itoa(i%7) + `"`)
+		} else {
+			b.WriteString(`,"k` + strconv.Itoa(i) + `":"v` + strconv.Itoa(i) + `"`)
+		}
+	}
+	for i := range min(n, 20) {
+		b.WriteString(`,"k` + strconv.Itoa(i) + `":"again"`)
+	}
+	b.WriteString(`}]}`)
+	return b.String()
+}
+
+// TestManyMembersLinear: a message of many members, one name repeated or
+// all names distinct, is read in linear time (each member's lookup makes
+// at most linearMembers comparisons, then one by name), and counted as
+// the reference counts it. (Every member was compared with every earlier
+// one: 1m46s for a 960 KB body of one repeated member.)
+func TestManyMembersLinear(t *testing.T) {
+	for _, same := range []bool{true, false} {
+		for _, n := range []int{3, 9, 30000} {
+			body := manyMembers(n, same)
+			var r Reader
+			r.Read(Chat, body)
+			if !r.JSON || r.Fallback {
+				t.Fatalf("n=%d same=%v: not read as plain JSON", n, same)
+			}
+			// At most 8 comparisons (linearMembers) a member, or one lookup.
+			if members := n + min(n, 20) + 1; r.steps > 8*members {
+				t.Errorf("n=%d same=%v: %d comparisons for %d members", n, same, r.steps, members)
+			}
+			f, _ := refTop(body)
+			if got, want := r.Tokens(readCounter{&r}, 85), Tokens(refCounter{}, 85, Chat, &f); got != want {
+				t.Errorf("n=%d same=%v: Tokens = %d, the reference %d", n, same, got, want)
+			}
+			checkPieces(t, &r, Chat, body)
+		}
+	}
+}
+
+// BenchmarkManyMembers reads a message of 30,000 distinct members with the
+// Reader and with the reference reader: both linear (ns per member).
+func BenchmarkManyMembers(b *testing.B) {
+	body := manyMembers(30000, false)
+	b.Run("reader", func(b *testing.B) {
+		var r Reader
+		for b.Loop() {
+			r.Read(Chat, body)
+			r.Tokens(readCounter{&r}, 85)
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/30000, "ns/member")
+	})
+	b.Run("reference", func(b *testing.B) {
+		f, _ := refTop(body)
+		for b.Loop() {
+			Tokens(refCounter{}, 85, Chat, &f)
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/30000, "ns/member")
+	})
 }
