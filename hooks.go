@@ -97,9 +97,12 @@ type WaitEvent struct {
 }
 
 // JoinHooks returns Hooks that call each of hs's hooks in order. OnRequest
-// hooks chain: each gets the context the one before returned. A hook that
-// panics does not keep the ones after it from running (an observer's span
-// still ends when Config.OnReport panics); the panic then goes on.
+// hooks chain: each gets the context the one before returned. An
+// observing hook that panics (OnWait, OnBreaker, OnReport, OnSpend,
+// OnStateFallback, or an attempt's done function) does not keep the ones
+// after it from running, so an observer's span still ends when
+// Config.OnReport panics; the panic then goes on. A panic in OnRequest or
+// in OnAttempt itself stops the chain, as it stops the request.
 func JoinHooks(hs ...Hooks) Hooks {
 	var j Hooks
 	for _, h := range hs {
