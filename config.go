@@ -584,29 +584,29 @@ func resolveRetry(c RetryConfig, bad func(string, ...any)) retrySettings {
 	if r.shouldRetry == nil {
 		r.shouldRetry = DefaultShouldRetry
 	}
-	notNegative(bad, "RetryConfig.MaxAttempts", c.MaxAttempts)
-	notNegative(bad, "RetryConfig.InitialInterval", c.InitialInterval)
-	notNegative(bad, "RetryConfig.MaxInterval", c.MaxInterval)
-	notNegative(bad, "RetryConfig.Multiplier", c.Multiplier)
-	notNegative(bad, "RetryConfig.MaxRetryAfter", c.MaxRetryAfter)
-	notNegative(bad, "RetryConfig.AttemptTimeout", c.AttemptTimeout)
+	notNegative(bad, "Retry.MaxAttempts", c.MaxAttempts)
+	notNegative(bad, "Retry.InitialInterval", c.InitialInterval)
+	notNegative(bad, "Retry.MaxInterval", c.MaxInterval)
+	notNegative(bad, "Retry.Multiplier", c.Multiplier)
+	notNegative(bad, "Retry.MaxRetryAfter", c.MaxRetryAfter)
+	notNegative(bad, "Retry.AttemptTimeout", c.AttemptTimeout)
 	if r.randomization >= 1 {
-		bad("RetryConfig.RandomizationFactor %g must be below 1", c.RandomizationFactor)
+		bad("Retry.RandomizationFactor %g must be below 1", c.RandomizationFactor)
 	}
 	return r
 }
 
 func resolveHedge(c HedgeConfig, bad func(string, ...any)) hedgeSettings {
-	notNegative(bad, "HedgeConfig.Delay", c.Delay)
+	notNegative(bad, "Hedge.Delay", c.Delay)
 	if c.P95 && c.Delay == 0 {
-		bad("HedgeConfig.P95 needs a positive Delay (its floor)")
+		bad("Hedge.P95 needs a positive Delay (its floor)")
 	}
 	if c.Budget < 0 || c.Budget > 1 {
-		bad("HedgeConfig.Budget %g is outside [0, 1]", c.Budget)
+		bad("Hedge.Budget %g is outside [0, 1]", c.Budget)
 	}
 	if c.Budget > 0 && c.Budget < 1e-6 {
 		// The budget is kept in millionths of a hedge per request.
-		bad("HedgeConfig: Budget %g is under 1e-6, the smallest share it keeps", c.Budget)
+		bad("Hedge.Budget %g is under 1e-6, the smallest share it keeps", c.Budget)
 	}
 	return hedgeSettings{on: c.Delay > 0, delay: c.Delay, p95: c.P95, deposit: int64(math.Round(orDefault(c.Budget, 0.05) * hedgeUnit))}
 }
