@@ -382,11 +382,13 @@ func resolveBudgets(list []Budget, bad func(string, ...any)) []budgetSettings {
 			bad("budget %q: Limit %g is over %g units; set it in a larger unit of the currency (Currency.PerUSD)", b.Name, b.Limit, float64(maxBudgetLimit))
 		case (b.Window.Every > 0) == (b.Window.Calendar != NoPeriod) || b.Window.Every < 0 || b.Window.Calendar > Month:
 			bad("budget %q: set exactly one of Window.Every (positive) and Window.Calendar (Day or Month)", b.Name)
+		case b.HoldFor < 0:
+			bad("budget %q: HoldFor %s is negative", b.Name, b.HoldFor)
 		default:
 			if b.Scope == nil {
 				b.Scope = AllTraffic()
 			}
-			if b.HoldFor <= 0 {
+			if b.HoldFor == 0 {
 				b.HoldFor = defaultHoldFor
 			}
 			out = append(out, budgetSettings{Budget: b, limit: nanos(b.Limit), holdFor: b.HoldFor})

@@ -382,8 +382,8 @@ func BenchmarkBudgetAdmission(b *testing.B) {
 	}{
 		{"none", nil},
 		{"two-budgets", []Budget{
-			{Name: "all", Limit: 1e12, Window: Window{Every: time.Hour}},
-			{Name: "team", Scope: PerHeader("X-Relay-Budget"), Limit: 1e12, Window: Window{Calendar: Day}},
+			{Name: "all", Limit: 4e9, Window: Window{Every: time.Hour}},
+			{Name: "team", Scope: PerHeader("X-Relay-Budget"), Limit: 4e9, Window: Window{Calendar: Day}},
 		}},
 	} {
 		b.Run(c.name, func(b *testing.B) {

@@ -38,6 +38,8 @@ func TestNewValidates(t *testing.T) {
 		{"breaker", Config{Upstreams: []Upstream{ok}, Breaker: BreakerConfig{Cooldown: -time.Minute}}, "Breaker.Cooldown -1m0s is negative"},
 		{"replicas", Config{Upstreams: []Upstream{ok}, Replicas: -2}, "Replicas -2 is negative"},
 		{"state timeout", Config{Upstreams: []Upstream{ok}, StateTimeout: -time.Millisecond}, "StateTimeout -1ms is negative"},
+		{"hold for", Config{Upstreams: []Upstream{ok}, Budgets: []Budget{{Name: "b", Limit: 1, Window: Window{Every: time.Hour}, HoldFor: -time.Second}}},
+			`budget "b": HoldFor -1s is negative`},
 		{"bad tag", Config{Upstreams: []Upstream{{Name: "a", BaseURL: "https://x", BodyTags: map[string]any{"f": func() {}}}}}, `body tag "f"`},
 	}
 	for _, c := range cases {
