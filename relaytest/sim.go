@@ -534,9 +534,6 @@ func (p *simPath) hook(r *http.Request, rec *Recorded, f Fault) (Fault, func()) 
 		p.hung.Add(1)
 		return Fault{Hang: true}, nil
 	}
-	if factor != 1 {
-		p.slowed.Add(1)
-	}
 	root := gjson.ParseBytes(rec.Body)
 	promptToks := promptTokens(rec.Endpoint, root)
 	output := p.model.DefaultOutput
@@ -556,9 +553,15 @@ func (p *simPath) hook(r *http.Request, rec *Recorded, f Fault) (Fault, func()) 
 		}
 		return Fault{Status: st}, nil
 	}
-	// The shard is ours until done.
+	if factor != 1 {
+		p.slowed.Add(1) // counted once a shard serves it, not when the full queue refused it
+	}
+	// The shard is ours until done; the call is served when its client
+	// was still there for the whole answer (not a hedge's loser, an
+	// attempt past its timeout or a stream given up on).
 	start := time.Now()
-	done := func() { sh.release(true, time.Since(start)) }
+	ctx := r.Context()
+	done := func() { sh.release(ctx.Err() == nil, time.Since(start)) }
 
 	cached := 0
 	if p.cache != nil {

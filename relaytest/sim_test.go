@@ -388,3 +388,44 @@ func TestSimStalls(t *testing.T) {
 		assert.Panics(t, func() { f.SetStalls(bad) }, "%+v", bad)
 	}
 }
+
+// TestSlowedCountsOnlyServedCalls: Slowed counts calls served by a slow
+// shard, not a call drawn slow that the full queue then refused (it did).
+func TestSlowedCountsOnlyServedCalls(t *testing.T) {
+	models := DefaultSimModels()[:1]
+	models[0].Shards, models[0].QueueLimit = 1, 1
+	f := newSim(t, SimConfig{Regions: []string{"us-east"}, Models: models, TimeScale: 0.01})
+	p := f.paths[0]
+	// Hold the only shard and fill its queue, then call.
+	require.True(t, p.shards[0].enqueue(context.Background(), nil))
+	p.shards[0].mu.Lock()
+	p.shards[0].queue = append(p.shards[0].queue, make(chan struct{}))
+	p.shards[0].mu.Unlock()
+	f.SetStalls(SimStalls{Slow: 1})
+	resp, _ := post(t, p.srv, "/chat/completions", simChat("gpt-5.5-codex", "", 5, 1, false))
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	st := pathStats(t, f.Stats(), "us-east/gpt-5.5-codex")
+	assert.Equal(t, 1, st.Rejected)
+	assert.Zero(t, st.Slowed, "a call the full queue refused met no slow shard")
+}
+
+// TestServedCountsAnswersOnly: Served counts answers given after service,
+// not a call whose client went away in the middle of it (a hedge's loser,
+// an attempt past its timeout, a stream given up on), which it did; the
+// example's "hottest shard" share is computed from these counts.
+func TestServedCountsAnswersOnly(t *testing.T) {
+	models := DefaultSimModels()[:1]
+	models[0].Shards = 1
+	f := newSim(t, SimConfig{Regions: []string{"us-east"}, Models: models, TimeScale: 0.01})
+	srv := f.Server("us-east", "gpt-5.5-codex")
+	// A long stream: its headers come when it takes the shard; the client
+	// then gives up (1000 tokens would take 250 ms).
+	resp, cancel := openStream(t, srv, "/chat/completions", simChat("gpt-5.5-codex", "", 5, 1000, true))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	cancel()
+	// The next call has the shard once the abandoned one let it go.
+	resp2, _ := post(t, srv, "/chat/completions", simChat("gpt-5.5-codex", "", 5, 1, false))
+	require.Equal(t, http.StatusOK, resp2.StatusCode)
+	waitFor(t, func() bool { return f.paths[0].shards[0].load() == 0 }) // its handler has ended
+	assert.Equal(t, 1, pathStats(t, f.Stats(), "us-east/gpt-5.5-codex").Served, "one answer was given")
+}

@@ -61,6 +61,6 @@ func routerTiming(sim bool) (relay.RetryConfig, relay.BreakerConfig, relay.Strea
 		AttemptTimeout:  at(attemptTimeout),
 	}
 	// Busy: a recent p99 over 5 s of simulated time.
-	b.BusyP99, b.Cooldown = at(5*time.Second), at(30*time.Second)
+	b.BusyP99, b.Cooldown, b.MaxCooldown = at(5*time.Second), at(30*time.Second), at(5*time.Minute)
 	return retry, b, st
 }

@@ -324,6 +324,10 @@ func (o *options) check(raw flagText, args []string) error {
 		return fmt.Errorf("-cache-blocks must be positive, got %d", o.cacheBlocks)
 	case !(o.speed > 0) || math.IsInf(o.speed, 0):
 		return fmt.Errorf("-speed must be a positive number, got %g", o.speed)
+	case raw.set["speed"] && o.replay == "":
+		return errors.New("-speed applies to -replay only")
+	case raw.set["api-key"] && o.baseURL == "":
+		return errors.New("-api-key applies to -base-url only")
 	}
 	return nil
 }
@@ -342,8 +346,8 @@ func (o *options) checkRemote(raw *flagText) error {
 		if o.replicas > 0 {
 			return errors.New("-replicas runs on the simulated fleet only, not with -base-url")
 		}
-		if raw.set["scenario"] || raw.set["cache-blocks"] {
-			return errors.New("-scenario and -cache-blocks shape the simulated fleet; they do not apply to -base-url")
+		if raw.set["scenario"] || raw.set["cache-blocks"] || raw.set["window"] {
+			return errors.New("-scenario, -cache-blocks and -window shape the simulated fleet; they do not apply to -base-url")
 		}
 		o.scenario = scenario{name: "none", about: "no fault"}
 		if o.apiKey == "" {
@@ -492,9 +496,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 type env struct {
 	fleet *relaytest.SimFleet // nil against a real endpoint
 	w     *workload
-	// direct is the upstream of the direct modes; all, every upstream of
-	// the relay modes (against a real endpoint, both are that endpoint).
-	direct     relay.Upstream
+	// direct are the upstreams of the direct modes: us-east's, one a
+	// model (the generated workloads ask for the flagship alone); all,
+	// every upstream of the relay modes (against a real endpoint, both are
+	// that endpoint).
+	direct     []relay.Upstream
 	all        []relay.Upstream
 	fast       string
 	cheap      string
@@ -524,7 +530,7 @@ func routed(r *relay.Router) *sender {
 // OnReport as the relay modes.
 func direct(e *env) (*sender, error) {
 	r, err := relay.New(relay.Config{
-		Upstreams: []relay.Upstream{e.direct},
+		Upstreams: e.direct,
 		Base:      e.base,
 		OnReport:  e.onReport,
 		Prices:    e.prices,
@@ -606,10 +612,14 @@ func newRig(o options, w *workload) *rig {
 		})
 		e.fleet = g.fleet
 		e.prices = simPrices()
-		up, _ := g.fleet.Upstream("us-east", flagship)
-		e.direct = relay.Upstream{Name: up.Name, BaseURL: up.URL, Models: []string{flagship}}
 		for _, u := range g.fleet.Upstreams() {
-			e.all = append(e.all, relay.Upstream{Name: u.Name, BaseURL: u.URL, Models: []string{u.Model}})
+			ru := relay.Upstream{Name: u.Name, BaseURL: u.URL, Models: []string{u.Model}}
+			e.all = append(e.all, ru)
+			if u.Region == "us-east" {
+				// The generated workloads ask for the flagship only; a
+				// replay may ask for the fleet's other models too.
+				e.direct = append(e.direct, ru)
+			}
 		}
 		if o.scenario.stalls != (relaytest.SimStalls{}) {
 			st := o.scenario.stalls
@@ -617,8 +627,8 @@ func newRig(o options, w *workload) *rig {
 			g.fleet.SetStalls(st)
 		}
 	} else {
-		e.direct = relay.Upstream{Name: "remote", BaseURL: strings.TrimSuffix(o.baseURL, "/"), APIKey: o.apiKey}
-		e.all = []relay.Upstream{e.direct}
+		e.direct = []relay.Upstream{{Name: "remote", BaseURL: strings.TrimSuffix(o.baseURL, "/"), APIKey: o.apiKey}}
+		e.all = e.direct
 	}
 	g.base = &http.Transport{
 		MaxIdleConns:        0,
@@ -786,6 +796,12 @@ func drive(t traffic, snd *sender, fleet *relaytest.SimFleet, done *atomic.Int64
 
 // send makes one request through rt and reads the answer to its end.
 func send(ctx context.Context, rt *relay.Router, q *request) error {
+	_, err := sendStatus(ctx, rt, q)
+	return err
+}
+
+// sendStatus is send, with the answer's status (0 when none came).
+func sendStatus(ctx context.Context, rt *relay.Router, q *request) (int, error) {
 	ep := q.endpoint
 	if ep == "" {
 		ep = relay.EndpointChat
@@ -793,7 +809,7 @@ func send(ctx context.Context, rt *relay.Router, q *request) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost,
 		"http://relay.invalid/v1/"+ep, strings.NewReader(q.body))
 	if err != nil {
-		return err
+		return 0, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if q.priority != "" {
@@ -801,11 +817,11 @@ func send(ctx context.Context, rt *relay.Router, q *request) error {
 	}
 	resp, err := rt.RoundTrip(req)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer resp.Body.Close()
 	_, err = io.Copy(io.Discard, resp.Body)
-	return err
+	return resp.StatusCode, err
 }
 
 // progress reports a mode's progress on w until stop is called: on a

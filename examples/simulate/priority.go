@@ -116,11 +116,11 @@ func classSender(r *relay.Router, prio string, interactive bool, l *classLog, or
 		pq := *q
 		pq.priority = prio
 		start := time.Now()
-		err := send(ctx, r, &pq)
+		status, err := sendStatus(ctx, r, &pq)
 		l.mu.Lock()
 		l.waits = append(l.waits, time.Duration(waited.Load()))
 		l.latencies = append(l.latencies, time.Since(start))
-		if err != nil {
+		if err != nil || status != http.StatusOK { // an answer with a failure status is lost too
 			l.failed++
 		}
 		l.mu.Unlock()
