@@ -98,7 +98,12 @@ const boundFactor = 4
 // A run without pre-token boundaries the splitter knows (one letter,
 // digits, newlines) costs up to 54× a count, since each of its segments is
 // counted several times on its own, and the counter is slower on short
-// pieces of such a run than on the whole run.
+// pieces of such a run than on the whole run. Text whose lines meet at no
+// boundary the splitter knows (a newline before indentation: pretty-printed
+// JSON, indented code) is counted again at every line once a segment's
+// estimate nears size, so its cost grows with size: 1 MiB of indented
+// JSON costs 6× a count in 16-token segments, 20× in 256-token ones and
+// 62× in 1024-token ones (O(n·size)).
 func Split(text string, size int, model string) []string {
 	if text == "" {
 		return nil

@@ -162,8 +162,11 @@ func (e *Encoding) countAt(s string, i, j int, scp **scratch) int {
 }
 
 // Pieces calls f with the end of each pre-token of s, in order, and the
-// count of s up to it, until f returns false: Count(s[:end]) == cum at
-// every pre-token end. s must be valid UTF-8.
+// sum of the counts of the pre-tokens up to it, until f returns false. At
+// a known boundary (tokens.SafeAt) the sum is Count(s[:end]); at other
+// pre-token ends it need not be (for "  1", the first space is a
+// pre-token of its own inside the text, while "  " alone is one). s must
+// be valid UTF-8.
 func (e *Encoding) Pieces(s string, f func(end, cum int) bool) {
 	var sc *scratch
 	total := 0

@@ -52,9 +52,10 @@ func (e Encoding) CountValid(s string) int {
 }
 
 // Pieces calls f with the end of each pre-token of s, in order, and the
-// count of s up to it, until f returns false. s must be valid UTF-8 (Count
-// reads an invalid byte as U+FFFD, which moves the offsets). Every known
-// boundary (SafeAt) is a pre-token end.
+// sum of the counts of the pre-tokens up to it, until f returns false; at
+// a known boundary (SafeAt), every one of which is a pre-token end, that
+// is the count of s up to it. s must be valid UTF-8 (Count reads an
+// invalid byte as U+FFFD, which moves the offsets).
 func (e Encoding) Pieces(s string, f func(end, cum int) bool) { e.bpe().Pieces(s, f) }
 
 // bpe returns the counter of e (its ranks loaded on first use).
