@@ -75,6 +75,7 @@ func ForModel(model string) Encoding {
 	if i := strings.LastIndexByte(m, '/'); i >= 0 {
 		m = m[i+1:] // "openai/gpt-4" → "gpt-4"
 	}
+	m = strings.TrimPrefix(m, "ft:") // a fine-tuned model: "ft:gpt-3.5-turbo-0125:org::id" bills as its base
 	switch {
 	case strings.HasPrefix(m, "gpt-4o"), strings.HasPrefix(m, "gpt-4.1"), strings.HasPrefix(m, "gpt-4.5"):
 		return O200K

@@ -15,6 +15,8 @@ func TestForModel(t *testing.T) {
 	for model, want := range map[string]Encoding{
 		"gpt-4o": O200K, "gpt-4.1": O200K, "gpt-5": O200K, "o3-mini": O200K, "claude-sonnet-4.5": O200K, "": O200K,
 		"gpt-4": CL100K, "gpt-4-turbo": CL100K, "gpt-3.5-turbo": CL100K, "text-embedding-3-small": CL100K, "openai/gpt-4": CL100K,
+		// Fine-tuned models bill as their base (tiktoken's "ft:" prefixes).
+		"ft:gpt-3.5-turbo-0125:org::abc123": CL100K, "ft:gpt-4-0613:org::x": CL100K, "ft:gpt-4o-mini-2024-07-18:org::y": O200K,
 	} {
 		assert.Equal(t, want, ForModel(model), model)
 	}
