@@ -1,6 +1,7 @@
 package redisstate
 
 import (
+	"net/http"
 	"testing"
 	"time"
 
@@ -8,7 +9,7 @@ import (
 )
 
 // probeRouterCounting is probeRouter with failure counting as given.
-func probeRouterCounting(t *testing.T, s *State, clock *fleetClock, base *statusBase, failures int) *relay.Router {
+func probeRouterCounting(t *testing.T, s *State, clock *fleetClock, base http.RoundTripper, failures int) *relay.Router {
 	r, err := relay.New(relay.Config{Base: base, Clock: clock, State: s, StateTimeout: time.Second,
 		Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1"}},
 		Breaker:   relay.BreakerConfig{Failures: failures, Cooldown: 30 * time.Second, P99: -1},
@@ -45,14 +46,7 @@ func TestStaleFailedProbeLeavesClosedCircuit(t *testing.T) {
 				arrived, release := slow.set(503, true)
 				ok.set(200, false)
 				ra, rb := probeRouterCounting(t, s, clock, slow, failures), probeRouterCounting(t, s, clock, ok, failures)
-
-				noErr(t, s.Open(ctxT(t), "a", t0.Add(30*time.Second)))
-				clock.at(31 * time.Second)
-
-				done := make(chan error, 1)
-				go func() { _, err := send(ra, "probe A"); done <- err }()
-				<-arrived
-				lapse(t, b, s.keys("a").probe(), 10*time.Second)
+				done := staleProbe(t, b, s, clock, ra, arrived)
 
 				if status, err := send(rb, "probe B"); err != nil || status != 200 {
 					t.Fatalf("B's probe: %d, %v", status, err)

@@ -73,19 +73,22 @@ func (b *statusBase) RoundTrip(r *http.Request) (*http.Response, error) {
 // breaker tolerates 2 failures and cools down for 30 s; at the end of the
 // test it checks that no State call fell back.
 func probeRouter(t *testing.T, s *State, clock *fleetClock, base http.RoundTripper) *relay.Router {
-	r, err := relay.New(relay.Config{Base: base, Clock: clock, State: s, StateTimeout: time.Second,
-		Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1"}},
-		Breaker:   relay.BreakerConfig{Failures: 2, Cooldown: 30 * time.Second, P99: -1},
-		Retry:     relay.RetryConfig{MaxAttempts: 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if n := r.StateFallbacks(); n > 0 {
-			t.Errorf("%d State calls fell back to in-process state", n)
-		}
-	})
-	return r
+	return probeRouterCounting(t, s, clock, base, 2)
+}
+
+// staleProbe opens the fleet's circuit of upstream a (another replica's
+// reason) and lets its cooldown end: half-open. Replica ra then claims the
+// probe with a slow call (its base says on arrived when the call is
+// there), and the claim's lock runs out (the router's probe TTL, 10 s)
+// while it waits. It returns ra's result.
+func staleProbe(t *testing.T, b *backend, s *State, clock *fleetClock, ra *relay.Router, arrived <-chan struct{}) <-chan error {
+	noErr(t, s.Open(ctxT(t), "a", t0.Add(30*time.Second)))
+	clock.at(31 * time.Second)
+	done := make(chan error, 1)
+	go func() { _, err := send(ra, "probe A"); done <- err }()
+	<-arrived
+	lapse(t, b, s.keys("a").probe(), 10*time.Second)
+	return done
 }
 
 // openFor reports whether the fleet keeps upstream a out at now.
@@ -110,17 +113,7 @@ func TestStaleProbeDoesNotCloseFleet(t *testing.T) {
 		failing.set(500, false)
 		ra, rb := probeRouter(t, s, clock, slow), probeRouter(t, s, clock, failing)
 
-		// The fleet's circuit is open (another replica's reason); its
-		// cooldown has ended: half-open.
-		noErr(t, s.Open(ctxT(t), "a", t0.Add(30*time.Second)))
-		clock.at(31 * time.Second)
-
-		// A probes; its call is slow.
-		done := make(chan error, 1)
-		go func() { _, err := send(ra, "probe A"); done <- err }()
-		<-arrived
-		// A's claim runs out (the router's probe TTL: 10 s) while A waits.
-		lapse(t, b, s.keys("a").probe(), 10*time.Second)
+		done := staleProbe(t, b, s, clock, ra, arrived)
 
 		// B claims the probe, which fails: the circuit opens again.
 		if status, err := send(rb, "probe B"); err != nil || status != 500 {

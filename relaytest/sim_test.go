@@ -289,10 +289,15 @@ func TestSimQueueFull(t *testing.T) {
 	p.shards[0].mu.Lock()
 	p.shards[0].queue = append(p.shards[0].queue, make(chan struct{}))
 	p.shards[0].mu.Unlock()
+	f.SetStalls(SimStalls{Slow: 1}) // every call is drawn slow
 	resp, _ := post(t, p.srv, "/chat/completions", simChat("gpt-5.5-codex", "", 5, 1, false))
 	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
 	assert.Equal(t, "10", resp.Header.Get("Retry-After-Ms"), "FullRetryAfter 1 s, scaled")
-	assert.Equal(t, 1, pathStats(t, f.Stats(), "us-east/gpt-5.5-codex").Rejected)
+	st := pathStats(t, f.Stats(), "us-east/gpt-5.5-codex")
+	assert.Equal(t, 1, st.Rejected)
+	// Slowed counts calls a slow shard served, not one the full queue
+	// refused (it counted it).
+	assert.Zero(t, st.Slowed, "a call the full queue refused met no slow shard")
 }
 
 func waitFor(t *testing.T, cond func() bool) {
@@ -387,26 +392,6 @@ func TestSimStalls(t *testing.T) {
 	for _, bad := range []SimStalls{{Slow: -0.1}, {Slow: 0.6, Hang: 0.5}, {Slow: 0.1, SlowMin: 0.5, SlowMax: 2}, {SlowMin: 5, SlowMax: 4}} {
 		assert.Panics(t, func() { f.SetStalls(bad) }, "%+v", bad)
 	}
-}
-
-// TestSlowedCountsOnlyServedCalls: Slowed counts calls served by a slow
-// shard, not a call drawn slow that the full queue then refused (it did).
-func TestSlowedCountsOnlyServedCalls(t *testing.T) {
-	models := DefaultSimModels()[:1]
-	models[0].Shards, models[0].QueueLimit = 1, 1
-	f := newSim(t, SimConfig{Regions: []string{"us-east"}, Models: models, TimeScale: 0.01})
-	p := f.paths[0]
-	// Hold the only shard and fill its queue, then call.
-	require.True(t, p.shards[0].enqueue(context.Background(), nil))
-	p.shards[0].mu.Lock()
-	p.shards[0].queue = append(p.shards[0].queue, make(chan struct{}))
-	p.shards[0].mu.Unlock()
-	f.SetStalls(SimStalls{Slow: 1})
-	resp, _ := post(t, p.srv, "/chat/completions", simChat("gpt-5.5-codex", "", 5, 1, false))
-	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
-	st := pathStats(t, f.Stats(), "us-east/gpt-5.5-codex")
-	assert.Equal(t, 1, st.Rejected)
-	assert.Zero(t, st.Slowed, "a call the full queue refused met no slow shard")
 }
 
 // TestServedCountsAnswersOnly: Served counts answers given after service,
