@@ -89,7 +89,11 @@ func (r *Router) acquire(ctx context.Context, cands []candidate, start int, a ad
 		i, tk, waited, err := r.await(ctx, cands, pick, delay, a, maxWait, tooLong)
 		if err == errFleetOpened {
 			// Scan again with what is left of the wait; the scan now
-			// skips the candidate the fleet opened.
+			// skips the candidate the fleet opened. Nothing left: the
+			// wait is over (a.maxWait 0 would mean a whole MaxWait).
+			if maxWait-waited <= 0 {
+				return -1, ticket{}, waited, tooLong
+			}
 			a.maxWait = maxWait - waited
 			i, tk, more, err := r.acquire(ctx, cands, start, a)
 			return i, tk, waited + more, err
@@ -168,6 +172,12 @@ func (r *Router) scan(ctx context.Context, cands []candidate, start int, a admis
 		if a.trip != nil && !a.trip.reserve(ctx, c, now) {
 			sc.budget++
 			continue
+		}
+		if a.trip != nil && r.fallbackLedger != nil && len(r.s.budgets) > 0 {
+			// A shared ledger's round trip took time: the limits are
+			// taken at the time after it (a limiter given an earlier time
+			// than its last counts the refill since then twice).
+			now = r.s.clock.Now()
 		}
 		tpm := c.up.lim.charge(a.tokens)
 		d, taken, open := r.rate(ctx, a, c, tpm, now)

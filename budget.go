@@ -153,8 +153,10 @@ func (w Window) end(t time.Time) time.Time {
 
 // dayStart returns the first instant of a day in loc (y, m, d normalized
 // as time.Date does): midnight, or, where a daylight-saving change skips
-// midnight (America/Santiago), the first minute the day has. (time.Date
-// gives a skipped midnight as an instant of the day before.)
+// midnight (America/Santiago), the first minute the day has, and where
+// one repeats midnight (Asia/Gaza, 2021-10-29), the first of the two.
+// (time.Date gives a skipped midnight as an instant of the day before,
+// and a repeated one as the second.)
 func dayStart(y int, m time.Month, d int, loc *time.Location) time.Time {
 	t := time.Date(y, m, d, 0, 0, 0, 0, loc)
 	wy, wm, wd := time.Date(y, m, d, 12, 0, 0, 0, loc).Date()
@@ -163,6 +165,14 @@ func dayStart(y int, m time.Month, d int, loc *time.Location) time.Time {
 			break
 		}
 		t = t.Add(time.Minute)
+	}
+	// Where midnight repeats (a clock set back from 01:00 to 00:00),
+	// time.Date gives the second 00:00: the day began an hour before.
+	for i := 0; i < 24*60; i++ {
+		if py, pm, pd := t.Add(-time.Minute).Date(); py != wy || pm != wm || pd != wd {
+			break
+		}
+		t = t.Add(-time.Minute)
 	}
 	return t
 }
@@ -518,7 +528,7 @@ func (t *trip) worstCase(c *candidate) int64 {
 // settle replaces the trip's reservations by what it cost: cost (in the
 // billing currency) is charged to the ledgers that cover the answering
 // attempt; the others get their reservations back.
-func (t *trip) settle(parts []costPart) {
+func (t *trip) settle(parts []costPart) (spends []SpendEvent) {
 	res := &t.res
 	charges := make([]int64, len(res.list))
 	var loose []held    // ledgers a part goes to that the trip holds nothing in,
@@ -543,12 +553,13 @@ func (t *trip) settle(parts []costPart) {
 		}
 	}
 	for i := range res.list {
-		t.settleCharge(&res.list[i], charges[i])
+		spends = t.settleCharge(spends, &res.list[i], charges[i])
 	}
 	for i := range loose {
-		t.settleCharge(&loose[i], looseCh[i]) // (no hold there: only the spend)
+		spends = t.settleCharge(spends, &loose[i], looseCh[i]) // (no hold there: only the spend)
 	}
 	res.list = res.list[:0]
+	return spends
 }
 
 // costPart is a share of a request's cost, in the billing currency, and
@@ -558,12 +569,15 @@ type costPart struct {
 	cost            float64
 }
 
-// settleCharge ends h and charges it spent, telling Hooks.OnSpend.
-func (t *trip) settleCharge(h *held, spent int64) {
+// settleCharge ends h and charges it spent, and appends the event for
+// Hooks.OnSpend (called once every ledger is settled: a panicking hook
+// then leaves no hold behind).
+func (t *trip) settleCharge(spends []SpendEvent, h *held, spent int64) []SpendEvent {
 	t.r.settleLedger(t, h, t.res.id, spent)
-	if hook := t.r.s.hooks.OnSpend; hook != nil && spent > 0 {
-		hook(SpendEvent{Context: t.ctx, Budget: h.b.Name, Key: h.k.Key, Amount: float64(spent) / 1e9, Currency: t.r.s.currency.Code})
+	if t.r.s.hooks.OnSpend != nil && spent > 0 {
+		spends = append(spends, SpendEvent{Context: t.ctx, Budget: h.b.Name, Key: h.k.Key, Amount: float64(spent) / 1e9, Currency: t.r.s.currency.Code})
 	}
+	return spends
 }
 
 // downgrade moves a request a budget refused to the budget's Downgrade
@@ -572,6 +586,9 @@ func (t *trip) downgrade(cands *[]candidate) bool {
 	b := t.res.refused
 	if b == nil || b.Downgrade == "" || t.res.downgrade {
 		return false
+	}
+	if q := &t.c.req; q.Endpoint != "" && q.PromptTokens > 0 && !t.r.s.fits(b.Downgrade, q.PromptTokens, q.MaxTokens) {
+		return false // it would fail with context_length_exceeded: refused instead
 	}
 	t.res.downgrade = true
 	t.constraint = ConstraintBudget

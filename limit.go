@@ -104,6 +104,18 @@ func (l *limiter) giveBack(c Clock, now time.Time, tpm int) {
 	}
 }
 
+// giveBackTPM is giveBack for TPM tokens alone (a request's charge it did
+// not use).
+func (l *limiter) giveBackTPM(c Clock, now time.Time, tpm int) {
+	if l.tpm == nil {
+		return
+	}
+	l.tpm.AllowN(now, -tpm)
+	if l.rq.n.Load() > 0 {
+		l.pump(c)
+	}
+}
+
 // trySlot takes an in-flight slot without waiting.
 func (l *limiter) trySlot(p Priority) bool {
 	return l.slots == nil || l.slots.try(p)

@@ -96,12 +96,26 @@ func (t *trip) vote() {
 		return
 	}
 	rep := t.report(t.end)
+	var spends []SpendEvent
 	if len(t.r.s.budgets) > 0 {
-		t.settle(t.costParts(rep))
+		spends = t.settle(t.costParts(rep))
 	}
 	t.settleTPM(rep.Usage)
-	if t.r.s.onReport != nil {
-		t.r.s.onReport(rep)
+	t.notify(spends, rep)
+}
+
+// notify calls Hooks.OnSpend with each of spends, then OnReport, once the
+// trip has given back all it held: a hook that panics does not keep the
+// later ones from running (they are deferred, so they run in order; the
+// panic then goes on).
+func (t *trip) notify(spends []SpendEvent, rep Report) {
+	if f := t.r.s.onReport; f != nil {
+		defer f(rep)
+	}
+	if hook := t.r.s.hooks.OnSpend; hook != nil {
+		for i := len(spends) - 1; i >= 0; i-- {
+			defer hook(spends[i])
+		}
 	}
 }
 
@@ -316,14 +330,15 @@ func (t *trip) settleTPM(u Usage) {
 	if u.PromptTokens+u.CompletionTokens == 0 || unused <= 0 {
 		return
 	}
-	now := t.end.at // the Report's
+	// Now, not the body's end: the Report may have waited for a hedge
+	// loser or a shared ledger since, and a limiter given an earlier time
+	// than its last counts the refill since then twice.
+	now := t.r.s.clock.Now()
 	if shared {
 		t.r.refundShared(t.ctx, t, up, 0, unused, now)
 		return
 	}
-	if up.lim.tpm != nil {
-		up.lim.tpm.AllowN(now, -unused)
-	}
+	up.lim.giveBackTPM(t.r.s.clock, now, unused) // the queue's head may be waiting for these
 }
 
 // loserUsage is the usage of the hedges' losing attempts that answered
