@@ -330,10 +330,14 @@ func (t *trip) settleTPM(u Usage) {
 	if u.PromptTokens+u.CompletionTokens == 0 || unused <= 0 {
 		return
 	}
-	// Now, not the body's end: the Report may have waited for a hedge
-	// loser or a shared ledger since, and a limiter given an earlier time
-	// than its last counts the refill since then twice.
-	now := t.r.s.clock.Now()
+	// The body's end, read just before, unless the Report waited for a
+	// hedge's loser or a shared ledger since: then now, since a limiter
+	// given an earlier time than its last counts the refill since then
+	// twice.
+	now := t.end.at
+	if len(t.losers) > 0 || (t.r.fallbackLedger != nil && len(t.r.s.budgets) > 0) {
+		now = t.r.s.clock.Now()
+	}
 	if shared {
 		t.r.refundShared(t.ctx, t, up, 0, unused, now)
 		return
