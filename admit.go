@@ -31,6 +31,9 @@ func (r *Router) admissionOf(c *classified) admission {
 	if c.req.MaxTokens > 0 {
 		out = c.req.MaxTokens
 	}
+	if c.choices > 1 {
+		out *= c.choices // "n" completions, each up to max tokens
+	}
 	return admission{tokens: c.req.PromptTokens + out, mayWait: true}
 }
 

@@ -20,11 +20,18 @@ type classified struct {
 	json bool   // the body is a JSON object the router may edit
 	body string // the body, viewed as a string (no copy)
 	key  uint64 // the affinity key (see keyOf)
+	// choices is the completions the request asks for ("n" above 1), 0
+	// for one: its output's worst case is that many times max tokens.
+	choices int
 }
+
+// maxChoices bounds the "n" a request's worst case is counted with (the
+// OpenAI API allows up to 128).
+const maxChoices = 128
 
 // topFields are the top-level fields of a request body the router reads.
 type topFields struct {
-	model, stream, maxTokens gjson.Result
+	model, stream, maxTokens, choices gjson.Result
 	prompt.Fields
 }
 
@@ -79,6 +86,7 @@ func (r *Router) classify(method string, path string, h http.Header, body []byte
 	if rd.HasMaxTokens {
 		c.req.MaxTokens = int(min(rd.MaxTokens, 1<<31-1))
 	}
+	c.choices = int(min(rd.Choices, maxChoices))
 	c.enc = tokens.ForModel(c.req.Model)
 	if rd.Known != nil && sc.known.enc != c.enc {
 		r.counter.lastEnc.Store(uint32(c.enc))
@@ -106,6 +114,9 @@ func (r *Router) classifyRef(c *classified) {
 	if f.maxTokens.Exists() {
 		c.req.MaxTokens = int(min(f.maxTokens.Int(), 1<<31-1))
 	}
+	if f.choices.Exists() {
+		c.choices = int(min(f.choices.Int(), maxChoices))
+	}
 	c.enc = tokens.ForModel(c.req.Model)
 	c.req.MaxInputTokens, c.req.MaxOutputTokens = r.s.window(c.req.Model)
 	c.req.PromptTokens = r.counter.prompt(c.enc, c.req.Endpoint, &f.Fields)
@@ -128,6 +139,10 @@ func readTop(root gjson.Result) topFields {
 		case "max_tokens", "max_completion_tokens", "max_output_tokens":
 			if v.Type == gjson.Number && v.Int() > 0 {
 				f.maxTokens = v
+			}
+		case "n":
+			if v.Type == gjson.Number && v.Int() > 1 {
+				f.choices = v
 			}
 		case "messages":
 			f.Messages = v

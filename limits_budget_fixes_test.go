@@ -283,3 +283,37 @@ func TestAdmissionTakesAtCurrentTime(t *testing.T) {
 	t.Logf("tokens at t1: want %.0f, got %.0f", want, got)
 	assert.InDelta(t, want, got, 1, "tokens minted by a take dated before the limiter's last use")
 }
+
+// TestChoicesInWorstCase: a chat request with "n": 2 may be billed two
+// completions of max_tokens each, and its reservation counts both ($28,
+// where one completion's worst case is $18): two such requests in flight
+// do not both fit a $40 budget, and the settled spend stays within it.
+// (The reservation counted one: both were admitted and settled $56.)
+func TestChoicesInWorstCase(t *testing.T) {
+	base := &usageBase{gate: make(chan struct{}), prompt: 8, completion: 20} // two choices of 10
+	r, reps := newTestRouter(t, Config{Base: base, Prices: budgetPrices, Retry: RetryConfig{MaxAttempts: 1},
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1"}},
+		Budgets:   []Budget{{Name: "cap", Limit: 40, Window: Window{Every: time.Hour}}}})
+	body := `{"model":"m","n":2,"max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(body))
+			resp, err := r.RoundTrip(req)
+			if err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			errs <- err
+		}()
+	}
+	// Both are admitted or one is refused; wait until that is decided.
+	require.Eventually(t, func() bool { return base.calls.Load()+int64(len(reps.all())) == 2 }, 5*time.Second, time.Millisecond)
+	close(base.gate)
+	<-errs
+	<-errs
+	spend := r.Spend()
+	require.Len(t, spend, 1)
+	t.Logf("calls %d, spend %+v", base.calls.Load(), spend[0])
+	assert.LessOrEqual(t, spend[0].Spent, 40.0, "settled spend over the limit with every request within its max_tokens")
+}

@@ -44,6 +44,9 @@ type Reader struct {
 	// HasMaxTokens reports there is one.
 	MaxTokens    int64
 	HasMaxTokens bool
+	// Choices is the last "n" that is a number above 1, as gjson's Int
+	// reads it (the completions a chat request asks for); 0 when none.
+	Choices int64
 
 	// Strs are the strings of the body the count and the canonical prompt
 	// read, in body order; a field's strings are a range of them.
@@ -277,6 +280,17 @@ func (r *Reader) value(i, depth int) (v Value, esc bool, end int) {
 	return Value{i, e, k}, false, e
 }
 
+// positive returns the number v as gjson's Int reads it, when v is a
+// positive number; else 0.
+func (r *Reader) positive(v Value) int64 {
+	if v.Kind != 'n' {
+		return 0
+	}
+	raw := r.Body[v.Start:v.End]
+	num, _ := strconv.ParseFloat(raw, 64)
+	return max((gjson.Result{Type: gjson.Number, Raw: raw, Num: num}).Int(), 0)
+}
+
 // skip checks the value at Body[i] and returns its end, or -1.
 func (r *Reader) skip(i, depth int) int {
 	e, ok := jsonscan.ValidValue(r.Body, i, depth)
@@ -314,12 +328,14 @@ func (r *Reader) top(key string, j, depth int) int {
 		return e
 	case "max_tokens", "max_completion_tokens", "max_output_tokens":
 		v, _, e := r.value(j, depth)
-		if v.Kind == 'n' {
-			raw := r.Body[v.Start:v.End]
-			num, _ := strconv.ParseFloat(raw, 64)
-			if n := (gjson.Result{Type: gjson.Number, Raw: raw, Num: num}).Int(); n > 0 {
-				r.MaxTokens, r.HasMaxTokens = n, true
-			}
+		if n := r.positive(v); n > 0 {
+			r.MaxTokens, r.HasMaxTokens = n, true
+		}
+		return e
+	case "n":
+		v, _, e := r.value(j, depth)
+		if n := r.positive(v); n > 1 {
+			r.Choices = n
 		}
 		return e
 	}
