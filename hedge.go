@@ -184,7 +184,13 @@ func (t *trip) raceHedge(results chan attempt, cancels [2]context.CancelFunc) at
 func (t *trip) readLoser(a *attempt) {
 	decompress(a.resp)
 	b, cut := readBounded(a.resp.Body, maxKeptBody)
-	if u, ok := parseUsage(b); ok && !cut {
+	u, ok := parseUsage(b)
+	if !ok && !cut && a.resp.StatusCode < 300 && len(b) > 0 && !isEventStream(a.resp.Header) {
+		// An answer without usage is billed like the winner's would be:
+		// an estimate (Usage.Estimated), not nothing.
+		u, ok = t.estimated(t.r.counter.completion(t.c.enc, b))
+	}
+	if ok && !cut {
 		t.loserMu.Lock()
 		t.losers = append(t.losers, loserUsage{u: u, model: a.cand.model, upstream: a.cand.up.cfg.Name, factor: a.cand.up.factor})
 		t.loserMu.Unlock()

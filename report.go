@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -225,6 +226,9 @@ type reportBody struct {
 	buf  []byte
 	cut  bool // buf overflowed: it holds only a tail
 	err  error
+	// closing is set by Close before it closes the upstream body: a Read
+	// that then fails was cut by the caller's Close, not by a failure.
+	closing atomic.Bool
 }
 
 func (b *reportBody) Read(p []byte) (int, error) {
@@ -238,7 +242,7 @@ func (b *reportBody) Read(p []byte) (int, error) {
 		b.keep(p[:n])
 	}
 	if err != nil {
-		if err != io.EOF {
+		if err != io.EOF && !b.closing.Load() {
 			b.err = err
 		}
 		b.done()
@@ -261,6 +265,7 @@ func (b *reportBody) keep(p []byte) {
 }
 
 func (b *reportBody) Close() error {
+	b.closing.Store(true)
 	err := b.rc.Close()
 	b.mu.Lock()
 	b.done()

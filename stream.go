@@ -355,6 +355,9 @@ func (s *streamBody) content() {
 // data looks at the payload of one data line.
 func (s *streamBody) data(v []byte) (usageChunk bool) {
 	st := &s.st
+	for len(v) > 0 && (v[0] == ' ' || v[0] == '\t') {
+		v = v[1:] // "data:  {...}": JSON allows the white space, and the SDKs read it
+	}
 	if len(v) == 0 {
 		return false
 	}

@@ -626,6 +626,13 @@ func (t *trip) finalize(a attempt) (*http.Response, error) {
 		resp.Body = newStreamBody(t, &t.att)
 	default:
 		resp.Body = &reportBody{rc: resp.Body, t: t, ttft: ttft}
+		return resp, nil
+	}
+	if a.injected && resp.ContentLength >= 0 {
+		// The injected usage chunk is taken out of the stream: its length
+		// is no longer the upstream's.
+		resp.ContentLength = -1
+		delete(resp.Header, "Content-Length")
 	}
 	return resp, nil
 }
