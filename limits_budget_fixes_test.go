@@ -143,6 +143,20 @@ func (l *slowSettleLedger) Settle(ctx context.Context, k BudgetKey, id string, s
 	return err
 }
 
+// staleTimeRig is a router on clock with ledger led, one upstream of TPM
+// 6000 (100 tokens/s) and a budget, and run, which sends a request of up to
+// 2000 output tokens that uses 1501.
+func staleTimeRig(t *testing.T, clock *fakeClock, led Ledger) (*reports, *upstream, func()) {
+	r, reps := newTestRouter(t, Config{Base: usageJSON(1, 1500), Clock: clock, Ledger: led,
+		Prices:    budgetPrices,
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", TPM: 6000}},
+		Budgets:   []Budget{{Name: "all", Limit: 1e6, Window: Window{Every: 24 * time.Hour}}}})
+	return reps, r.ups[0], func() {
+		_, _, err := send(t, r, maxTokensBody("m", 2000))
+		require.NoError(t, err)
+	}
+}
+
 // TestSettleTPMAtCurrentTime: settleTPM gives back a request's unused
 // TPM tokens at the current time. (It used the time the body ended; when
 // the limiter was used at a later time in between — the report waited for
@@ -152,15 +166,7 @@ func (l *slowSettleLedger) Settle(ctx context.Context, k BudgetKey, id string, s
 func TestSettleTPMAtCurrentTime(t *testing.T) {
 	clock := newFakeClock()
 	led := &slowSettleLedger{Ledger: NewLocalLedger(), clock: clock}
-	r, reps := newTestRouter(t, Config{Base: usageJSON(1, 1500), Clock: clock, Ledger: led,
-		Prices:    budgetPrices,
-		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", TPM: 6000}}, // 100 tokens/s
-		Budgets:   []Budget{{Name: "all", Limit: 1e6, Window: Window{Every: 24 * time.Hour}}}})
-	u := r.ups[0]
-	run := func() {
-		_, _, err := send(t, r, maxTokensBody("m", 2000))
-		require.NoError(t, err)
-	}
+	reps, u, run := staleTimeRig(t, clock, led)
 	t0 := clock.Now()
 	led.during = run // request B, 10 s later, while A's report waits for the ledger
 	run()            // request A
@@ -257,15 +263,7 @@ func (l *slowReserveLedger) Reserve(ctx context.Context, k BudgetKey, limit int6
 func TestAdmissionTakesAtCurrentTime(t *testing.T) {
 	clock := newFakeClock()
 	led := &slowReserveLedger{Ledger: NewLocalLedger(), clock: clock}
-	r, reps := newTestRouter(t, Config{Base: usageJSON(1, 1500), Clock: clock, Ledger: led,
-		Prices:    budgetPrices,
-		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", TPM: 6000}}, // 100 tokens/s
-		Budgets:   []Budget{{Name: "all", Limit: 1e6, Window: Window{Every: 24 * time.Hour}}}})
-	u := r.ups[0]
-	run := func() {
-		_, _, err := send(t, r, maxTokensBody("m", 2000))
-		require.NoError(t, err)
-	}
+	reps, u, run := staleTimeRig(t, clock, led)
 	t0 := clock.Now()
 	led.during = run // request B, while A's reservation is on its way
 	run()            // request A
