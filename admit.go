@@ -176,12 +176,6 @@ func (r *Router) scan(ctx context.Context, cands []candidate, start int, a admis
 			sc.budget++
 			continue
 		}
-		if a.trip != nil && r.fallbackLedger != nil && len(r.s.budgets) > 0 {
-			// A shared ledger's round trip took time: the limits are
-			// taken at the time after it (a limiter given an earlier time
-			// than its last counts the refill since then twice).
-			now = r.s.clock.Now()
-		}
 		tpm := c.up.lim.charge(a.tokens)
 		d, taken, open := r.rate(ctx, a, c, tpm, now)
 		if open {

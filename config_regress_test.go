@@ -60,18 +60,18 @@ func TestRegressNewErrorQueryKey(t *testing.T) {
 	assert.NotContains(t, err.Error(), key)
 }
 
-// Router.Probe sends the upstream's Header with GET BaseURL+ProbePath (an
-// upstream authenticated by a header, Api-Key, answered 401 and was never
-// re-admitted).
-func TestRegressProbeSendsUpstreamHeader(t *testing.T) {
+// lastProbe opens upstream a's breaker (two calls answered 500), lets its
+// cooldown pass and runs Router.Probe with probePath; it returns the
+// request the probe sent. header is the upstream's Header.
+func lastProbe(t *testing.T, header http.Header, probePath string) relaytest.Recorded {
 	srv := relaytest.NewServer()
 	t.Cleanup(srv.Close)
 	srv.SetDefault(relaytest.Fault{Status: 500})
 	clock := newAutoClock()
 	r, _ := newTestRouter(t, Config{
 		Clock:     clock,
-		Upstreams: []Upstream{{Name: "a", BaseURL: srv.URL, Header: http.Header{"Api-Key": {"az-key-123456"}}}},
-		Breaker:   BreakerConfig{Failures: 1, ProbePath: "/models"},
+		Upstreams: []Upstream{{Name: "a", BaseURL: srv.URL, Header: header}},
+		Breaker:   BreakerConfig{Failures: 1, ProbePath: probePath},
 		Retry:     RetryConfig{MaxAttempts: 1},
 	})
 	send(t, r, chatBody("gpt-4.1", "x"))
@@ -80,7 +80,14 @@ func TestRegressProbeSendsUpstreamHeader(t *testing.T) {
 	clock.Advance(time.Minute)
 	srv.SetDefault(relaytest.Fault{})
 	r.Probe(context.Background())
-	last := srv.Requests()[srv.Calls()-1]
+	return srv.Requests()[srv.Calls()-1]
+}
+
+// Router.Probe sends the upstream's Header with GET BaseURL+ProbePath (an
+// upstream authenticated by a header, Api-Key, answered 401 and was never
+// re-admitted).
+func TestRegressProbeSendsUpstreamHeader(t *testing.T) {
+	last := lastProbe(t, http.Header{"Api-Key": {"az-key-123456"}}, "/models")
 	require.Equal(t, "GET", last.Method)
 	assert.Equal(t, "az-key-123456", last.Header.Get("Api-Key"), "the probe carries the upstream's headers")
 }
@@ -88,24 +95,9 @@ func TestRegressProbeSendsUpstreamHeader(t *testing.T) {
 // ProbePath with a query string (e.g. "/models?api-version=...") keeps its
 // query (it was escaped into the path).
 func TestRegressProbePathQuery(t *testing.T) {
-	srv := relaytest.NewServer()
-	t.Cleanup(srv.Close)
-	srv.SetDefault(relaytest.Fault{Status: 500})
-	clock := newAutoClock()
-	r, _ := newTestRouter(t, Config{
-		Clock:     clock,
-		Upstreams: []Upstream{{Name: "a", BaseURL: srv.URL}},
-		Breaker:   BreakerConfig{Failures: 1, ProbePath: "/models?x=1"},
-		Retry:     RetryConfig{MaxAttempts: 1},
-	})
-	send(t, r, chatBody("gpt-4.1", "x"))
-	send(t, r, chatBody("gpt-4.1", "x"))
-	clock.Advance(time.Minute)
-	srv.SetDefault(relaytest.Fault{})
-	r.Probe(context.Background())
-	last := srv.Requests()[srv.Calls()-1]
-	t.Logf("path %q query %q", last.Path, last.RawQuery)
+	last := lastProbe(t, nil, "/models?x=1")
 	assert.Equal(t, "/v1/models", last.Path)
+	assert.Equal(t, "x=1", last.RawQuery, "the query is sent as a query")
 }
 
 // An empty key prefix is refused by New, and ignored by the redaction (it

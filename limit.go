@@ -24,6 +24,28 @@ type limiter struct {
 	hold     atomic.Int64  // unix nanoseconds until which the upstream asked to be left alone
 	rq       queue         // requests waiting for the buckets
 	turns    turns         // requests waiting for the fleet's buckets (shared State)
+	latest   atomic.Int64  // unix nanoseconds of the latest change to the buckets (see at)
+}
+
+// at is the time the buckets are changed at: now, or the latest time they
+// were changed at if that is later. x/time/rate given an earlier time than
+// its last moves its last back and counts the refill since then again,
+// making tokens; a time read before a slow call (a shared ledger's round
+// trip, a hedge's losing body) would be such a time.
+func (l *limiter) at(now time.Time) time.Time {
+	n := now.UnixNano()
+	for {
+		last := l.latest.Load()
+		if n <= last {
+			if n == last {
+				return now
+			}
+			return time.Unix(0, last)
+		}
+		if l.latest.CompareAndSwap(last, n) {
+			return now
+		}
+	}
 }
 
 func (l *limiter) init(rpm, tpm, maxInFlight int) {
@@ -75,6 +97,7 @@ func (l *limiter) take(now time.Time, tpm int) {
 	// concurrent requests took the tokens since delay looked; those requests
 	// then go anyway: an overshoot of at most the number of requests racing
 	// for the same bucket at that instant.
+	now = l.at(now)
 	if l.rpm != nil {
 		l.rpm.AllowN(now, 1)
 	}
@@ -87,6 +110,7 @@ func (l *limiter) take(now time.Time, tpm int) {
 // (x/time/rate takes a negative count as a return of tokens, capped at the
 // bucket size on its next use; TestLimiterRefund holds it to that.)
 func (l *limiter) refund(now time.Time, tpm int) {
+	now = l.at(now)
 	if l.rpm != nil {
 		l.rpm.AllowN(now, -1)
 	}
@@ -99,9 +123,7 @@ func (l *limiter) refund(now time.Time, tpm int) {
 // back are what it waits for (it would otherwise wait for its timer).
 func (l *limiter) giveBack(c Clock, now time.Time, tpm int) {
 	l.refund(now, tpm)
-	if l.rq.n.Load() > 0 {
-		l.pump(c)
-	}
+	l.wake(c)
 }
 
 // giveBackTPM is giveBack for TPM tokens alone (a request's charge it did
@@ -110,7 +132,12 @@ func (l *limiter) giveBackTPM(c Clock, now time.Time, tpm int) {
 	if l.tpm == nil {
 		return
 	}
-	l.tpm.AllowN(now, -tpm)
+	l.tpm.AllowN(l.at(now), -tpm)
+	l.wake(c)
+}
+
+// wake serves the rate queue's head, if a request waits there.
+func (l *limiter) wake(c Clock) {
 	if l.rq.n.Load() > 0 {
 		l.pump(c)
 	}

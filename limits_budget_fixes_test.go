@@ -158,11 +158,11 @@ func staleTimeRig(t *testing.T, clock *fakeClock, led Ledger) (*reports, *upstre
 }
 
 // TestSettleTPMAtCurrentTime: settleTPM gives back a request's unused
-// TPM tokens at the current time. (It used the time the body ended; when
-// the limiter was used at a later time in between — the report waited for
-// a slow ledger here, for a hedge's losing body up to 5 s — x/time/rate
-// moved its last-update time back to that earlier instant and counted the
-// interval's refill twice: 10 s at 100 tokens/s minted 1000 tokens.)
+// TPM tokens at the time its body ended, and the limiter was changed at a
+// later time in between (the report waited for a slow ledger here; for a
+// hedge's losing body, up to 5 s): the limiter does not go back to that
+// earlier time (limiter.at), so the interval's refill is not counted twice.
+// (x/time/rate moved its last-update time back and minted 1000 tokens.)
 func TestSettleTPMAtCurrentTime(t *testing.T) {
 	clock := newFakeClock()
 	led := &slowSettleLedger{Ledger: NewLocalLedger(), clock: clock}
@@ -255,11 +255,11 @@ func (l *slowReserveLedger) Reserve(ctx context.Context, k BudgetKey, limit int6
 	return l.Ledger.Reserve(ctx, k, limit, h)
 }
 
-// TestAdmissionTakesAtCurrentTime: the same as TestSettleTPMAtCurrentTime
-// at admission: with a shared ledger, scan takes the TPM tokens at the time
-// after the budget's reservation (a round trip), not the time read before
-// it. (Another request took tokens meanwhile, the limiter's last-update
-// time went back 10 s, and 1000 tokens were minted.)
+// TestAdmissionTakesAtCurrentTime: the same at admission: with a shared
+// ledger, scan reads the clock, reserves the budget (a round trip) and then
+// takes the TPM tokens at the time read before it, while another request
+// took tokens at a later time; the limiter is not set back (it minted 1000
+// tokens).
 func TestAdmissionTakesAtCurrentTime(t *testing.T) {
 	clock := newFakeClock()
 	led := &slowReserveLedger{Ledger: NewLocalLedger(), clock: clock}

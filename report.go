@@ -335,14 +335,7 @@ func (t *trip) settleTPM(u Usage) {
 	if u.PromptTokens+u.CompletionTokens == 0 || unused <= 0 {
 		return
 	}
-	// The body's end, read just before, unless the Report waited for a
-	// hedge's loser or a shared ledger since: then now, since a limiter
-	// given an earlier time than its last counts the refill since then
-	// twice.
-	now := t.end.at
-	if len(t.losers) > 0 || (t.r.fallbackLedger != nil && len(t.r.s.budgets) > 0) {
-		now = t.r.s.clock.Now()
-	}
+	now := t.end.at // (a limiter changed later since is not set back: limiter.at)
 	if shared {
 		t.r.refundShared(t.ctx, t, up, 0, unused, now)
 		return
