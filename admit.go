@@ -57,6 +57,22 @@ type scanResult struct {
 // breaker's ticket and how long it waited; the candidate's tokens, its
 // in-flight count and slot are taken, to be given back by attempt.release.
 func (r *Router) acquire(ctx context.Context, cands []candidate, start int, a admission) (int, ticket, time.Duration, error) {
+	if a.trip == nil || len(r.s.budgets) == 0 {
+		return r.admit(ctx, cands, start, a)
+	}
+	n0 := len(a.trip.res.list)
+	i, tk, waited, err := r.admit(ctx, cands, start, a)
+	var picked *candidate
+	if err == nil {
+		picked = &cands[i]
+	}
+	a.trip.dropHolds(n0, picked)
+	return i, tk, waited, err
+}
+
+// admit is acquire's work, before the holds of candidates passed over are
+// given back.
+func (r *Router) admit(ctx context.Context, cands []candidate, start int, a admission) (int, ticket, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return -1, ticket{}, 0, err // a request that cannot go out takes no tokens
 	}
@@ -98,7 +114,7 @@ func (r *Router) acquire(ctx context.Context, cands []candidate, start int, a ad
 				return -1, ticket{}, waited, tooLong
 			}
 			a.maxWait = maxWait - waited
-			i, tk, more, err := r.acquire(ctx, cands, start, a)
+			i, tk, more, err := r.admit(ctx, cands, start, a)
 			return i, tk, waited + more, err
 		}
 		return i, tk, waited, err

@@ -496,6 +496,32 @@ func (t *trip) reserve(ctx context.Context, c *candidate, now time.Time) bool {
 	return true
 }
 
+// dropHolds gives back the holds made since the trip held n0 whose
+// ledgers do not cover c, the candidate the admission step picked (nil:
+// none). The scan reserves a candidate's worst case before it looks at
+// the candidate's limits; a candidate it then passed over (no tokens, no
+// slot, its cap) would otherwise keep a hold in its own ledgers (a
+// PerUpstream or PerModel budget's) until the request ends, refusing
+// others meanwhile. Holds made before (an earlier attempt's, a hedge's
+// first attempt's) are the request's and stay until it settles.
+func (t *trip) dropHolds(n0 int, c *candidate) {
+	res := &t.res
+	if len(res.list) <= n0 {
+		return
+	}
+	keep := res.list[:n0]
+	for _, h := range res.list[n0:] {
+		if c != nil {
+			if key, covers := h.b.Scope(t.c.req, c.model, c.up.cfg.Name); covers && key == h.k.Key {
+				keep = append(keep, h)
+				continue
+			}
+		}
+		t.r.settleLedger(t, &h, res.id, 0)
+	}
+	res.list = keep
+}
+
 // newHoldID returns a reservation id that no other request of the fleet
 // has: 64 random bits.
 func newHoldID() string {
