@@ -82,8 +82,10 @@ const boundFactor = 4
 // terminators start when the units do not meet at a boundary, as CJK
 // sentences do: a full stop joins the letters after it), and a segment's
 // count is the sum of those counts, exact, plus the count of its first
-// unit from the segment's start. Where a unit holds no such boundary (a cut
-// inside a long run, a newline before indentation), the sum is an estimate
+// unit from the segment's start. The end of a line before its indentation
+// is such a boundary (tokens.SafeBeforeIndent), so the lines of indented
+// code and pretty-printed JSON add up too. Where a unit holds no such
+// boundary (a cut inside a long run), the sum is an estimate
 // and the segment is counted again, from the last boundary counted, once
 // its estimate nears size or the bound: O(segment). Not when the next
 // sentence end is more than 128×bound bytes away (no token is longer than
@@ -93,17 +95,13 @@ const boundFactor = 4
 // O(segment·log segment). Overall O(n) for prose and O(n log n) at worst;
 // nothing is re-counted from the start of the text. In instructions
 // (valgrind), splitting 1 MiB into 16-token segments costs 1.8× counting
-// it on prose and on CJK, 2.1× on code; in time (BenchmarkSplit1MiB, six
-// runs on a shared 2-core VM) 2.1–3.5× on prose and code, 1.8–2.8× on CJK.
+// it on prose and on CJK, 1.6× on code and 1.7× on indented JSON (1.65×
+// in 256- and 1024-token segments); in time (BenchmarkSplit1MiB, six runs
+// on a shared 2-core VM) 2.1–3.5× on prose and code, 1.8–2.8× on CJK.
 // A run without pre-token boundaries the splitter knows (one letter,
 // digits, newlines) costs up to 54× a count, since each of its segments is
 // counted several times on its own, and the counter is slower on short
-// pieces of such a run than on the whole run. Text whose lines meet at no
-// boundary the splitter knows (a newline before indentation: pretty-printed
-// JSON, indented code) is counted again at every line once a segment's
-// estimate nears size, so its cost grows with size: 1 MiB of indented
-// JSON costs 6× a count in 16-token segments, 20× in 256-token ones and
-// 62× in 1024-token ones (O(n·size)).
+// pieces of such a run than on the whole run.
 func Split(text string, size int, model string) []string {
 	if text == "" {
 		return nil
@@ -442,11 +440,11 @@ func units(sh *splitter, minB, maxB int) []unit {
 					u.end, u.sentence = c, false
 				}
 			}
-			u.safe = u.end == len(text) || tokens.SafeAt(text, u.end)
+			u.safe = u.end == len(text) || safeAt(text, u.end)
 			switch {
 			case u.safe:
 				u.cut = u.end
-			case u.end == end && cut > start && tokens.SafeAt(text, cut):
+			case u.end == end && cut > start && safeAt(text, cut):
 				u.cut, u.tail = cut, sh.count(cut, end)
 			}
 			if u.cut >= 0 && prevCut >= 0 {
@@ -518,6 +516,14 @@ func units(sh *splitter, minB, maxB int) []unit {
 		emit(len(text), true, 0)
 	}
 	return units
+}
+
+// safeAt reports whether 0 < p < len(text) is a pre-token boundary the
+// splitter knows: SafeAt's rule, or the end of a line before its
+// indentation (tokens.SafeBeforeIndent), which lets the lines of indented
+// code and pretty-printed JSON be counted once each.
+func safeAt(text string, p int) bool {
+	return tokens.SafeAt(text, p) || tokens.SafeBeforeIndent(text, p)
 }
 
 // skipStep is, for the first byte of a valid UTF-8 sequence, its length,

@@ -3,6 +3,7 @@ package chunk
 import (
 	"bytes"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -71,7 +72,31 @@ type T struct{ x, y float64 }
 		"digits":       strings.Repeat("1234567890", 300),
 		"base64":       strings.Repeat("QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0123+/", 100),
 		"invalid-utf8": strings.Repeat("ok. \xff\xfe bad\xe4\xbd bytes! \x80", 50),
+		"json":         indentedJSON(),
 	}
+}
+
+// indentedJSON is a catalog of 40 records as json.MarshalIndent writes it:
+// lines that meet at a newline before indentation, no sentence ends
+// inside a line.
+func indentedJSON() string {
+	type item struct {
+		ID    int            `json:"id"`
+		Name  string         `json:"name"`
+		Tags  []string       `json:"tags"`
+		Price float64        `json:"price"`
+		Meta  map[string]any `json:"meta"`
+	}
+	items := make([]item, 40)
+	for i := range items {
+		items[i] = item{ID: i, Name: fmt.Sprintf("item %d of the catalog", i), Tags: []string{"red", "large", "sale"},
+			Price: float64(i) * 1.25, Meta: map[string]any{"in_stock": i%2 == 0, "dims": map[string]int{"w": i, "h": 2 * i}}}
+	}
+	b, err := json.MarshalIndent(map[string]any{"items": items}, "", "  ")
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
 }
 
 // sentenceEnds lists every sentence end of text the way units finds
@@ -381,18 +406,30 @@ func TestMaxTokenBytes(t *testing.T) {
 // segments with counting the same text, side by side: prose and code (the
 // common case), CJK prose, and runs without a pre-token boundary the
 // splitter knows (one letter, a long word repeated, digits, newlines),
-// where every segment is cut hard by a search over prefix counts.
+// where every segment is cut hard by a search over prefix counts, and
+// indented JSON (json.MarshalIndent) in 16-, 256- and 1024-token segments,
+// whose lines meet at a newline before indentation.
 func BenchmarkSplit1MiB(b *testing.B) {
 	tokens.O200K.Count(strings.Repeat("a", 1<<20)) // builds the tables long pieces need
-	for _, name := range []string{"prose", "code", "cjk", "one-letter", "long-word", "digits", "newlines"} {
+	for _, name := range []string{"prose", "code", "cjk", "one-letter", "long-word", "digits", "newlines", "json"} {
 		src := corpus()[name]
 		text := strings.Repeat(src, (1<<20)/len(src)+1)[:1<<20]
-		b.Run(name+"/split", func(b *testing.B) {
-			b.SetBytes(int64(len(text)))
-			for b.Loop() {
-				Split(text, 16, "gpt-4o")
+		sizes := []int{16}
+		if name == "json" {
+			sizes = []int{16, 256, 1024}
+		}
+		for _, size := range sizes {
+			row := name + "/split"
+			if size != 16 {
+				row = fmt.Sprintf("%s/split-%d", name, size)
 			}
-		})
+			b.Run(row, func(b *testing.B) {
+				b.SetBytes(int64(len(text)))
+				for b.Loop() {
+					Split(text, size, "gpt-4o")
+				}
+			})
+		}
 		b.Run(name+"/count", func(b *testing.B) {
 			b.SetBytes(int64(len(text)))
 			for b.Loop() {

@@ -216,6 +216,37 @@ func SafeAt(s string, p int) bool {
 	return SafeCut(ClassBefore(s, p), cur)
 }
 
+// SafeBeforeIndent reports whether 0 < p < len(s), right after a newline
+// and before white space, is a pre-token boundary, which SafeAt does not
+// know: it is when the white space from p holds no newline (the
+// indentation of a line of code or of pretty-printed JSON). Both regexes
+// (see SafeCut) match a newline only with \s*[\r\n]+ or at the end of
+// ?[^\s\p{L}\p{N}]+[\r\n]* ([\r\n/]* for o200k_base): \s*[\r\n]+, tried
+// before \s+(?!\S) and \s+ at the start of the white space that holds
+// the newline, ends at the last newline of that white space, and the
+// punctuation alternative ends at the last newline of its run; either way
+// at p. The white space after p then splits the same on its own (the
+// regexes have no lookbehind). It scans the white space from p, so a
+// caller asking at every offset of a long run of it would be quadratic:
+// the splitter asks only where its units end.
+func SafeBeforeIndent(s string, p int) bool {
+	if p <= 0 || p >= len(s) || (s[p-1] != '\n' && s[p-1] != '\r') {
+		return false
+	}
+	for q := p; q < len(s); {
+		c, n := ClassAt(s, q)
+		switch c {
+		case ClassSpace:
+			q += n
+		case ClassNewline:
+			return false
+		default:
+			return q > p
+		}
+	}
+	return true // white space to the end of the text
+}
+
 // SafeCut is the pre-token boundary rule between a rune of class prev and
 // the next rune of class cur. It was checked against both tiktoken split
 // regexes (cl100k_base:

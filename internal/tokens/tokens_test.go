@@ -1,11 +1,14 @@
 package tokens
 
 import (
+	"math/rand/v2"
+	"strings"
 	"testing"
 	"unicode"
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
@@ -46,6 +49,50 @@ func TestSafeCutsAddUp(t *testing.T) {
 		}
 	}
 	assert.Zero(t, O200K.Count(""))
+}
+
+// TestSafeBeforeIndentAddsUp: cutting at every position SafeAt or
+// SafeBeforeIndent accepts keeps the count, in both encodings, on indented
+// code and JSON, white space of every kind around newlines, and random
+// mixes of them.
+func TestSafeBeforeIndentAddsUp(t *testing.T) {
+	texts := []string{
+		"{\n  \"a\": [\n    1,\n    2\n  ],\n  \"b\": {\n\t\t\"c\": \"d\"\n  }\n}\n",
+		"func f() {\n\tif x {\n\t\treturn\n\t}\n}\n  \n   \n\n    end",
+		"a.\n  /b\n \u00a0\u3000x\r\n\t\ty\r  z\n\x0b\x0cw\n\u0085\u2028v\n   ",
+		"x\n \n  \n\n\t\n\r\n \r\n  'll\n  's\n  123\n  \u0301\n  !!\n",
+	}
+	pieces := []string{"\n", "\r", "\r\n", " ", "  ", "\t", "\u00a0", "\u3000", "\u0085", "x", "Ab", "12", "1234", "!", ".", "/", "'s", "'", "\u0301", "你", "{", "\""}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 3000 {
+		var b strings.Builder
+		for range 1 + rng.IntN(24) {
+			b.WriteString(pieces[rng.IntN(len(pieces))])
+		}
+		texts = append(texts, b.String())
+	}
+	cuts := 0
+	for _, text := range texts {
+		for _, enc := range []Encoding{O200K, CL100K} {
+			sum, last := 0, 0
+			for p := 1; p < len(text); p++ {
+				if SafeAt(text, p) || SafeBeforeIndent(text, p) {
+					if SafeBeforeIndent(text, p) {
+						cuts++
+					}
+					sum += enc.Count(text[last:p])
+					last = p
+				}
+			}
+			sum += enc.Count(text[last:])
+			require.Equal(t, enc.Count(text), sum, "%s %q", enc, text)
+		}
+	}
+	assert.Greater(t, cuts, 1000, "the rule was tried at few positions")
+	assert.True(t, SafeBeforeIndent("a\n  b", 2))
+	assert.False(t, SafeBeforeIndent("a\n  \nb", 2), "a newline later in the white space takes it")
+	assert.False(t, SafeBeforeIndent("a\r\n b", 2), "inside \\r\\n")
+	assert.False(t, SafeBeforeIndent("a\nb", 2), "no white space after the newline: SafeAt's rule")
 }
 
 // TestDecodeRuneMatchesUTF8: DecodeRune agrees with
