@@ -263,9 +263,11 @@ func (r *Router) await(ctx context.Context, cands []candidate, pick int, delay t
 // queue.go); i is -1 unless the never-empty rule forced another candidate.
 // Tokens are taken when the wait ends, and given back if the request does
 // not go. A request that waits for a slot (delay < 0: its tokens were there
-// when the scan looked) asks for its tokens again once it has the slot,
-// and waits for them, holding the slot, when others took them meanwhile:
-// waiting for a slot never takes a request past the rate limits.
+// when the scan looked) asks for its tokens again once it has the slot;
+// when others took them meanwhile it gives the slot back and waits for
+// the tokens, then for a slot again: waiting for a slot never takes a
+// request past the rate limits, and no request holds a slot while it
+// waits for tokens.
 func (r *Router) waitFor(ctx context.Context, cands []candidate, c *candidate, delay time.Duration, a admission, maxWait time.Duration, tooLong error) (int, ticket, error) {
 	clock := r.s.clock
 	lim := &c.up.lim
@@ -291,12 +293,19 @@ func (r *Router) waitFor(ctx context.Context, cands []candidate, c *candidate, d
 			}
 			return r.admitAfterWait(ctx, cands, c, a, tpm, taken, now)
 		}
+		// Others took the tokens while it waited for the slot (or a
+		// request of higher priority queued for them): it gives the slot
+		// back and waits for the tokens first, then for a slot, as a
+		// request whose tokens were short from the start. Holding the slot
+		// while it waited for tokens kept it from the requests queued
+		// before it for them, which then waited for the slot: a priority
+		// inversion.
+		c.up.unclaim()
 		delay, maxWait = d, maxWait-now.Sub(start)
 		if delay > maxWait {
-			c.up.unclaim()
 			return -1, ticket{}, tooLong
 		}
-		start = now
+		start, slotFirst = now, false
 	}
 	shared := r.s.state != nil
 	if shared {

@@ -2,7 +2,11 @@ package relay
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -141,11 +145,10 @@ func TestRegressSlotWaitersBypassRPM(t *testing.T) {
 		require.Eventually(t, func() bool { return int(u.lim.slots.n.Load()) == i }, 5*time.Second, time.Millisecond)
 	}
 	close(base.gate)
-	// Without the clock moving, one more call has its token: it goes; the
-	// next to get the slot waits for a token holding it, and the last two
-	// wait for the slot.
-	require.Eventually(t, func() bool { return base.calls.Load() >= 2 && u.lim.rq.n.Load() == 1 && u.lim.slots.n.Load() == 2 }, 5*time.Second, time.Millisecond,
-		"calls %d, waiting for tokens %d, for slots %d", base.calls.Load(), u.lim.rq.n.Load(), u.lim.slots.n.Load())
+	// Without the clock moving, one more call has its token: it goes; each
+	// of the three others, given the slot in turn, finds no token, gives
+	// the slot back and waits for a token (TestSlotNotHeldWhileWaitingForTokens).
+	require.Eventually(t, func() bool { return base.calls.Load() >= 2 && u.lim.rq.n.Load() == 3 && u.lim.slots.n.Load() == 0 }, 5*time.Second, time.Millisecond)
 	sent := base.calls.Load()
 	// Drain: move the clock until everyone is done.
 	for _, e := range errs {
@@ -275,4 +278,85 @@ func TestSlotWaiterMovesOnWhenFleetOpens(t *testing.T) {
 	close(base.gate)                                                                   // a's call ends: y gets a's slot
 	require.NoError(t, <-x)
 	require.NoError(t, <-y, "y moves on to b instead of failing")
+}
+
+// maxTokensUsage answers with the usage its request asked for at most:
+// completion_tokens is the body's max_tokens, so the router's TPM charge
+// is nearly all used and little goes back. Calls to it wait for gate.
+type maxTokensUsage struct {
+	gate  chan struct{}
+	mu    sync.Mutex
+	order []int // max_tokens of each call, in the order they came
+}
+
+func (b *maxTokensUsage) RoundTrip(r *http.Request) (*http.Response, error) {
+	body, _ := io.ReadAll(r.Body)
+	var q struct {
+		MaxTokens int `json:"max_tokens"`
+	}
+	json.Unmarshal(body, &q)
+	b.mu.Lock()
+	b.order = append(b.order, q.MaxTokens)
+	b.mu.Unlock()
+	select {
+	case <-b.gate:
+	case <-r.Context().Done():
+		return nil, r.Context().Err()
+	}
+	return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"application/json"}},
+		Body: io.NopCloser(strings.NewReader(fmt.Sprintf(`{"usage":{"prompt_tokens":1,"completion_tokens":%d}}`, q.MaxTokens)))}, nil
+}
+
+func (b *maxTokensUsage) calls() []int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.order)
+}
+
+// TestSlotNotHeldWhileWaitingForTokens: a batch request that waited for
+// the only in-flight slot, and then finds a request of higher priority
+// queued before it for the tokens, gives the slot back while it waits for
+// them. (It held the slot: the interactive request got its tokens, then
+// waited for the slot, which the batch request kept until its own tokens
+// came, ~10 s later: a priority inversion under MaxInFlight and TPM.)
+func TestSlotNotHeldWhileWaitingForTokens(t *testing.T) {
+	clock := newFakeClock()
+	base := &maxTokensUsage{gate: make(chan struct{})}
+	r, _ := newTestRouter(t, Config{Base: base, Clock: clock, Limits: LimitConfig{MaxWait: time.Minute},
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", TPM: 6000, MaxInFlight: 1}}})
+	u := r.ups[0]
+	send := func(maxTokens int, prio string) <-chan error {
+		errc := make(chan error, 1)
+		go func() {
+			req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(maxTokensBody("gpt-4.1", maxTokens)))
+			if prio != "" {
+				req.Header.Set(HeaderPriority, prio)
+			}
+			resp, err := r.RoundTrip(req)
+			if err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			errc <- err
+		}()
+		return errc
+	}
+	a := send(3000, "") // takes the slot and half the tokens
+	require.Eventually(t, func() bool { return len(base.calls()) == 1 }, 5*time.Second, time.Millisecond)
+	low := send(1000, "batch") // its tokens are there: it waits for the slot
+	require.Eventually(t, func() bool { return u.lim.slots.n.Load() == 1 }, 5*time.Second, time.Millisecond)
+	high := send(4000, "interactive") // ~1,000 tokens short: it waits for them
+	require.Eventually(t, func() bool { return u.lim.rq.n.Load() == 1 }, 5*time.Second, time.Millisecond)
+
+	close(base.gate) // a answers; its slot goes to the batch request, which now queues behind high for tokens
+	require.NoError(t, <-a)
+	require.Eventually(t, func() bool { return u.lim.rq.n.Load() == 2 }, 5*time.Second, time.Millisecond)
+	clock.Advance(11 * time.Second) // enough tokens for high, not for both
+	require.Eventually(t, func() bool { return len(base.calls()) >= 2 }, 5*time.Second, time.Millisecond,
+		"the interactive request has its tokens but no slot: the batch request holds it while it waits for tokens")
+	assert.Equal(t, []int{3000, 4000}, base.calls())
+	clock.Advance(time.Minute)
+	require.NoError(t, <-high)
+	require.NoError(t, <-low)
+	assert.Equal(t, []int{3000, 4000, 1000}, base.calls())
 }
