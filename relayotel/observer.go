@@ -203,6 +203,11 @@ type call struct {
 	waitReason string
 	lastUp     string // the last finished attempt: upstream and outcome
 	lastOut    string
+	injected   bool // first holds an attempt's header: later attempts allocate their own
+
+	// first is the carrier of the call's first attempt: the traceparent
+	// value it sets is kept in the call, not in a slice of its own.
+	first firstCarrier
 }
 
 type callKey struct{ o *Observer }
@@ -255,17 +260,26 @@ func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http
 		wait       time.Duration
 		waitReason string
 	)
+	var carrier propagation.TextMapCarrier = headerCarrier(out.Header)
 	if c != nil {
 		c.mu.Lock()
 		wait, waitReason = c.wait, c.waitReason
 		c.wait, c.waitReason = 0, ""
 		up, reason := c.lastUp, c.lastOut
+		if !c.injected { // the first attempt: no other uses c.first
+			c.injected = true
+			c.first.h = out.Header
+			carrier = &c.first
+		}
 		c.mu.Unlock()
 		if a.N > 1 && !a.Hedge && reason != "" {
 			o.inst.retries.Add(ctx, 1, o.retries.Get(o, retryKey{up, reason}, newRetrySets)...)
 		}
 	}
-	o.prop.Inject(ctx, headerCarrier(out.Header))
+	o.prop.Inject(ctx, carrier)
+	if f, ok := carrier.(*firstCarrier); ok {
+		f.h = nil // (the header is the attempt's: not kept with the call)
+	}
 	return func(d relay.AttemptDone) {
 		outcome := errclass.Outcome(d.StatusCode, d.Err)
 		if span != nil && span.IsRecording() {
@@ -332,6 +346,26 @@ func (h headerCarrier) Set(key, value string) {
 		return
 	}
 	http.Header(h).Set(key, value)
+}
+
+// firstCarrier is headerCarrier with room for one traceparent value: the
+// header's value slice is v, so that setting it allocates nothing. It
+// serves one request (one attempt), and is then not written again.
+type firstCarrier struct {
+	h http.Header
+	v [1]string
+}
+
+func (f *firstCarrier) Get(key string) string { return headerCarrier(f.h).Get(key) }
+func (f *firstCarrier) Keys() []string        { return headerCarrier(f.h).Keys() }
+
+func (f *firstCarrier) Set(key, value string) {
+	if key == "traceparent" && f.v[0] == "" {
+		f.v[0] = value
+		f.h["Traceparent"] = f.v[:1:1] // (an append to it copies: its capacity is 1)
+		return
+	}
+	headerCarrier(f.h).Set(key, value)
 }
 
 // attemptError describes a failed attempt for its span's status.
