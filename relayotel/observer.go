@@ -233,8 +233,9 @@ func (o *Observer) onRequest(ctx context.Context, req *http.Request) context.Con
 	ops := o.ops[""]
 	name, ep := req.Method, ""
 	if req.URL != nil && req.Method == http.MethodPost {
-		if s := o.ops[endpointOf(req.URL.Path)]; s.op != "" {
-			ops, name, ep = s, s.op, endpointOf(req.URL.Path)
+		e := endpointOf(req.URL.Path)
+		if s := o.ops[e]; s.op != "" {
+			ops, name, ep = s, s.op, e
 		}
 	}
 	ctx, span := o.tracer.Start(ctx, name, ops.start...)
@@ -421,7 +422,8 @@ func (o *Observer) onReport(r relay.Report) {
 	}
 	et := errclass.Type(r.Err, r.StatusCode)
 	ep := r.Endpoint
-	if c := o.callOf(ctx); ep == "" && c != nil {
+	c := o.callOf(r.Context)
+	if ep == "" && c != nil {
 		ep = c.endpoint // a call that failed before it was classified (a body too large)
 	}
 	ops := o.ops[ep]
@@ -466,7 +468,6 @@ func (o *Observer) onReport(r relay.Report) {
 	}
 	o.inst.overhead.Record(ctx, r.Overhead.Seconds(), ops.overhead...)
 
-	c := o.callOf(r.Context)
 	if c == nil {
 		return
 	}
