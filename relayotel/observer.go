@@ -203,11 +203,21 @@ type call struct {
 	waitReason string
 	lastUp     string // the last finished attempt: upstream and outcome
 	lastOut    string
-	injected   bool // first holds an attempt's header: later attempts allocate their own
+	attempted  bool // the first attempt has started: first (and rec.attempt) are its
 
 	// first is the carrier of the call's first attempt: the traceparent
 	// value it sets is kept in the call, not in a slice of its own.
 	first firstCarrier
+	rec   *recorded // the call's span is recording: room for its attributes; else nil
+}
+
+// recorded is a call whose span is recording, with room for the attributes
+// set on it at its end and on its first attempt's span at that attempt's
+// end: one allocation instead of three.
+type recorded struct {
+	call
+	report  [24]attribute.KeyValue
+	attempt [10]attribute.KeyValue
 }
 
 type callKey struct{ o *Observer }
@@ -239,6 +249,11 @@ func (o *Observer) onRequest(ctx context.Context, req *http.Request) context.Con
 		}
 	}
 	ctx, span := o.tracer.Start(ctx, name, ops.start...)
+	if span.IsRecording() {
+		r := &recorded{call: call{Context: ctx, o: o, span: span, endpoint: ep}}
+		r.rec = r
+		return &r.call
+	}
 	return &call{Context: ctx, o: o, span: span, endpoint: ep}
 }
 
@@ -260,6 +275,7 @@ func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http
 	var (
 		wait       time.Duration
 		waitReason string
+		room       *[10]attribute.KeyValue // for the span's attributes, if the call has it
 	)
 	var carrier propagation.TextMapCarrier = headerCarrier(out.Header)
 	if c != nil {
@@ -267,10 +283,13 @@ func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http
 		wait, waitReason = c.wait, c.waitReason
 		c.wait, c.waitReason = 0, ""
 		up, reason := c.lastUp, c.lastOut
-		if !c.injected { // the first attempt: no other uses c.first
-			c.injected = true
+		if !c.attempted { // the first attempt: no other uses c.first, c.rec.attempt
+			c.attempted = true
 			c.first.h = out.Header
 			carrier = &c.first
+			if c.rec != nil {
+				room = &c.rec.attempt
+			}
 		}
 		c.mu.Unlock()
 		if a.N > 1 && !a.Hedge && reason != "" {
@@ -285,7 +304,10 @@ func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http
 		outcome := errclass.Outcome(d.StatusCode, d.Err)
 		if span != nil && span.IsRecording() {
 			failed := d.Err != nil || d.StatusCode >= 400
-			var kv [10]attribute.KeyValue
+			kv := room
+			if kv == nil {
+				kv = new([10]attribute.KeyValue)
+			}
 			kv[0] = attribute.String("relay.upstream", a.Upstream)
 			kv[1] = semconv.GenAIRequestModelKey.String(a.Model)
 			kv[2] = attribute.Int("relay.attempt.number", a.N)
@@ -475,9 +497,14 @@ func (o *Observer) onReport(r relay.Report) {
 	if span.IsRecording() {
 		var (
 			fixed []attribute.KeyValue
-			kv    [24]attribute.KeyValue
+			kv    *[24]attribute.KeyValue
 			n     int
 		)
+		if c.rec != nil {
+			kv = &c.rec.report
+		} else { // (recording, though it was not when it started)
+			kv = new([24]attribute.KeyValue)
+		}
 		if rs != nil {
 			span.SetName(rs.name)
 			fixed = rs.span
