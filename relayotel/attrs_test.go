@@ -1,6 +1,7 @@
 package relayotel
 
 import (
+	"net/http"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -21,4 +22,22 @@ func TestAddress(t *testing.T) {
 	}
 	_, ok := parseAddress("not a url")
 	assert.False(t, ok)
+}
+
+// TestFirstCarrier: the first carrier sets what headerCarrier sets, under
+// the canonical keys; its traceparent slice has room for no append.
+func TestFirstCarrier(t *testing.T) {
+	h := http.Header{"Traceparent": {"from the caller"}}
+	f := &firstCarrier{h: h}
+	f.Set("traceparent", "00-a-b-01")
+	f.Set("tracestate", "k=v")
+	f.Set("x-other", "1")
+	assert.Equal(t, http.Header{"Traceparent": {"00-a-b-01"}, "Tracestate": {"k=v"}, "X-Other": {"1"}}, h)
+	assert.Equal(t, "00-a-b-01", f.Get("traceparent"))
+	assert.ElementsMatch(t, []string{"Traceparent", "Tracestate", "X-Other"}, f.Keys())
+	assert.Equal(t, 1, cap(h["Traceparent"]))
+
+	f.Set("traceparent", "00-c-d-00") // set again: a slice of its own
+	assert.Equal(t, []string{"00-c-d-00"}, h["Traceparent"])
+	assert.Equal(t, "00-a-b-01", f.v[0], "what the first value's slice holds is not written again")
 }

@@ -203,6 +203,21 @@ type call struct {
 	waitReason string
 	lastUp     string // the last finished attempt: upstream and outcome
 	lastOut    string
+	attempted  bool // the first attempt has started: first (and rec.attempt) are its
+
+	// first is the carrier of the call's first attempt: the traceparent
+	// value it sets is kept in the call, not in a slice of its own.
+	first firstCarrier
+	rec   *recorded // the call's span is recording: room for its attributes; else nil
+}
+
+// recorded is a call whose span is recording, with room for the attributes
+// set on it at its end and on its first attempt's span at that attempt's
+// end: one allocation instead of three.
+type recorded struct {
+	call
+	report  [24]attribute.KeyValue
+	attempt [10]attribute.KeyValue
 }
 
 type callKey struct{ o *Observer }
@@ -228,11 +243,17 @@ func (o *Observer) onRequest(ctx context.Context, req *http.Request) context.Con
 	ops := o.ops[""]
 	name, ep := req.Method, ""
 	if req.URL != nil && req.Method == http.MethodPost {
-		if s := o.ops[endpointOf(req.URL.Path)]; s.op != "" {
-			ops, name, ep = s, s.op, endpointOf(req.URL.Path)
+		e := endpointOf(req.URL.Path)
+		if s := o.ops[e]; s.op != "" {
+			ops, name, ep = s, s.op, e
 		}
 	}
 	ctx, span := o.tracer.Start(ctx, name, ops.start...)
+	if span.IsRecording() {
+		r := &recorded{call: call{Context: ctx, o: o, span: span, endpoint: ep}}
+		r.rec = r
+		return &r.call
+	}
 	return &call{Context: ctx, o: o, span: span, endpoint: ep}
 }
 
@@ -254,23 +275,39 @@ func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http
 	var (
 		wait       time.Duration
 		waitReason string
+		room       *[10]attribute.KeyValue // for the span's attributes, if the call has it
 	)
+	var carrier propagation.TextMapCarrier = headerCarrier(out.Header)
 	if c != nil {
 		c.mu.Lock()
 		wait, waitReason = c.wait, c.waitReason
 		c.wait, c.waitReason = 0, ""
 		up, reason := c.lastUp, c.lastOut
+		if !c.attempted { // the first attempt: no other uses c.first, c.rec.attempt
+			c.attempted = true
+			c.first.h = out.Header
+			carrier = &c.first
+			if c.rec != nil {
+				room = &c.rec.attempt
+			}
+		}
 		c.mu.Unlock()
 		if a.N > 1 && !a.Hedge && reason != "" {
 			o.inst.retries.Add(ctx, 1, o.retries.Get(o, retryKey{up, reason}, newRetrySets)...)
 		}
 	}
-	o.prop.Inject(ctx, headerCarrier(out.Header))
+	o.prop.Inject(ctx, carrier)
+	if f, ok := carrier.(*firstCarrier); ok {
+		f.h = nil // (the header is the attempt's: not kept with the call)
+	}
 	return func(d relay.AttemptDone) {
 		outcome := errclass.Outcome(d.StatusCode, d.Err)
 		if span != nil && span.IsRecording() {
 			failed := d.Err != nil || d.StatusCode >= 400
-			var kv [10]attribute.KeyValue
+			kv := room
+			if kv == nil {
+				kv = new([10]attribute.KeyValue)
+			}
 			kv[0] = attribute.String("relay.upstream", a.Upstream)
 			kv[1] = semconv.GenAIRequestModelKey.String(a.Model)
 			kv[2] = attribute.Int("relay.attempt.number", a.N)
@@ -334,6 +371,26 @@ func (h headerCarrier) Set(key, value string) {
 	http.Header(h).Set(key, value)
 }
 
+// firstCarrier is headerCarrier with room for one traceparent value: the
+// header's value slice is v, so that setting it allocates nothing. It
+// serves one request (one attempt), and is then not written again.
+type firstCarrier struct {
+	h http.Header
+	v [1]string
+}
+
+func (f *firstCarrier) Get(key string) string { return headerCarrier(f.h).Get(key) }
+func (f *firstCarrier) Keys() []string        { return headerCarrier(f.h).Keys() }
+
+func (f *firstCarrier) Set(key, value string) {
+	if key == "traceparent" && f.v[0] == "" {
+		f.v[0] = value
+		f.h["Traceparent"] = f.v[:1:1] // (an append to it copies: its capacity is 1)
+		return
+	}
+	headerCarrier(f.h).Set(key, value)
+}
+
 // attemptError describes a failed attempt for its span's status.
 func attemptError(d relay.AttemptDone) string {
 	if d.Err != nil {
@@ -387,7 +444,8 @@ func (o *Observer) onReport(r relay.Report) {
 	}
 	et := errclass.Type(r.Err, r.StatusCode)
 	ep := r.Endpoint
-	if c := o.callOf(ctx); ep == "" && c != nil {
+	c := o.callOf(r.Context)
+	if ep == "" && c != nil {
 		ep = c.endpoint // a call that failed before it was classified (a body too large)
 	}
 	ops := o.ops[ep]
@@ -432,7 +490,6 @@ func (o *Observer) onReport(r relay.Report) {
 	}
 	o.inst.overhead.Record(ctx, r.Overhead.Seconds(), ops.overhead...)
 
-	c := o.callOf(r.Context)
 	if c == nil {
 		return
 	}
@@ -440,9 +497,14 @@ func (o *Observer) onReport(r relay.Report) {
 	if span.IsRecording() {
 		var (
 			fixed []attribute.KeyValue
-			kv    [24]attribute.KeyValue
+			kv    *[24]attribute.KeyValue
 			n     int
 		)
+		if c.rec != nil {
+			kv = &c.rec.report
+		} else { // (recording, though it was not when it started)
+			kv = new([24]attribute.KeyValue)
+		}
 		if rs != nil {
 			span.SetName(rs.name)
 			fixed = rs.span
