@@ -229,6 +229,7 @@ func (s *streamBody) fill() {
 // event: and data:, or is over streamHoldMax).
 func (s *streamBody) process() {
 	for s.scan < s.w {
+		start := s.lineStart
 		s.keepBeforeScan(s.buf[s.scan:s.w])
 		inSc := s.sc.Pending() // the line is in the scanner's buffer, not in buf
 		line, full, n, ok := s.sc.Scan(s.buf[s.scan:s.w])
@@ -251,6 +252,19 @@ func (s *streamBody) process() {
 				continue
 			}
 			s.dec, s.evStart, s.evPassed = end, end, false
+		case lineDataNext:
+			// The data before this line was read as a chunk of its own:
+			// the line begins the next one.
+			if usageChunk && !s.evPassed && start-s.evStart <= streamHoldMax {
+				s.keepEvent() // the line moves in buf
+				s.remove(s.evStart, start)
+				s.drop = false
+				continue
+			}
+			s.dec, s.evStart, s.evPassed = start, start, false
+			if end-s.evStart > streamHoldMax {
+				s.evPassed, s.dec = true, end
+			}
 		case lineEvent, lineData:
 			if s.evPassed || end-s.evStart > streamHoldMax {
 				s.evPassed, s.dec = true, end
@@ -271,13 +285,14 @@ func (s *streamBody) process() {
 	}
 }
 
-// remove cuts buf[from:to] out of the bytes not yet handed out.
+// remove cuts buf[from:to] out of the bytes not yet handed out: the event
+// that starts at from, scanned up to to; what follows it starts an event.
 func (s *streamBody) remove(from, to int) {
 	copy(s.buf[from:], s.buf[to:s.w])
 	d := to - from
 	s.w -= d
 	s.scan -= d
-	s.lineStart = from
+	s.lineStart = s.scan
 	s.evStart = from
 	s.evPassed = false
 }
@@ -306,6 +321,16 @@ func (s *streamBody) flush() {
 	kind, usageChunk := lineData, false
 	if line, full, ok := s.sc.Flush(); ok {
 		kind, usageChunk = s.line(line, full, true) // no Scan follows
+		if kind == lineDataNext {
+			// The data before the last line, which starts at lineStart, was
+			// a chunk of its own.
+			if s.drop && usageChunk && !s.evPassed && s.lineStart-s.evStart <= streamHoldMax {
+				s.remove(s.evStart, s.lineStart) // the line now starts at evStart
+				s.drop = false
+			} else {
+				s.evStart, s.evPassed = s.lineStart, false
+			}
+		}
 	}
 	if kind != lineBlank {
 		usageChunk = s.dispatch()
@@ -319,14 +344,15 @@ const (
 	lineBlank = iota
 	lineEvent
 	lineData
+	lineDataNext // a data line after a whole chunk: the chunk was read alone
 	lineOther
 )
 
 // line looks at one SSE line: line holds its first bytes, full its length;
 // inSc tells that line is in the scanner's buffer (else in the bytes the
 // current feed or process call scans). It returns the line's kind and, for
-// the blank line that ends an event, whether the event was a usage chunk
-// (usage and no choices).
+// the blank line that ends an event (or a data line that ends a chunk, see
+// dataLine), whether the event was a usage chunk (usage and no choices).
 func (s *streamBody) line(line []byte, full int, inSc bool) (kind int, usageChunk bool) {
 	st := &s.st
 	if full == 0 {
@@ -338,7 +364,9 @@ func (s *streamBody) line(line []byte, full int, inSc bool) (kind int, usageChun
 	switch string(name) {
 	case "data":
 		st.sawData = true
-		s.dataLine(val, full-(len(line)-len(val)), inSc)
+		if next, usageChunk := s.dataLine(val, full-(len(line)-len(val)), inSc); next {
+			return lineDataNext, usageChunk
+		}
 		return lineData, false
 	case "event":
 		st.evLen = copy(st.ev[:], val)
@@ -354,7 +382,18 @@ func (s *streamBody) line(line []byte, full int, inSc bool) (kind int, usageChun
 
 // dataLine adds the value of a data line to the current event's data: val
 // holds its first bytes, full its length.
-func (s *streamBody) dataLine(val []byte, full int, inSc bool) {
+//
+// When the event's first line is a whole chunk and this line is not empty,
+// the joined data could not be JSON: the upstream sends no blank line
+// between its chunks (go-openai reads such a stream line by line; openai-go
+// and the SSE spec's reader cannot). The first line is then read as a chunk
+// of its own (next is true, usageChunk tells whether it was a usage chunk),
+// and this line begins the next chunk. Only an event's first line is looked
+// at, so this costs one pass over it, and only when a second line comes.
+func (s *streamBody) dataLine(val []byte, full int, inSc bool) (next, usageChunk bool) {
+	if s.evLines == 1 && !s.evLong && jsonscan.SkipSpace(val, 0) < len(val) && wholeChunk(s.evData) {
+		next, usageChunk = true, s.dispatch()
+	}
 	size := s.evSize + full
 	if s.evLines > 0 {
 		size++ // the "\n" that joins it to the line before
@@ -368,15 +407,39 @@ func (s *streamBody) dataLine(val []byte, full int, inSc bool) {
 		// Too long to parse (a large tool-call argument): dispatch counts it.
 		s.evLong = true
 		s.evData, s.evOwned, s.evInSc = nil, false, false
-		return
+		return next, usageChunk
 	}
 	if s.evLines == 1 {
 		s.evData, s.evOwned, s.evInSc = val, false, inSc // the one-line case: no copy
-		return
+		return next, usageChunk
 	}
 	s.keepEvent()
 	s.evBuf = append(append(s.evBuf, '\n'), val...)
 	s.evData = s.evBuf
+	return next, usageChunk
+}
+
+// wholeChunk reports whether v is one whole JSON object, or [DONE], with
+// white space around it allowed: data that no further line can continue.
+func wholeChunk(v []byte) bool {
+	i := jsonscan.SkipSpace(v, 0)
+	if i == len(v) || v[i] != '{' {
+		return string(bytes.TrimSpace(v)) == "[DONE]"
+	}
+	depth := 0
+	for ; i < len(v); i++ {
+		switch v[i] {
+		case '"':
+			i = jsonscan.StringEnd(v, i)
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth--; depth == 0 {
+				return jsonscan.SkipSpace(v, i+1) == len(v)
+			}
+		}
+	}
+	return false
 }
 
 // keepEvent copies the current event's data into evBuf, where it stays

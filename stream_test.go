@@ -611,6 +611,10 @@ func TestStreamBadInput(t *testing.T) {
 		{"binary", "\x00\xff\xfe\r\r\n\x1b[0m data: \x00\n\n\xc3\x28\n" + "data: [DONE]\n\n", "", true},
 		{"plain json error", string(fixture(t, "chat_stream_error_plain_json_body.txt")), "invalid_api_key", false},
 		{"usage chunk variants", "data: {\"choices\":[],\"usage\":null}\n\ndata: {\"usage\":{\"prompt_tokens\":\"x\"}}\n\ndata: {\"choices\":[], \"usage\" : {\"prompt_tokens\":5,\"completion_tokens\":6}}\n\ndata: [DONE]\n\n", "", true},
+		// Not SSE (one event, to the spec), but go-openai reads it line by
+		// line, and so does the router: each line is a whole chunk.
+		{"no blank lines", "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}]}\ndata: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":6}}\ndata: [DONE]\n", "", true},
+		{"no blank lines, no [DONE]", "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}]}\ndata: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":6}}", "", true},
 	}
 	for _, c := range cases {
 		for _, req := range []string{chatStreamUsageReq, chatStreamReq} {
@@ -621,6 +625,11 @@ func TestStreamBadInput(t *testing.T) {
 				want := c.body
 				if injected && c.name == "usage chunk variants" {
 					want = strings.Replace(want, "data: {\"choices\":[], \"usage\" : {\"prompt_tokens\":5,\"completion_tokens\":6}}\n\n", "", 1)
+				}
+				if injected && strings.HasPrefix(c.name, "no blank lines") {
+					// the usage line, with its line end when it has one
+					want = strings.Replace(want, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":6}}\n", "", 1)
+					want = strings.TrimSuffix(want, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":6}}")
 				}
 				if injected && c.name == "crlf" {
 					want = strings.ReplaceAll(string(withoutUsageChunk(t, fixture(t, "chat_stream_recorded_gpt4o_text_usage.sse"))), "\n", "\r\n")
@@ -648,6 +657,9 @@ func TestStreamBadInput(t *testing.T) {
 					assert.InDelta(t, len(bigLine)/4, rep.Usage.CompletionTokens, 10, "long line estimated at 4 bytes a token")
 				case "usage chunk variants":
 					assert.Equal(t, Usage{PromptTokens: 5, CompletionTokens: 6}, rep.Usage)
+				case "no blank lines", "no blank lines, no [DONE]":
+					assert.Equal(t, Usage{PromptTokens: 5, CompletionTokens: 6}, rep.Usage, c.name)
+					assert.Positive(t, rep.TTFT, c.name)
 				}
 			}
 		}
