@@ -707,7 +707,9 @@ func TestStreamConcurrentClose(t *testing.T) {
 
 // FuzzStream feeds arbitrary bytes, cut at arbitrary points, through the
 // router: the caller's bytes always equal the input, minus only the injected
-// usage chunk when the router asked for usage.
+// usage chunk when the router asked for usage; they, and what the router read
+// (the report's usage, error and TTFT), are the same whether the input comes
+// cut or a byte at a time, or is read through a small reused buffer.
 func FuzzStream(f *testing.F) {
 	for _, name := range []string{"chat_stream_go_openai_include_usage.sse", "chat_stream_go_openai_event_lines.sse", "responses_stream_spec_example.sse", "chat_stream_error_in_stream.sse"} {
 		b, err := bodyFixture(name)
@@ -718,6 +720,10 @@ func FuzzStream(f *testing.F) {
 		f.Add(b, uint16(1), uint16(2), false)
 	}
 	f.Add([]byte("event: message\r\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\r\n\r\n\x00"), uint16(3), uint16(40), true)
+	// events whose data is split over several data: lines
+	f.Add([]byte("data: {\"choices\":[{\"delta\":{\"content\":\n\ndata: \"x\"}}]}\n\nevent: message\ndata: {\ndata: \"choices\":[],\ndata: \"usage\":{\"prompt_tokens\":1}}\n\ndata: [DONE]\n\n"), uint16(5), uint16(90), true)
+	f.Add([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\ndata: [DONE]\n"), uint16(9), uint16(70), true)
+	f.Add([]byte("data: {\"choices\":[],\r\ndata: \"usage\":{\"prompt_tokens\":1}}\r\nid: 1\r\n\r\ndata: {\"choices\":[],\r\ndata: \"usage\":{}}"), uint16(2), uint16(60), true)
 	f.Fuzz(func(t *testing.T, in []byte, c1, c2 uint16, inject bool) {
 		cuts := []int{int(c1) % (len(in) + 1), int(c2) % (len(in) + 1)}
 		if cuts[0] > cuts[1] {
@@ -727,23 +733,55 @@ func FuzzStream(f *testing.F) {
 		if inject {
 			req = chatStreamReq
 		}
+		// what the router read: the same however the bytes are cut
+		type seen struct {
+			usage Usage
+			err   string
+			ttft  bool
+		}
+		var want *seen
+		bufN := 0 // the caller's buffer, reused from Read to Read; 0: io.ReadAll
 		read := func(cuts []int) []byte {
-			r, reps := bodyRouter(t, Config{}, func() io.Reader { return &cutReader{b: in, cuts: cuts} })
-			got, _ := stream(t, r, "chat/completions", req)
+			r, reps := bodyRouter(t, Config{}, func() io.Reader {
+				if cuts == nil {
+					return iotest.OneByteReader(bytes.NewReader(in))
+				}
+				return &cutReader{b: in, cuts: cuts}
+			})
+			var got []byte
+			if bufN > 0 {
+				got, _ = streamBuf(t, r, "chat/completions", req, bufN)
+			} else {
+				got, _ = stream(t, r, "chat/completions", req)
+			}
 			if len(reps.all()) != 1 {
 				t.Fatalf("%d reports", len(reps.all()))
+			}
+			rep := reps.all()[0]
+			s := seen{usage: rep.Usage, ttft: rep.TTFT > 0}
+			if rep.Err != nil {
+				s.err = rep.Err.Error()
+			}
+			if want == nil {
+				want = &s
+			} else if s != *want {
+				t.Fatalf("the router read %+v, and %+v with other cuts", s, *want)
 			}
 			return got
 		}
 		got := read(cuts)
+		if !bytes.Equal(got, read(nil)) {
+			t.Fatalf("output depends on how reads are cut")
+		}
+		bufN = 1 + int(c1^c2)%97
+		if !bytes.Equal(got, read([]int{})) {
+			t.Fatalf("output depends on the caller's buffer")
+		}
 		if !inject {
 			if !bytes.Equal(got, in) {
 				t.Fatalf("caller read %q, upstream sent %q", got, in)
 			}
 			return
-		}
-		if !bytes.Equal(got, read(nil)) {
-			t.Fatalf("output depends on how reads are cut")
 		}
 		if bytes.Equal(got, in) {
 			return
