@@ -47,14 +47,18 @@ func isEventStream(h http.Header) bool {
 // upstream into the caller's buffer and looks at the bytes there. Buffered,
 // used while the injected usage chunk may still come and while waiting for
 // the first token, reads into buf: buf[r:dec] is decided and handed out,
-// buf[dec:w] is held back (an event, up to its blank line, that might be the
-// usage chunk), buf[scan:w] is not yet split into lines.
+// buf[dec:w] is held back (an event that might be the usage chunk, until it
+// was read), buf[scan:w] is not yet split into lines.
 //
 // What it reads follows the SSE specification's events: the data lines of
 // one event are joined with "\n" and parsed once, at the blank line that ends
-// the event (or at the stream's end). The data of a one-line event is not
-// copied: it is a sub-slice of the bytes being scanned, copied into evBuf
-// only when the event outlives them (its end is in a later read).
+// the event (or at the stream's end). An event whose first data line is a
+// whole chunk (see wholeChunk) is read at that line's end instead: no later
+// line could continue it, and an upstream that sends no blank line between
+// its chunks then has each read, and handed out, as its line ends. The data
+// of a one-line event is not copied: it is a sub-slice of the bytes being
+// scanned, copied into evBuf only when the event outlives them (its end is in
+// a later read).
 type streamBody struct {
 	closing atomic.Bool // Close has begun
 	rc      io.ReadCloser
@@ -63,6 +67,7 @@ type streamBody struct {
 	sc      sse.Scanner
 
 	drop      bool // the injected usage chunk may still come: hold back events
+	dropBlank bool // the usage chunk was removed at its data line: remove the blank line that ends it
 	buf       []byte
 	r, dec, w int
 	scan      int  // first byte not yet scanned
@@ -223,10 +228,7 @@ func (s *streamBody) fill() {
 }
 
 // process splits buf[scan:w] into lines, looks at each, and, while the
-// injected usage chunk may come, removes it and decides what is handed out:
-// an event is held back until its blank line, when its data is parsed, or
-// until it is known not to be the usage chunk (it has a line other than
-// event: and data:, or is over streamHoldMax).
+// injected usage chunk may come, removes it and decides what is handed out.
 func (s *streamBody) process() {
 	for s.scan < s.w {
 		start := s.lineStart
@@ -237,51 +239,62 @@ func (s *streamBody) process() {
 		if !ok {
 			break
 		}
-		end := s.scan
-		s.lineStart = end
+		s.lineStart = s.scan
 		kind, usageChunk := s.line(line, full, inSc)
-		if !s.drop {
-			continue
-		}
-		switch kind {
-		case lineBlank:
-			if usageChunk && !s.evPassed && end-s.evStart <= streamHoldMax {
-				// The whole event, from its first line to its blank line.
-				s.remove(s.evStart, end)
-				s.drop = false
-				continue
-			}
-			s.dec, s.evStart, s.evPassed = end, end, false
-		case lineDataNext:
-			// The data before this line was read as a chunk of its own:
-			// the line begins the next one.
-			if usageChunk && !s.evPassed && start-s.evStart <= streamHoldMax {
-				s.keepEvent() // the line moves in buf
-				s.remove(s.evStart, start)
-				s.drop = false
-				continue
-			}
-			s.dec, s.evStart, s.evPassed = start, start, false
-			if end-s.evStart > streamHoldMax {
-				s.evPassed, s.dec = true, end
-			}
-		case lineEvent, lineData:
-			if s.evPassed || end-s.evStart > streamHoldMax {
-				s.evPassed, s.dec = true, end
-			}
-		default:
-			s.evPassed, s.dec = true, end
-		}
-		if s.st.terminal {
-			s.drop = false // nothing can come after [DONE] to remove
-		}
+		s.decide(kind, usageChunk, start, s.scan)
 	}
 	s.keepInput() // buf may move before the next call
 	switch {
 	case !s.drop:
 		s.dec = s.w
+	case s.dropBlank:
+		// The line after the removed chunk has begun: hold it only while it
+		// can still be the blank line that ends the chunk.
+		if s.w > s.lineStart && (s.w-s.lineStart > 1 || s.buf[s.lineStart] != '\r') {
+			s.dropBlank, s.drop = false, false
+			s.dec = s.w
+		}
 	case s.evPassed || s.w-s.evStart > streamHoldMax:
 		s.evPassed, s.dec = true, s.w
+	}
+}
+
+// decide follows one line, buf[start:end], of kind, while the injected usage
+// chunk may come: an event is held back until it was read (at its blank
+// line, or at its data line when that is a whole chunk), then removed when
+// it is the usage chunk, else handed out; or until it is known not to be the
+// usage chunk (it has a line other than event: and data:, or is over
+// streamHoldMax).
+func (s *streamBody) decide(kind int, usageChunk bool, start, end int) {
+	if !s.drop {
+		return
+	}
+	if s.dropBlank {
+		s.dropBlank, s.drop = false, false
+		if kind == lineBlank {
+			s.remove(start, end)
+		}
+		return
+	}
+	switch kind {
+	case lineBlank, lineChunk:
+		if usageChunk && !s.evPassed && end-s.evStart <= streamHoldMax {
+			// The whole event, from its first line to this line.
+			s.remove(s.evStart, end)
+			s.dropBlank = kind == lineChunk // its blank line may follow
+			s.drop = s.dropBlank
+			return
+		}
+		s.dec, s.evStart, s.evPassed = end, end, false
+	case lineEvent, lineData:
+		if s.evPassed || end-s.evStart > streamHoldMax {
+			s.evPassed, s.dec = true, end
+		}
+	default:
+		s.evPassed, s.dec = true, end
+	}
+	if s.st.terminal {
+		s.drop = false // nothing can come after [DONE] to remove
 	}
 }
 
@@ -318,25 +331,12 @@ func (s *streamBody) feed(p []byte) {
 // "data: [DONE]\n" has). It removes that event when it is the injected usage
 // chunk, as process would have.
 func (s *streamBody) flush() {
-	kind, usageChunk := lineData, false
 	if line, full, ok := s.sc.Flush(); ok {
-		kind, usageChunk = s.line(line, full, true) // no Scan follows
-		if kind == lineDataNext {
-			// The data before the last line, which starts at lineStart, was
-			// a chunk of its own.
-			if s.drop && usageChunk && !s.evPassed && s.lineStart-s.evStart <= streamHoldMax {
-				s.remove(s.evStart, s.lineStart) // the line now starts at evStart
-				s.drop = false
-			} else {
-				s.evStart, s.evPassed = s.lineStart, false
-			}
-		}
+		kind, usageChunk := s.line(line, full, true) // no Scan follows
+		s.decide(kind, usageChunk, s.lineStart, s.w)
 	}
-	if kind != lineBlank {
-		usageChunk = s.dispatch()
-	}
-	if s.drop && usageChunk && kind != lineOther && !s.evPassed && s.w-s.evStart <= streamHoldMax {
-		s.remove(s.evStart, s.w)
+	if s.evLines > 0 {
+		s.decide(lineBlank, s.dispatch(), s.w, s.w)
 	}
 }
 
@@ -344,15 +344,15 @@ const (
 	lineBlank = iota
 	lineEvent
 	lineData
-	lineDataNext // a data line after a whole chunk: the chunk was read alone
+	lineChunk // a data line that is an event's first and a whole chunk: read at once
 	lineOther
 )
 
 // line looks at one SSE line: line holds its first bytes, full its length;
 // inSc tells that line is in the scanner's buffer (else in the bytes the
 // current feed or process call scans). It returns the line's kind and, for
-// the blank line that ends an event (or a data line that ends a chunk, see
-// dataLine), whether the event was a usage chunk (usage and no choices).
+// a line the event was read at (its blank line, or a lineChunk), whether the
+// event was a usage chunk (usage and no choices).
 func (s *streamBody) line(line []byte, full int, inSc bool) (kind int, usageChunk bool) {
 	st := &s.st
 	if full == 0 {
@@ -364,9 +364,12 @@ func (s *streamBody) line(line []byte, full int, inSc bool) (kind int, usageChun
 	switch string(name) {
 	case "data":
 		st.sawData = true
-		if next, usageChunk := s.dataLine(val, full-(len(line)-len(val)), inSc); next {
-			return lineDataNext, usageChunk
+		full -= len(line) - len(val)
+		if s.evLines == 0 && full == len(val) && wholeChunk(val) {
+			// No later line could continue it: read it now, where it lies.
+			return lineChunk, s.data(val)
 		}
+		s.dataLine(val, full, inSc)
 		return lineData, false
 	case "event":
 		st.evLen = copy(st.ev[:], val)
@@ -382,18 +385,7 @@ func (s *streamBody) line(line []byte, full int, inSc bool) (kind int, usageChun
 
 // dataLine adds the value of a data line to the current event's data: val
 // holds its first bytes, full its length.
-//
-// When the event's first line is a whole chunk and this line is not empty,
-// the joined data could not be JSON: the upstream sends no blank line
-// between its chunks (go-openai reads such a stream line by line; openai-go
-// and the SSE spec's reader cannot). The first line is then read as a chunk
-// of its own (next is true, usageChunk tells whether it was a usage chunk),
-// and this line begins the next chunk. Only an event's first line is looked
-// at, so this costs one pass over it, and only when a second line comes.
-func (s *streamBody) dataLine(val []byte, full int, inSc bool) (next, usageChunk bool) {
-	if s.evLines == 1 && !s.evLong && jsonscan.SkipSpace(val, 0) < len(val) && wholeChunk(s.evData) {
-		next, usageChunk = true, s.dispatch()
-	}
+func (s *streamBody) dataLine(val []byte, full int, inSc bool) {
 	size := s.evSize + full
 	if s.evLines > 0 {
 		size++ // the "\n" that joins it to the line before
@@ -407,20 +399,22 @@ func (s *streamBody) dataLine(val []byte, full int, inSc bool) (next, usageChunk
 		// Too long to parse (a large tool-call argument): dispatch counts it.
 		s.evLong = true
 		s.evData, s.evOwned, s.evInSc = nil, false, false
-		return next, usageChunk
+		return
 	}
 	if s.evLines == 1 {
 		s.evData, s.evOwned, s.evInSc = val, false, inSc // the one-line case: no copy
-		return next, usageChunk
+		return
 	}
 	s.keepEvent()
 	s.evBuf = append(append(s.evBuf, '\n'), val...)
 	s.evData = s.evBuf
-	return next, usageChunk
 }
 
 // wholeChunk reports whether v is one whole JSON object, or [DONE], with
-// white space around it allowed: data that no further line can continue.
+// white space around it allowed: data that no further line can continue
+// into JSON. An upstream that sends no blank line between its chunks (one
+// event, to the SSE spec, which openai-go cannot read) is so read line by
+// line, as go-openai reads it.
 func wholeChunk(v []byte) bool {
 	i := jsonscan.SkipSpace(v, 0)
 	if i == len(v) || v[i] != '{' {

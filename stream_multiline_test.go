@@ -3,12 +3,16 @@ package relay
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"testing/iotest"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	goopenai "github.com/sashabaranov/go-openai"
@@ -158,6 +162,12 @@ func TestStreamMultiLineUsageChunkRemoved(t *testing.T) {
 		{"split finish_reason before", event(chatHi) + finishSplit + usageSplit + "data: [DONE]\n\n", event(chatHi) + finishSplit + "data: [DONE]\n\n"},
 		{"at the end, no blank line", head + strings.TrimSuffix(usageSplit, "\n"), head},
 		{"at the end, no line end", head + strings.TrimSuffix(usageSplit, "\n\n"), head},
+		// on one line, removed at its line's end with the blank line after it
+		{"one line", head + noBlankLines[2] + "\ndata: [DONE]\n\n", head + "data: [DONE]\n\n"},
+		{"one line, event lines", head + "event: message\n" + noBlankLines[2] + "\nevent: message\ndata: [DONE]\n\n", head + "event: message\ndata: [DONE]\n\n"},
+		{"one line, no blank lines", strings.Join(noBlankLines, ""), strings.Join(noBlankLines[:2], "") + noBlankLines[3]},
+		{"one line, at the end", head + noBlankLines[2] + "\n", head},
+		{"one line, at the end, no line end", head + strings.TrimSuffix(noBlankLines[2], "\n"), head},
 	}
 	for _, c := range cases {
 		for _, crlf := range []bool{false, true} {
@@ -286,4 +296,79 @@ func TestOpenAIGoStreamMultiLineData(t *testing.T) {
 	assert.Equal(t, int(acc.Usage.PromptTokens), rep.Usage.PromptTokens)
 	assert.Equal(t, int(acc.Usage.CompletionTokens), rep.Usage.CompletionTokens)
 	assert.Equal(t, Usage{PromptTokens: 5, CompletionTokens: 6}, rep.Usage)
+}
+
+// noBlankLines is a chat stream whose upstream sends no blank line between
+// its chunks, one line each: content, finish_reason, usage, [DONE].
+var noBlankLines = []string{
+	"data: " + chatHi + "\n",
+	"data: " + chatStop + "\n",
+	`data: {"id":"c1","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":6,"total_tokens":11}}` + "\n",
+	"data: [DONE]\n",
+}
+
+// TestStreamNoBlankLinesChunkAtItsLine: from an upstream that sends no blank
+// line between its chunks, each chunk reaches the caller, and is read by the
+// router (its content for TTFT), at the end of its own line, not when the
+// next line begins; with the usage option injected, the usage line is
+// removed. The upstream sends each line only after the caller read the one
+// before. (With the option injected, the caller's Read waited for the next
+// line, which never came; TTFT was taken at the second line.)
+func TestStreamNoBlankLinesChunkAtItsLine(t *testing.T) {
+	for _, req := range []string{chatStreamReq, chatStreamUsageReq} {
+		injected := req == chatStreamReq
+		t.Run(fmt.Sprintf("injected=%v", injected), func(t *testing.T) {
+			clk := newFakeClock()
+			pr, pw := io.Pipe()
+			lines := make(chan string, len(noBlankLines)) // what the upstream sends, in order
+			go func() {
+				for l := range lines {
+					pw.Write([]byte(l))
+				}
+				pw.Close()
+			}()
+			closeLines := sync.OnceFunc(func() { close(lines) }) // the upstream's end
+			defer closeLines()
+			defer pw.CloseWithError(errors.New("test over")) // a Read still blocked fails
+			r, reps := bodyRouter(t, Config{Clock: clk, Stream: StreamConfig{IdleTimeout: -1}}, func() io.Reader { return pr })
+			hreq, _ := http.NewRequest("POST", "http://relay.invalid/v1/chat/completions", strings.NewReader(req))
+			resp, err := r.RoundTrip(hreq)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			buf := make([]byte, 4096)
+			read := func() (string, error) {
+				type result struct {
+					n   int
+					err error
+				}
+				done := make(chan result, 1)
+				go func() { n, err := resp.Body.Read(buf); done <- result{n, err} }()
+				select {
+				case res := <-done:
+					return string(buf[:res.n]), res.err
+				case <-time.After(10 * time.Second): // a watchdog: the bytes are there already
+					t.Fatal("Read still waits for a line the upstream does not send")
+					return "", nil
+				}
+			}
+			for i, l := range noBlankLines {
+				clk.Advance(time.Second)
+				lines <- l
+				if injected && i == 2 {
+					continue // removed: the caller reads [DONE] next
+				}
+				got, err := read()
+				require.NoError(t, err)
+				require.Equal(t, l, got, "line %d", i)
+			}
+			closeLines()
+			got, err := read()
+			assert.Equal(t, io.EOF, err)
+			assert.Empty(t, got)
+			rep := reps.all()[0]
+			assert.NoError(t, rep.Err)
+			assert.Equal(t, Usage{PromptTokens: 5, CompletionTokens: 6}, rep.Usage)
+			assert.Equal(t, time.Second, rep.TTFT, "taken at the content line, one second in")
+		})
+	}
 }
