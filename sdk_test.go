@@ -468,6 +468,9 @@ func TestGoOpenAIStreamEndsAfterFinishReason(t *testing.T) {
 		{"chat cut before finish_reason, event lines", false, 0, sseOf(true, chatHi), "Hi", false},
 		{"chat n=2, one choice unfinished", false, 2, sseOf(false, chatHi, chatHi1, chatStop), "HiHi", false},
 		{"completions cut before finish_reason", true, 0, sseOf(true, complHi), "Hi", false},
+		// Not SSE, but go-openai reads it line by line, and so does the router.
+		{"chat without blank lines", false, 0, "data: " + chatHi + "\ndata: " + chatStop + "\n", "Hi", true},
+		{"chat without blank lines, cut before finish_reason", false, 0, "data: " + chatHi + "\ndata: " + chatHi + "\n", "HiHi", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			up := newSSEUpstream(t, []byte(c.body))

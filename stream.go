@@ -20,7 +20,8 @@ import (
 
 // Stream parsing bounds.
 const (
-	streamLineMax  = 256 << 10 // longest SSE line parsed; longer ones pass through unparsed
+	streamLineMax  = 256 << 10 // longest SSE line kept by the line scanner
+	streamEventMax = 256 << 10 // longest event data parsed; longer events pass through unparsed
 	streamHoldMax  = 16 << 10  // longest event that can be the injected usage chunk
 	streamBufSize  = 48 << 10  // buffer of a stream that holds bytes back
 	streamAheadMax = 1 << 20   // read-ahead bound while waiting for the first token
@@ -46,8 +47,18 @@ func isEventStream(h http.Header) bool {
 // upstream into the caller's buffer and looks at the bytes there. Buffered,
 // used while the injected usage chunk may still come and while waiting for
 // the first token, reads into buf: buf[r:dec] is decided and handed out,
-// buf[dec:w] is held back (the start of an event that might be the usage
-// chunk), buf[scan:w] is not yet split into lines.
+// buf[dec:w] is held back (an event that might be the usage chunk, until it
+// was read), buf[scan:w] is not yet split into lines.
+//
+// What it reads follows the SSE specification's events: the data lines of
+// one event are joined with "\n" and parsed once, at the blank line that ends
+// the event (or at the stream's end). An event whose first data line is a
+// whole chunk (see wholeChunk) is read at that line's end instead: no later
+// line could continue it, and an upstream that sends no blank line between
+// its chunks then has each read, and handed out, as its line ends. The data
+// of a one-line event is not copied: it is a sub-slice of the bytes being
+// scanned, copied into evBuf only when the event outlives them (its end is in
+// a later read).
 type streamBody struct {
 	closing atomic.Bool // Close has begun
 	rc      io.ReadCloser
@@ -55,14 +66,23 @@ type streamBody struct {
 	a       *attempt
 	sc      sse.Scanner
 
-	drop      bool // the injected usage chunk may still come: hold back event starts
-	dropBlank bool // the usage chunk was removed: remove the blank line that ends it
+	drop      bool // the injected usage chunk may still come: hold back events
+	dropBlank bool // the usage chunk was removed at its data line: remove the blank line that ends it
 	buf       []byte
 	r, dec, w int
 	scan      int  // first byte not yet scanned
 	lineStart int  // start of the line being scanned
 	evStart   int  // start of the current event
 	evPassed  bool // part of the current event was handed out: it is not the usage chunk
+
+	// the data of the current event (guarded by mu)
+	evData  []byte // data lines so far, joined: in the bytes being scanned, or evBuf
+	evOwned bool   // evData is in evBuf
+	evInSc  bool   // evData is in the scanner's buffer, valid until it keeps a new partial line
+	evBuf   []byte // evData's copy once it outlives the bytes it was in
+	evLines int    // data lines so far
+	evSize  int    // bytes of data so far (joined), counted also past streamEventMax
+	evLong  bool   // the data is over streamEventMax, or a line of it was cut: not parsed
 
 	rerr  error       // the upstream's read error (io.EOF included), once it came
 	over  atomic.Bool // the stream was finished: Read returns final
@@ -212,46 +232,18 @@ func (s *streamBody) fill() {
 func (s *streamBody) process() {
 	for s.scan < s.w {
 		start := s.lineStart
+		s.keepBeforeScan(s.buf[s.scan:s.w])
+		inSc := s.sc.Pending() // the line is in the scanner's buffer, not in buf
 		line, full, n, ok := s.sc.Scan(s.buf[s.scan:s.w])
 		s.scan += n
 		if !ok {
 			break
 		}
-		end := s.scan
-		s.lineStart = end
-		kind, usageChunk := s.line(line, full)
-		if !s.drop {
-			continue
-		}
-		if s.dropBlank {
-			s.dropBlank = false
-			s.drop = false
-			if kind == lineBlank {
-				s.remove(start, end)
-			}
-			continue
-		}
-		switch kind {
-		case lineBlank:
-			s.dec, s.evStart, s.evPassed = end, end, false
-		case lineEvent:
-			if s.evPassed || end-s.evStart > streamHoldMax {
-				s.evPassed, s.dec = true, end
-			}
-		case lineData:
-			if usageChunk && !s.evPassed && end-s.evStart <= streamHoldMax {
-				s.remove(s.evStart, end)
-				s.dropBlank = true
-				continue
-			}
-			s.evPassed, s.dec = true, end
-		default:
-			s.evPassed, s.dec = true, end
-		}
-		if s.st.terminal {
-			s.drop = false // nothing can come after [DONE] to remove
-		}
+		s.lineStart = s.scan
+		kind, usageChunk := s.line(line, full, inSc)
+		s.decide(kind, usageChunk, start, s.scan)
 	}
+	s.keepInput() // buf may move before the next call
 	switch {
 	case !s.drop:
 		s.dec = s.w
@@ -267,13 +259,53 @@ func (s *streamBody) process() {
 	}
 }
 
-// remove cuts buf[from:to] out of the bytes not yet handed out.
+// decide follows one line, buf[start:end], of kind, while the injected usage
+// chunk may come: an event is held back until it was read (at its blank
+// line, or at its data line when that is a whole chunk), then removed when
+// it is the usage chunk, else handed out; or until it is known not to be the
+// usage chunk (it has a line other than event: and data:, or is over
+// streamHoldMax).
+func (s *streamBody) decide(kind int, usageChunk bool, start, end int) {
+	if !s.drop {
+		return
+	}
+	if s.dropBlank {
+		s.dropBlank, s.drop = false, false
+		if kind == lineBlank {
+			s.remove(start, end)
+		}
+		return
+	}
+	switch kind {
+	case lineBlank, lineChunk:
+		if usageChunk && !s.evPassed && end-s.evStart <= streamHoldMax {
+			// The whole event, from its first line to this line.
+			s.remove(s.evStart, end)
+			s.dropBlank = kind == lineChunk // its blank line may follow
+			s.drop = s.dropBlank
+			return
+		}
+		s.dec, s.evStart, s.evPassed = end, end, false
+	case lineEvent, lineData:
+		if s.evPassed || end-s.evStart > streamHoldMax {
+			s.evPassed, s.dec = true, end
+		}
+	default:
+		s.evPassed, s.dec = true, end
+	}
+	if s.st.terminal {
+		s.drop = false // nothing can come after [DONE] to remove
+	}
+}
+
+// remove cuts buf[from:to] out of the bytes not yet handed out: the event
+// that starts at from, scanned up to to; what follows it starts an event.
 func (s *streamBody) remove(from, to int) {
 	copy(s.buf[from:], s.buf[to:s.w])
 	d := to - from
 	s.w -= d
 	s.scan -= d
-	s.lineStart = from
+	s.lineStart = s.scan
 	s.evStart = from
 	s.evPassed = false
 }
@@ -281,26 +313,30 @@ func (s *streamBody) remove(from, to int) {
 // feed looks at bytes handed out straight through.
 func (s *streamBody) feed(p []byte) {
 	for len(p) > 0 {
+		s.keepBeforeScan(p)
+		inSc := s.sc.Pending() // the line is in the scanner's buffer, not in p
 		line, full, n, ok := s.sc.Scan(p)
 		p = p[n:]
 		if !ok {
-			return
+			break
 		}
-		s.line(line, full)
+		s.line(line, full, inSc)
 	}
+	s.keepInput() // p is the caller's
 }
 
-// flush looks at the last line of a stream that did not end with a line
-// end, and removes it when it is the injected usage chunk, as process
-// would have.
+// flush looks at the end of a stream: its last line, when it did not end
+// with a line end, and the event that the stream's end cut before its blank
+// line, which is read as if it had ended there (as a stream that ends with
+// "data: [DONE]\n" has). It removes that event when it is the injected usage
+// chunk, as process would have.
 func (s *streamBody) flush() {
-	line, full, ok := s.sc.Flush()
-	if !ok {
-		return
+	if line, full, ok := s.sc.Flush(); ok {
+		kind, usageChunk := s.line(line, full, true) // no Scan follows
+		s.decide(kind, usageChunk, s.lineStart, s.w)
 	}
-	kind, usageChunk := s.line(line, full)
-	if s.drop && !s.dropBlank && kind == lineData && usageChunk && !s.evPassed && s.w-s.evStart <= streamHoldMax {
-		s.remove(s.evStart, s.w)
+	if s.evLines > 0 {
+		s.decide(lineBlank, s.dispatch(), s.w, s.w)
 	}
 }
 
@@ -308,30 +344,33 @@ const (
 	lineBlank = iota
 	lineEvent
 	lineData
+	lineChunk // a data line that is an event's first and a whole chunk: read at once
 	lineOther
 )
 
-// line looks at one SSE line: line holds its first bytes, full its length.
-// It returns the line's kind and, for a data line, whether it is a usage
-// chunk (usage and no choices).
-func (s *streamBody) line(line []byte, full int) (kind int, usageChunk bool) {
+// line looks at one SSE line: line holds its first bytes, full its length;
+// inSc tells that line is in the scanner's buffer (else in the bytes the
+// current feed or process call scans). It returns the line's kind and, for
+// a line the event was read at (its blank line, or a lineChunk), whether the
+// event was a usage chunk (usage and no choices).
+func (s *streamBody) line(line []byte, full int, inSc bool) (kind int, usageChunk bool) {
 	st := &s.st
 	if full == 0 {
+		usageChunk = s.dispatch()
 		st.evLen = 0
-		return lineBlank, false
+		return lineBlank, usageChunk
 	}
 	name, val := sse.Field(line)
 	switch string(name) {
 	case "data":
 		st.sawData = true
-		if full > len(line) {
-			// Too long to parse (a large tool-call argument): it carries
-			// content; count it roughly, at 4 bytes a token.
-			s.content()
-			st.estTokens += full / 4
-			return lineData, false
+		full -= len(line) - len(val)
+		if s.evLines == 0 && full == len(val) && wholeChunk(val) {
+			// No later line could continue it: read it now, where it lies.
+			return lineChunk, s.data(val)
 		}
-		return lineData, s.data(val)
+		s.dataLine(val, full, inSc)
+		return lineData, false
 	case "event":
 		st.evLen = copy(st.ev[:], val)
 		return lineEvent, false
@@ -344,6 +383,104 @@ func (s *streamBody) line(line []byte, full int) (kind int, usageChunk bool) {
 	return lineOther, false
 }
 
+// dataLine adds the value of a data line to the current event's data: val
+// holds its first bytes, full its length.
+func (s *streamBody) dataLine(val []byte, full int, inSc bool) {
+	size := s.evSize + full
+	if s.evLines > 0 {
+		size++ // the "\n" that joins it to the line before
+	}
+	s.evLines++
+	s.evSize = size
+	if s.evLong {
+		return
+	}
+	if full > len(val) || size > streamEventMax {
+		// Too long to parse (a large tool-call argument): dispatch counts it.
+		s.evLong = true
+		s.evData, s.evOwned, s.evInSc = nil, false, false
+		return
+	}
+	if s.evLines == 1 {
+		s.evData, s.evOwned, s.evInSc = val, false, inSc // the one-line case: no copy
+		return
+	}
+	s.keepEvent()
+	s.evBuf = append(append(s.evBuf, '\n'), val...)
+	s.evData = s.evBuf
+}
+
+// wholeChunk reports whether v is one whole JSON object, or [DONE], with
+// white space around it allowed: data that no further line can continue
+// into JSON. An upstream that sends no blank line between its chunks (one
+// event, to the SSE spec, which openai-go cannot read) is so read line by
+// line, as go-openai reads it.
+func wholeChunk(v []byte) bool {
+	i := jsonscan.SkipSpace(v, 0)
+	if i == len(v) || v[i] != '{' {
+		return string(bytes.TrimSpace(v)) == "[DONE]"
+	}
+	depth := 0
+	for ; i < len(v); i++ {
+		switch v[i] {
+		case '"':
+			i = jsonscan.StringEnd(v, i)
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth--; depth == 0 {
+				return jsonscan.SkipSpace(v, i+1) == len(v)
+			}
+		}
+	}
+	return false
+}
+
+// keepEvent copies the current event's data into evBuf, where it stays
+// valid, unless it is there already.
+func (s *streamBody) keepEvent() {
+	if s.evLines > 0 && !s.evOwned && !s.evLong {
+		s.evBuf = append(s.evBuf[:0], s.evData...)
+		s.evData, s.evOwned, s.evInSc = s.evBuf, true, false
+	}
+}
+
+// keepInput keeps the current event's data when it is in the bytes the
+// current feed or process call scans, before the call returns.
+func (s *streamBody) keepInput() {
+	if !s.evInSc {
+		s.keepEvent()
+	}
+}
+
+// keepBeforeScan keeps the current event's data before the scanner's next
+// Scan of p when it is in the scanner's buffer and that Scan will overwrite
+// it (p holds no line end, so the scanner keeps it as a new partial line).
+// A data line that came in two reads is then read without a copy of its own
+// when its event ends in the second.
+func (s *streamBody) keepBeforeScan(p []byte) {
+	if s.evInSc && bytes.IndexByte(p, '\n') < 0 {
+		s.keepEvent()
+	}
+}
+
+// dispatch parses the data of the event that just ended, if it had any, and
+// reports whether it was a usage chunk.
+func (s *streamBody) dispatch() (usageChunk bool) {
+	if s.evLines == 0 {
+		return false
+	}
+	v, long, size := s.evData, s.evLong, s.evSize
+	s.evData, s.evOwned, s.evInSc, s.evLines, s.evSize, s.evLong = nil, false, false, 0, 0, false
+	if long {
+		// It carries content; count it roughly, at 4 bytes a token.
+		s.content()
+		s.st.estTokens += size / 4
+		return false
+	}
+	return s.data(v)
+}
+
 // content records the first content chunk.
 func (s *streamBody) content() {
 	if !s.st.gotFirst {
@@ -352,12 +489,12 @@ func (s *streamBody) content() {
 	}
 }
 
-// data looks at the payload of one data line.
+// data looks at the data of one event.
 func (s *streamBody) data(v []byte) (usageChunk bool) {
 	st := &s.st
-	for len(v) > 0 && (v[0] == ' ' || v[0] == '\t') {
-		v = v[1:] // "data:  {...}": JSON allows the white space, and the SDKs read it
-	}
+	// "data:  {...}", or a first data line left empty: JSON allows the
+	// white space, and the SDKs read it.
+	v = v[jsonscan.SkipSpace(v, 0):]
 	if len(v) == 0 {
 		return false
 	}
@@ -641,6 +778,9 @@ func (s *streamBody) end(cause error, closed bool) error {
 	if !closed {
 		s.rc.Close()
 	}
+	// An event the caller closed the body in (its data lines came, its blank
+	// line not yet) is read as it is; at the stream's end flush did it.
+	s.dispatch()
 	var readErr error
 	switch {
 	case closed:

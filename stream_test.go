@@ -611,6 +611,10 @@ func TestStreamBadInput(t *testing.T) {
 		{"binary", "\x00\xff\xfe\r\r\n\x1b[0m data: \x00\n\n\xc3\x28\n" + "data: [DONE]\n\n", "", true},
 		{"plain json error", string(fixture(t, "chat_stream_error_plain_json_body.txt")), "invalid_api_key", false},
 		{"usage chunk variants", "data: {\"choices\":[],\"usage\":null}\n\ndata: {\"usage\":{\"prompt_tokens\":\"x\"}}\n\ndata: {\"choices\":[], \"usage\" : {\"prompt_tokens\":5,\"completion_tokens\":6}}\n\ndata: [DONE]\n\n", "", true},
+		// Not SSE (one event, to the spec), but go-openai reads it line by
+		// line, and so does the router: each line is a whole chunk.
+		{"no blank lines", "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}]}\ndata: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":6}}\ndata: [DONE]\n", "", true},
+		{"no blank lines, no [DONE]", "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}]}\ndata: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":6}}", "", true},
 	}
 	for _, c := range cases {
 		for _, req := range []string{chatStreamUsageReq, chatStreamReq} {
@@ -621,6 +625,11 @@ func TestStreamBadInput(t *testing.T) {
 				want := c.body
 				if injected && c.name == "usage chunk variants" {
 					want = strings.Replace(want, "data: {\"choices\":[], \"usage\" : {\"prompt_tokens\":5,\"completion_tokens\":6}}\n\n", "", 1)
+				}
+				if injected && strings.HasPrefix(c.name, "no blank lines") {
+					// the usage line, with its line end when it has one
+					want = strings.Replace(want, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":6}}\n", "", 1)
+					want = strings.TrimSuffix(want, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":6}}")
 				}
 				if injected && c.name == "crlf" {
 					want = strings.ReplaceAll(string(withoutUsageChunk(t, fixture(t, "chat_stream_recorded_gpt4o_text_usage.sse"))), "\n", "\r\n")
@@ -648,6 +657,9 @@ func TestStreamBadInput(t *testing.T) {
 					assert.InDelta(t, len(bigLine)/4, rep.Usage.CompletionTokens, 10, "long line estimated at 4 bytes a token")
 				case "usage chunk variants":
 					assert.Equal(t, Usage{PromptTokens: 5, CompletionTokens: 6}, rep.Usage)
+				case "no blank lines", "no blank lines, no [DONE]":
+					assert.Equal(t, Usage{PromptTokens: 5, CompletionTokens: 6}, rep.Usage, c.name)
+					assert.Positive(t, rep.TTFT, c.name)
 				}
 			}
 		}
@@ -695,7 +707,9 @@ func TestStreamConcurrentClose(t *testing.T) {
 
 // FuzzStream feeds arbitrary bytes, cut at arbitrary points, through the
 // router: the caller's bytes always equal the input, minus only the injected
-// usage chunk when the router asked for usage.
+// usage chunk when the router asked for usage; they, and what the router read
+// (the report's usage, error and TTFT), are the same whether the input comes
+// cut or a byte at a time, or is read through a small reused buffer.
 func FuzzStream(f *testing.F) {
 	for _, name := range []string{"chat_stream_go_openai_include_usage.sse", "chat_stream_go_openai_event_lines.sse", "responses_stream_spec_example.sse", "chat_stream_error_in_stream.sse"} {
 		b, err := bodyFixture(name)
@@ -706,6 +720,10 @@ func FuzzStream(f *testing.F) {
 		f.Add(b, uint16(1), uint16(2), false)
 	}
 	f.Add([]byte("event: message\r\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\r\n\r\n\x00"), uint16(3), uint16(40), true)
+	// events whose data is split over several data: lines
+	f.Add([]byte("data: {\"choices\":[{\"delta\":{\"content\":\n\ndata: \"x\"}}]}\n\nevent: message\ndata: {\ndata: \"choices\":[],\ndata: \"usage\":{\"prompt_tokens\":1}}\n\ndata: [DONE]\n\n"), uint16(5), uint16(90), true)
+	f.Add([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\ndata: [DONE]\n"), uint16(9), uint16(70), true)
+	f.Add([]byte("data: {\"choices\":[],\r\ndata: \"usage\":{\"prompt_tokens\":1}}\r\nid: 1\r\n\r\ndata: {\"choices\":[],\r\ndata: \"usage\":{}}"), uint16(2), uint16(60), true)
 	f.Fuzz(func(t *testing.T, in []byte, c1, c2 uint16, inject bool) {
 		cuts := []int{int(c1) % (len(in) + 1), int(c2) % (len(in) + 1)}
 		if cuts[0] > cuts[1] {
@@ -715,23 +733,55 @@ func FuzzStream(f *testing.F) {
 		if inject {
 			req = chatStreamReq
 		}
+		// what the router read: the same however the bytes are cut
+		type seen struct {
+			usage Usage
+			err   string
+			ttft  bool
+		}
+		var want *seen
+		bufN := 0 // the caller's buffer, reused from Read to Read; 0: io.ReadAll
 		read := func(cuts []int) []byte {
-			r, reps := bodyRouter(t, Config{}, func() io.Reader { return &cutReader{b: in, cuts: cuts} })
-			got, _ := stream(t, r, "chat/completions", req)
+			r, reps := bodyRouter(t, Config{}, func() io.Reader {
+				if cuts == nil {
+					return iotest.OneByteReader(bytes.NewReader(in))
+				}
+				return &cutReader{b: in, cuts: cuts}
+			})
+			var got []byte
+			if bufN > 0 {
+				got, _ = streamBuf(t, r, "chat/completions", req, bufN)
+			} else {
+				got, _ = stream(t, r, "chat/completions", req)
+			}
 			if len(reps.all()) != 1 {
 				t.Fatalf("%d reports", len(reps.all()))
+			}
+			rep := reps.all()[0]
+			s := seen{usage: rep.Usage, ttft: rep.TTFT > 0}
+			if rep.Err != nil {
+				s.err = rep.Err.Error()
+			}
+			if want == nil {
+				want = &s
+			} else if s != *want {
+				t.Fatalf("the router read %+v, and %+v with other cuts", s, *want)
 			}
 			return got
 		}
 		got := read(cuts)
+		if !bytes.Equal(got, read(nil)) {
+			t.Fatalf("output depends on how reads are cut")
+		}
+		bufN = 1 + int(c1^c2)%97
+		if !bytes.Equal(got, read([]int{})) {
+			t.Fatalf("output depends on the caller's buffer")
+		}
 		if !inject {
 			if !bytes.Equal(got, in) {
 				t.Fatalf("caller read %q, upstream sent %q", got, in)
 			}
 			return
-		}
-		if !bytes.Equal(got, read(nil)) {
-			t.Fatalf("output depends on how reads are cut")
 		}
 		if bytes.Equal(got, in) {
 			return
