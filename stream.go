@@ -83,6 +83,7 @@ type streamBody struct {
 	evLines int    // data lines so far
 	evSize  int    // bytes of data so far (joined), counted also past streamEventMax
 	evLong  bool   // the data is over streamEventMax, or a line of it was cut: not parsed
+	evCut   bool   // a line of it was cut at streamLineMax
 
 	rerr  error       // the upstream's read error (io.EOF included), once it came
 	over  atomic.Bool // the stream was finished: Read returns final
@@ -276,6 +277,12 @@ func (s *streamBody) decide(kind int, usageChunk bool, start, end int) {
 		}
 		return
 	}
+	if kind == lineChunkAfter {
+		// The event before ended where this line starts (it was not a
+		// usage chunk: one is whole, and read at its own line).
+		s.dec, s.evStart, s.evPassed = start, start, false
+		kind = lineChunk
+	}
 	switch kind {
 	case lineBlank, lineChunk:
 		if usageChunk && !s.evPassed && end-s.evStart <= streamHoldMax {
@@ -344,7 +351,8 @@ const (
 	lineBlank = iota
 	lineEvent
 	lineData
-	lineChunk // a data line that is an event's first and a whole chunk: read at once
+	lineChunk      // a data line that is an event's first and a whole chunk: read at once
+	lineChunkAfter // a whole chunk after data it cannot continue: that data was an event of its own
 	lineOther
 )
 
@@ -365,9 +373,19 @@ func (s *streamBody) line(line []byte, full int, inSc bool) (kind int, usageChun
 	case "data":
 		st.sawData = true
 		full -= len(line) - len(val)
-		if s.evLines == 0 && full == len(val) && wholeChunk(val) {
-			// No later line could continue it: read it now, where it lies.
-			return lineChunk, s.data(val)
+		if full == len(val) && wholeChunk(val) {
+			switch {
+			case s.evLines == 0:
+				// No later line could continue it: read it now, where it lies.
+				return lineChunk, s.data(val)
+			case !s.continuable():
+				// An upstream that sends no blank line between its chunks,
+				// after a data line no JSON continues ("data: ping", a
+				// line over the limit): that line was an event of its
+				// own, and this one is a whole chunk.
+				s.dispatch()
+				return lineChunkAfter, s.data(val)
+			}
 		}
 		s.dataLine(val, full, inSc)
 		return lineData, false
@@ -395,6 +413,7 @@ func (s *streamBody) dataLine(val []byte, full int, inSc bool) {
 	if s.evLong {
 		return
 	}
+	s.evCut = s.evCut || full > len(val)
 	if full > len(val) || size > streamEventMax {
 		// Too long to parse (a large tool-call argument): dispatch counts it.
 		s.evLong = true
@@ -408,6 +427,19 @@ func (s *streamBody) dataLine(val []byte, full int, inSc bool) {
 	s.keepEvent()
 	s.evBuf = append(append(s.evBuf, '\n'), val...)
 	s.evData = s.evBuf
+}
+
+// continuable reports whether a later data line may continue the current
+// event's data into JSON: data that opens an object or an array. An event
+// of one line cut at streamLineMax is taken as a chunk of its own (an
+// upstream without blank lines that sent a huge tool-call delta); one over
+// streamEventMax by the sum of its lines is not.
+func (s *streamBody) continuable() bool {
+	if s.evLong {
+		return !(s.evLines == 1 && s.evCut)
+	}
+	i := jsonscan.SkipSpace(s.evData, 0)
+	return i < len(s.evData) && (s.evData[i] == '{' || s.evData[i] == '[')
 }
 
 // wholeChunk reports whether v is one whole JSON object, or [DONE], with
@@ -471,7 +503,7 @@ func (s *streamBody) dispatch() (usageChunk bool) {
 		return false
 	}
 	v, long, size := s.evData, s.evLong, s.evSize
-	s.evData, s.evOwned, s.evInSc, s.evLines, s.evSize, s.evLong = nil, false, false, 0, 0, false
+	s.evData, s.evOwned, s.evInSc, s.evLines, s.evSize, s.evLong, s.evCut = nil, false, false, 0, 0, false, false
 	if long {
 		// It carries content; count it roughly, at 4 bytes a token.
 		s.content()
