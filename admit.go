@@ -66,7 +66,7 @@ func (r *Router) acquire(ctx context.Context, cands []candidate, start int, a ad
 	if err == nil {
 		picked = &cands[i]
 	}
-	a.trip.dropHolds(n0, picked)
+	a.trip.dropHolds(ctx, n0, picked)
 	return i, tk, waited, err
 }
 

@@ -202,9 +202,10 @@ type BudgetKey struct {
 // Implementations are safe for concurrent use, and Reserve is atomic: two
 // requests never both take the last of a budget.
 type Ledger interface {
-	// Reserve sets hold h.ID of k to h.Amount (a new hold, or a top-up of
-	// one) if k's spend plus its reservations, with h at its new amount,
-	// stay within limit, and reports whether it did. Reserving the same
+	// Reserve sets hold h.ID of k to h.Amount (a new hold, a top-up of
+	// one, or a smaller amount, which always fits) if k's spend plus its
+	// reservations, with h at its new amount, stay within limit, and
+	// reports whether it did. Reserving the same
 	// hold twice at the same amount changes nothing, so a call that may
 	// or may not have been applied (a timeout) can be repeated or settled.
 	// A hold no longer counts after h.Expires (a shared ledger must honour
@@ -504,15 +505,26 @@ func (t *trip) reserve(ctx context.Context, c *candidate, now time.Time) bool {
 // PerUpstream or PerModel budget's) until the request ends, refusing
 // others meanwhile. Holds made before (an earlier attempt's, a hedge's
 // first attempt's) are the request's and stay until it settles.
-func (t *trip) dropHolds(n0 int, c *candidate) {
+//
+// A hold made since n0 that covers c too is brought down to c's worst case
+// when a dearer candidate passed over made it larger (an AllTraffic
+// budget, with a fallback to a dearer model or upstream first in line).
+func (t *trip) dropHolds(ctx context.Context, n0 int, c *candidate) {
 	res := &t.res
 	if len(res.list) <= n0 {
 		return
 	}
 	keep := res.list[:n0]
+	need := int64(-1)
 	for _, h := range res.list[n0:] {
 		if c != nil {
 			if key, covers := h.b.Scope(t.c.req, c.model, c.up.cfg.Name); covers && key == h.k.Key {
+				if need < 0 {
+					need = t.worstCase(c)
+				}
+				if h.amount() > need {
+					t.r.lowerLedger(ctx, t, &h, res.id, need)
+				}
 				keep = append(keep, h)
 				continue
 			}
@@ -806,6 +818,37 @@ func (r *Router) reserveLedger(ctx context.Context, t *trip, h *held, id string,
 		h.local += delta
 	}
 	return ok
+}
+
+// lowerLedger brings h's reservation down to amount, in the one ledger
+// that holds it (a hold split between the shared and the fallback ledger
+// keeps what it holds). A ledger that does not answer keeps the larger
+// hold, which the request's settlement ends.
+func (r *Router) lowerLedger(ctx context.Context, t *trip, h *held, id string, amount int64) {
+	expires := r.s.clock.Now().Add(h.b.holdFor)
+	switch {
+	case h.local == 0 && !h.uncertain:
+		if r.fallbackLedger == nil {
+			if ok, _ := r.ledger.Reserve(ctx, h.k, h.b.limit, Hold{ID: id, Amount: amount, Expires: expires}); ok {
+				h.shared = amount
+			}
+			return
+		}
+		sctx, cancel := r.stateCtx(ctx)
+		ok, err := r.ledger.Reserve(sctx, h.k, h.b.limit, Hold{ID: id, Amount: amount, Expires: expires})
+		cancel()
+		if err != nil {
+			r.stateFailed(t, "reserve", err)
+			return
+		}
+		if ok {
+			h.shared = amount
+		}
+	case h.shared == 0:
+		if ok, _ := r.fallbackLedger.Reserve(ctx, h.k, h.b.limit/int64(r.s.replicas), Hold{ID: id, Amount: amount, Expires: expires}); ok {
+			h.local = amount
+		}
+	}
 }
 
 // settleLedger ends h's reservation in each ledger that holds a part of

@@ -67,3 +67,44 @@ func TestPassedOverCandidateHoldsNothing(t *testing.T) {
 	assert.InDelta(t, 18, b.Spent, 1e-9)
 	assert.Zero(t, a.Reserved+b.Reserved, "nothing held once every request ended")
 }
+
+// TestPassedOverDearerCandidateHoldLowered: a budget that covers both the
+// candidate passed over and the one picked keeps the picked one's worst
+// case, not the larger one the scan reserved first. Upstream a (price
+// factor 2: $36) has spent its RPM; the request goes to b ($18), and the
+// AllTraffic ledger holds $18 while it is in flight. (It held $36 until
+// the request ended.)
+func TestPassedOverDearerCandidateHoldLowered(t *testing.T) {
+	clock := newFakeClock()
+	base := &usageBase{prompt: 8, completion: 10}
+	r, _ := newTestRouter(t, Config{Base: base, Prices: budgetPrices, Clock: clock, Strategy: StrategyPriority,
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 1, PriceFactor: 2}, {Name: "b", BaseURL: "http://b.test/v1"}},
+		Budgets:   []Budget{{Name: "all", Limit: 1000, Window: Window{Every: time.Hour}}}})
+	send := func() <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			resp, err := r.RoundTrip(budgetRequest(context.Background(), "m", ""))
+			if err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			done <- err
+		}()
+		return done
+	}
+	require.NoError(t, <-send()) // takes a's only request of the minute: $36
+	all, ok := spendOf(r, "all", "")
+	require.True(t, ok)
+	require.InDelta(t, 36, all.Spent, 1e-9)
+
+	base.gate = make(chan struct{})
+	done := send()
+	require.Eventually(t, func() bool { return base.calls.Load() == 2 }, 5*time.Second, time.Millisecond)
+	all, _ = spendOf(r, "all", "")
+	assert.InDelta(t, 18, all.Reserved, 1e-9, "the request in flight at b holds b's worst case")
+	close(base.gate)
+	require.NoError(t, <-done)
+	all, _ = spendOf(r, "all", "")
+	assert.InDelta(t, 54, all.Spent, 1e-9)
+	assert.Zero(t, all.Reserved)
+}
