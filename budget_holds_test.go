@@ -20,6 +20,21 @@ func spendOf(r *Router, name, key string) (BudgetSpend, bool) {
 	return BudgetSpend{}, false
 }
 
+// sendBudgeted sends a budgetRequest for model m and reads its answer, on
+// a goroutine of its own.
+func sendBudgeted(r *Router) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		resp, err := r.RoundTrip(budgetRequest(context.Background(), "m", ""))
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	return done
+}
+
 // TestPassedOverCandidateHoldsNothing: a request is reserved against a
 // candidate's budget ledgers before its rate limits are looked at. When
 // the admission step passes that candidate over (here: upstream a has
@@ -44,15 +59,7 @@ func TestPassedOverCandidateHoldsNothing(t *testing.T) {
 
 	// The second passes a over (no RPM left) and waits at b.
 	base.gate = make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		resp, err := r.RoundTrip(budgetRequest(context.Background(), "m", ""))
-		if err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		done <- err
-	}()
+	done := sendBudgeted(r)
 	require.Eventually(t, func() bool { return base.calls.Load() == 2 }, 5*time.Second, time.Millisecond)
 	a, _ = spendOf(r, "up", "a")
 	b, ok := spendOf(r, "up", "b")
@@ -80,25 +87,13 @@ func TestPassedOverDearerCandidateHoldLowered(t *testing.T) {
 	r, _ := newTestRouter(t, Config{Base: base, Prices: budgetPrices, Clock: clock, Strategy: StrategyPriority,
 		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 1, PriceFactor: 2}, {Name: "b", BaseURL: "http://b.test/v1"}},
 		Budgets:   []Budget{{Name: "all", Limit: 1000, Window: Window{Every: time.Hour}}}})
-	send := func() <-chan error {
-		done := make(chan error, 1)
-		go func() {
-			resp, err := r.RoundTrip(budgetRequest(context.Background(), "m", ""))
-			if err == nil {
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-			done <- err
-		}()
-		return done
-	}
-	require.NoError(t, <-send()) // takes a's only request of the minute: $36
+	require.NoError(t, <-sendBudgeted(r)) // takes a's only request of the minute: $36
 	all, ok := spendOf(r, "all", "")
 	require.True(t, ok)
 	require.InDelta(t, 36, all.Spent, 1e-9)
 
 	base.gate = make(chan struct{})
-	done := send()
+	done := sendBudgeted(r)
 	require.Eventually(t, func() bool { return base.calls.Load() == 2 }, 5*time.Second, time.Millisecond)
 	all, _ = spendOf(r, "all", "")
 	assert.InDelta(t, 18, all.Reserved, 1e-9, "the request in flight at b holds b's worst case")

@@ -140,13 +140,10 @@ func TestStreamMultiLineData(t *testing.T) {
 // from Read to Read as io.Copy does.
 func streamBuf(t testing.TB, rt http.RoundTripper, path, body string, n int) ([]byte, error) {
 	t.Helper()
-	req, err := http.NewRequest("POST", "http://relay.invalid/v1/"+path, strings.NewReader(body))
-	require.NoError(t, err)
-	resp, err := rt.RoundTrip(req)
-	require.NoError(t, err)
+	resp := post(t, rt, path, body)
 	defer resp.Body.Close()
 	var out bytes.Buffer
-	_, err = io.CopyBuffer(struct{ io.Writer }{&out}, onlyReader{resp.Body}, make([]byte, n)) // out's ReadFrom would not use the buffer
+	_, err := io.CopyBuffer(struct{ io.Writer }{&out}, onlyReader{resp.Body}, make([]byte, n)) // out's ReadFrom would not use the buffer
 	return out.Bytes(), err
 }
 

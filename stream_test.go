@@ -83,12 +83,19 @@ func bodyRouter(t testing.TB, cfg Config, newBody func() io.Reader) (*Router, *r
 // stream sends body to path through rt and reads the whole answer.
 func stream(t testing.TB, rt http.RoundTripper, path, body string) ([]byte, error) {
 	t.Helper()
+	resp := post(t, rt, path, body)
+	defer resp.Body.Close()
+	return io.ReadAll(resp.Body)
+}
+
+// post sends body to path through rt and returns the response.
+func post(t testing.TB, rt http.RoundTripper, path, body string) *http.Response {
+	t.Helper()
 	req, err := http.NewRequest("POST", "http://relay.invalid/v1/"+path, strings.NewReader(body))
 	require.NoError(t, err)
 	resp, err := rt.RoundTrip(req)
 	require.NoError(t, err)
-	defer resp.Body.Close()
-	return io.ReadAll(resp.Body)
+	return resp
 }
 
 // usageChunkRe finds the data line of a chat usage chunk and its blank line.
