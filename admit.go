@@ -254,9 +254,20 @@ func (r *Router) await(ctx context.Context, cands []candidate, pick int, delay t
 		if delay < 0 {
 			reason = "slot"
 		}
-		h(WaitEvent{Context: ctx, Upstream: c.up.cfg.Name, Reason: reason, Wait: waited, Err: err})
+		ev := WaitEvent{Context: ctx, Upstream: c.up.cfg.Name, Reason: reason, Wait: waited, Err: err}
+		if a.trip != nil {
+			a.trip.onWait(h, ev)
+		} else {
+			h(ev)
+		}
 	}
 	return i, tk, waited, err
+}
+
+// onWait calls Hooks.OnWait; a panic is kept (see trip.catch).
+func (t *trip) onWait(h func(WaitEvent), ev WaitEvent) {
+	defer t.catch()
+	h(ev)
 }
 
 // waitFor does await's waiting, in the upstream's queues, by priority (see

@@ -12,6 +12,12 @@ import (
 // called, at no cost), is called synchronously with no lock held, must not
 // block, and must be safe for concurrent use. JoinHooks composes several
 // observers (OpenTelemetry, Prometheus, your own) into one.
+//
+// A panic in OnAttempt, an attempt's done function, OnWait or
+// OnStateFallback while RoundTrip runs is caught: the request unwinds as a
+// cancelled one, giving back its in-flight slot, rate tokens and budget
+// holds, and RoundTrip then panics with the hook's value. OnBreaker and a
+// Budget's Scope must not panic.
 type Hooks struct {
 	// OnRequest runs when RoundTrip starts, before the body is read. The
 	// context it returns, if not nil, is the request's from then on:

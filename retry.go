@@ -118,7 +118,7 @@ func exponential(s *retrySettings) backoff.BackOff {
 // goes to next.
 func (t *trip) retryWait(a *attempt, next candidate, i int, rt *retrier) (wait time.Duration, final bool) {
 	s := &t.r.s.retry
-	if i == s.maxAttempts-1 || t.ctx.Err() != nil || !s.shouldRetry(a.resp, a.err) {
+	if i == s.maxAttempts-1 || t.stopped(t.ctx) != nil || !s.shouldRetry(a.resp, a.err) {
 		return 0, true
 	}
 	// A server's hint is about itself: it sets the wait when the retry goes

@@ -130,8 +130,20 @@ func (r *Router) stateFailed(t *trip, op string, err error) {
 		ctx = t.ctx
 	}
 	if h := r.s.hooks.OnStateFallback; h != nil {
-		h(StateFallbackEvent{Context: ctx, Op: op, Err: err})
+		ev := StateFallbackEvent{Context: ctx, Op: op, Err: err}
+		if t != nil {
+			t.onStateFallback(h, ev)
+		} else {
+			h(ev)
+		}
 	}
+}
+
+// onStateFallback calls Hooks.OnStateFallback; a panic is kept (see
+// trip.catch).
+func (t *trip) onStateFallback(h func(StateFallbackEvent), ev StateFallbackEvent) {
+	defer t.catch()
+	h(ev)
 }
 
 // limitsOf returns an upstream's fleet-wide limits.

@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -31,6 +32,68 @@ const (
 // transport's). It is safe for concurrent use.
 func (r *Router) RoundTrip(req *http.Request) (*http.Response, error) {
 	t := newTrip(r, req)
+	resp, err := t.roundTrip(req)
+	if p := t.hookPanic.Swap(&tripReturned); p != nil {
+		// A hook panicked during the request: it unwound as a cancelled
+		// one (giving back its slot, tokens and holds), and the panic goes
+		// on from here.
+		if resp != nil {
+			resp.Body.Close()
+		}
+		panic(p.v)
+	}
+	return resp, err
+}
+
+// hookPanic is a panic a hook raised during a request.
+type hookPanic struct{ v any }
+
+// tripReturned marks a trip whose RoundTrip returned: a hook that panics
+// after it (a hedge loser's done function, on a goroutine of its own)
+// panics there, as it would without the router.
+var tripReturned hookPanic
+
+// errHookPanicked is the error of an attempt not sent, or not retried,
+// because a hook panicked: the request unwinds as a cancelled one.
+var errHookPanicked = fmt.Errorf("relay: a hook panicked: %w", context.Canceled)
+
+// catch, deferred around a hook's call, keeps the hook's panic for
+// RoundTrip to raise once the request has given back what it held (the
+// first one, if several hooks panic).
+func (t *trip) catch() {
+	if p := recover(); p != nil {
+		if !t.hookPanic.CompareAndSwap(nil, &hookPanic{v: p}) && t.hookPanic.Load() == &tripReturned {
+			panic(p) // RoundTrip has returned: nothing would raise it
+		}
+	}
+}
+
+// stopped is the error that keeps an attempt from going out: the context's,
+// or errHookPanicked once a hook panicked.
+func (t *trip) stopped(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if p := t.hookPanic.Load(); p != nil && p != &tripReturned {
+		return errHookPanicked
+	}
+	return nil
+}
+
+// onAttempt calls Hooks.OnAttempt; a panic is kept (see catch).
+func (t *trip) onAttempt(h func(context.Context, AttemptInfo, *http.Request) func(AttemptDone), ctx context.Context, info AttemptInfo, out *http.Request) func(AttemptDone) {
+	defer t.catch()
+	return h(ctx, info, out)
+}
+
+// attemptDone calls an attempt's done function; a panic is kept.
+func (t *trip) attemptDone(done func(AttemptDone), d AttemptDone) {
+	defer t.catch()
+	done(d)
+}
+
+func (t *trip) roundTrip(req *http.Request) (*http.Response, error) {
+	r := t.r
 	if req.URL == nil {
 		if req.Body != nil {
 			req.Body.Close()
@@ -147,6 +210,11 @@ type trip struct {
 	votes   atomic.Int32 // parties the report still waits for (see vote)
 
 	stateFallback atomic.Bool // a call to the shared State failed: in-process state decided
+	// hookPanic is the first panic of a hook the request called
+	// (Hooks.OnAttempt, its done function, OnWait, OnStateFallback), kept
+	// to be raised again once RoundTrip gave back what the request held;
+	// &tripReturned once RoundTrip returned.
+	hookPanic atomic.Pointer[hookPanic]
 }
 
 // attempt is one upstream call and what it learned.
@@ -328,7 +396,7 @@ func (t *trip) awaitFirstToken(a *attempt) (waited bool) {
 // counters, at now.
 func (t *trip) observe(a *attempt, now time.Time) {
 	o := outcomeOf(a.resp, a.err)
-	if a.resp == nil && t.ctx.Err() != nil {
+	if a.resp == nil && (t.ctx.Err() != nil || errors.Is(a.err, errHookPanicked)) {
 		o = outcomeNeutral // the caller gave up (cancel or its own deadline), not the upstream
 	}
 	if a.hookDone != nil {
@@ -336,8 +404,9 @@ func (t *trip) observe(a *attempt, now time.Time) {
 		if a.resp != nil {
 			d.StatusCode = a.resp.StatusCode
 		}
-		a.hookDone(d)
+		done := a.hookDone
 		a.hookDone = nil
+		t.attemptDone(done, d)
 	}
 	u := a.cand.up
 	u.requests.Add(1)
@@ -378,7 +447,18 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 	if sent.IsZero() {
 		a.sent = r.s.clock.Now()
 	}
-	if err := ctx.Err(); err != nil {
+	var out *http.Request
+	if err := ctx.Err(); err == nil {
+		out = t.outgoing(ctx, cand, body)
+		if h := r.s.hooks.OnAttempt; h != nil {
+			info := AttemptInfo{Upstream: cand.up.cfg.Name, Model: cand.model, N: n, Hedge: hedge}
+			if !hedge {
+				info.Retry, info.Backoff = t.why, t.backoff
+			}
+			a.hookDone = t.onAttempt(h, ctx, info, out)
+		}
+	}
+	if err := t.stopped(ctx); err != nil {
 		// The call never goes out: its tokens go back, where they were taken.
 		if cand.fleetTPM {
 			r.refundShared(ctx, t, cand.up, 1, fleetCharge(t.tokens, cand.up), a.sent)
@@ -390,14 +470,6 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 		}
 		a.err = err
 		return a
-	}
-	out := t.outgoing(ctx, cand, body)
-	if h := r.s.hooks.OnAttempt; h != nil {
-		info := AttemptInfo{Upstream: cand.up.cfg.Name, Model: cand.model, N: n, Hedge: hedge}
-		if !hedge {
-			info.Retry, info.Backoff = t.why, t.backoff
-		}
-		a.hookDone = h(ctx, info, out)
 	}
 	a.resp, a.err = r.s.base.RoundTrip(out)
 	a.err = r.s.secrets.redactErr(a.err) // (a *url.Error names the upstream URL, key and all)

@@ -1,0 +1,132 @@
+package relay
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// roundTripRecover sends a budgetRequest through r and returns what
+// RoundTrip panicked with, if it did.
+func roundTripRecover(r *Router) (p any, err error) {
+	defer func() { p = recover() }()
+	var resp *http.Response
+	resp, err = r.RoundTrip(budgetRequest(context.Background(), "m", ""))
+	if err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	return nil, err
+}
+
+// TestHookPanicGivesBackWhatTheRequestHeld: a hook that panics during the
+// attempt loop (OnAttempt, its done function, OnWait) makes RoundTrip
+// panic with its value, as before, but only once the request has unwound
+// as a cancelled one: its in-flight slot, its rate tokens and its budget
+// hold are given back, and the next request goes. (The panic went out of
+// RoundTrip at once: the upstream's only slot and the hold stayed taken
+// for good, and every later request waited for the slot.)
+func TestHookPanicGivesBackWhatTheRequestHeld(t *testing.T) {
+	for _, hook := range []string{"OnAttempt", "done", "OnWait"} {
+		t.Run(hook, func(t *testing.T) {
+			clock := newFakeClock()
+			var armed atomic.Bool
+			boom := func() {
+				if armed.CompareAndSwap(true, false) {
+					panic("boom from " + hook)
+				}
+			}
+			var h Hooks
+			switch hook {
+			case "OnAttempt":
+				h.OnAttempt = func(context.Context, AttemptInfo, *http.Request) func(AttemptDone) { boom(); return nil }
+			case "done":
+				h.OnAttempt = func(context.Context, AttemptInfo, *http.Request) func(AttemptDone) {
+					return func(AttemptDone) { boom() }
+				}
+			case "OnWait":
+				h.OnWait = func(WaitEvent) { boom() }
+			}
+			base := &usageBase{prompt: 8, completion: 10}
+			rpm := 0
+			if hook == "OnWait" {
+				rpm = 1 // the second request waits for a token
+			}
+			r, _ := newTestRouter(t, Config{Base: base, Prices: budgetPrices, Clock: clock, Hooks: h,
+				Limits:    LimitConfig{MaxWait: time.Hour},
+				Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", MaxInFlight: 1, RPM: rpm}},
+				Budgets:   []Budget{{Name: "all", Limit: 1000, Window: Window{Every: time.Hour}}}})
+			u := r.ups[0]
+			if hook == "OnWait" {
+				_, err := roundTripRecover(r) // takes the minute's token
+				require.NoError(t, err)
+			}
+			armed.Store(true)
+			panicked := make(chan any, 1)
+			go func() { p, _ := roundTripRecover(r); panicked <- p }()
+			if hook == "OnWait" {
+				require.Eventually(t, func() bool { return u.lim.rq.n.Load() == 1 }, 5*time.Second, time.Millisecond)
+				clock.Advance(time.Minute)
+			}
+			assert.Equal(t, "boom from "+hook, <-panicked, "RoundTrip panics with the hook's value")
+			assert.Zero(t, u.inflight.Load(), "in-flight count")
+			assert.Zero(t, u.lim.slots.inUse(), "in-flight slots taken")
+			all, _ := spendOf(r, "all", "")
+			assert.Zero(t, all.Reserved, "budget held")
+			calls := base.calls.Load()
+			if hook == "OnWait" {
+				clock.Advance(time.Minute)
+			}
+			done := make(chan error, 1)
+			go func() { _, err := roundTripRecover(r); done <- err }()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("the next request never got the slot")
+			}
+			assert.Equal(t, calls+1, base.calls.Load())
+		})
+	}
+}
+
+// TestHookPanicInHedgeAttempt: with hedging on every attempt runs on a
+// goroutine of its own, so a panic in OnAttempt there could not be
+// recovered by the caller: the process died. It is caught, the hedge
+// does not go out, the first attempt answers, and RoundTrip panics with
+// the hook's value once both upstreams' slots are given back.
+func TestHookPanicInHedgeAttempt(t *testing.T) {
+	clock := newFakeClock()
+	base := &usageBase{prompt: 8, completion: 10, gate: make(chan struct{})}
+	var hedges atomic.Int32
+	h := Hooks{OnAttempt: func(_ context.Context, a AttemptInfo, _ *http.Request) func(AttemptDone) {
+		if a.Hedge {
+			hedges.Add(1)
+			panic("boom from a hedge")
+		}
+		return nil
+	}}
+	r, _ := newTestRouter(t, Config{Base: base, Prices: budgetPrices, Clock: clock, Hooks: h, Strategy: StrategyPriority,
+		Hedge:     HedgeConfig{Delay: time.Second},
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", MaxInFlight: 1}, {Name: "b", BaseURL: "http://b.test/v1", MaxInFlight: 1}}})
+	panicked := make(chan any, 1)
+	go func() { p, _ := roundTripRecover(r); panicked <- p }()
+	require.Eventually(t, func() bool { return base.calls.Load() == 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool {
+		clock.Advance(time.Second) // the hedge delay, then its later looks
+		return hedges.Load() > 0
+	}, 5*time.Second, time.Millisecond)
+	close(base.gate)
+	assert.Equal(t, "boom from a hedge", <-panicked)
+	assert.Equal(t, int64(1), base.calls.Load(), "the hedge went out")
+	for _, u := range r.ups {
+		assert.Zero(t, u.inflight.Load(), "%s: in-flight count", u.cfg.Name)
+		assert.Zero(t, u.lim.slots.inUse(), "%s: in-flight slots taken", u.cfg.Name)
+	}
+}
