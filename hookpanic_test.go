@@ -58,7 +58,7 @@ func TestHookPanicGivesBackWhatTheRequestHeld(t *testing.T) {
 			if hook == "OnWait" {
 				rpm = 1 // the second request waits for a token
 			}
-			r, _ := newTestRouter(t, Config{Base: base, Prices: budgetPrices, Clock: clock, Hooks: h,
+			r, reps := newTestRouter(t, Config{Base: base, Prices: budgetPrices, Clock: clock, Hooks: h,
 				Limits:    LimitConfig{MaxWait: time.Hour},
 				Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", MaxInFlight: 1, RPM: rpm}},
 				Budgets:   []Budget{{Name: "all", Limit: 1000, Window: Window{Every: time.Hour}}}})
@@ -75,6 +75,11 @@ func TestHookPanicGivesBackWhatTheRequestHeld(t *testing.T) {
 				clock.Advance(time.Minute)
 			}
 			assert.Equal(t, "boom from "+hook, <-panicked, "RoundTrip panics with the hook's value")
+			sent := 1
+			if hook == "OnWait" {
+				sent = 2
+			}
+			require.Eventually(t, func() bool { return len(reps.all()) == sent }, 5*time.Second, time.Millisecond, "the request's report")
 			assert.Zero(t, u.inflight.Load(), "in-flight count")
 			assert.Zero(t, u.lim.slots.inUse(), "in-flight slots taken")
 			all, _ := spendOf(r, "all", "")
