@@ -522,8 +522,10 @@ func (t *trip) dropHolds(ctx context.Context, n0 int, c *candidate) {
 				if need < 0 {
 					need = t.worstCase(c)
 				}
-				if h.amount() > need {
-					t.r.lowerLedger(ctx, t, &h, res.id, need)
+				if h.amount() > need && (h.local == 0 || h.shared == 0) && !h.uncertain {
+					// Reserving less always fits; a ledger that does not
+					// answer keeps the larger hold, which the settlement ends.
+					t.r.reserveLedger(ctx, t, &h, res.id, need-h.amount(), h.local > 0, t.r.s.clock.Now().Add(h.b.holdFor))
 				}
 				keep = append(keep, h)
 				continue
@@ -785,12 +787,13 @@ func (r *Router) keys(budget string, end time.Time) []string {
 	return keys
 }
 
-// reserveLedger raises h's reservation by delta, in the router's ledger,
-// as hold id until expires. A shared ledger (one other than the in-process
-// default) is called within StateTimeout; when it does not answer, the
-// in-process fallback ledger decides, with the limit divided by Replicas.
-// onlyLocal keeps a top-up in the fallback ledger, where the reservation
-// is. It reports whether the reservation fits.
+// reserveLedger changes h's reservation by delta (a negative delta lowers
+// it), in the router's ledger, as hold id until expires. A shared ledger
+// (one other than the in-process default) is called within StateTimeout;
+// when it does not answer, the in-process fallback ledger decides, with
+// the limit divided by Replicas. onlyLocal keeps the change in the
+// fallback ledger, where the reservation is. It reports whether the
+// reservation fits.
 func (r *Router) reserveLedger(ctx context.Context, t *trip, h *held, id string, delta int64, onlyLocal bool, expires time.Time) bool {
 	limit := h.b.limit
 	if r.fallbackLedger == nil {
@@ -818,37 +821,6 @@ func (r *Router) reserveLedger(ctx context.Context, t *trip, h *held, id string,
 		h.local += delta
 	}
 	return ok
-}
-
-// lowerLedger brings h's reservation down to amount, in the one ledger
-// that holds it (a hold split between the shared and the fallback ledger
-// keeps what it holds). A ledger that does not answer keeps the larger
-// hold, which the request's settlement ends.
-func (r *Router) lowerLedger(ctx context.Context, t *trip, h *held, id string, amount int64) {
-	expires := r.s.clock.Now().Add(h.b.holdFor)
-	switch {
-	case h.local == 0 && !h.uncertain:
-		if r.fallbackLedger == nil {
-			if ok, _ := r.ledger.Reserve(ctx, h.k, h.b.limit, Hold{ID: id, Amount: amount, Expires: expires}); ok {
-				h.shared = amount
-			}
-			return
-		}
-		sctx, cancel := r.stateCtx(ctx)
-		ok, err := r.ledger.Reserve(sctx, h.k, h.b.limit, Hold{ID: id, Amount: amount, Expires: expires})
-		cancel()
-		if err != nil {
-			r.stateFailed(t, "reserve", err)
-			return
-		}
-		if ok {
-			h.shared = amount
-		}
-	case h.shared == 0:
-		if ok, _ := r.fallbackLedger.Reserve(ctx, h.k, h.b.limit/int64(r.s.replicas), Hold{ID: id, Amount: amount, Expires: expires}); ok {
-			h.local = amount
-		}
-	}
 }
 
 // settleLedger ends h's reservation in each ledger that holds a part of

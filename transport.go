@@ -448,7 +448,7 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 		a.sent = r.s.clock.Now()
 	}
 	var out *http.Request
-	if err := ctx.Err(); err == nil {
+	if t.stopped(ctx) == nil {
 		out = t.outgoing(ctx, cand, body)
 		if h := r.s.hooks.OnAttempt; h != nil {
 			info := AttemptInfo{Upstream: cand.up.cfg.Name, Model: cand.model, N: n, Hedge: hedge}
