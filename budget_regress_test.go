@@ -97,9 +97,6 @@ func TestRegressBudgetViewPerUpstream(t *testing.T) {
 	assert.InDelta(t, 0.9, got[0].(float64), 1e-9, "the request's ledger (upstream a) is 90%% spent")
 }
 
-var _ = strings.NewReader
-var _ http.Header
-
 // A retry's top-up after the hold's window ended: request 1 reserves $18
 // at upstream a just before an hourly boundary and gets a 503; request 2,
 // after the boundary, opens the new window; request 1's retry to b (price
