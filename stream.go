@@ -21,7 +21,9 @@ import (
 // Stream parsing bounds.
 const (
 	streamLineMax  = 256 << 10 // longest SSE line kept by the line scanner
-	streamEventMax = 256 << 10 // longest event data parsed; longer events pass through unparsed
+	streamEventMax = 256 << 10 // longest event data parsed; longer events pass through, read at their ends
+	streamTailMax  = 64 << 10  // bytes kept of the end of a longer event (its usage)
+	streamHeadMax  = 128       // bytes kept of the start of a longer event (its type)
 	streamHoldMax  = 16 << 10  // longest event that can be the injected usage chunk
 	streamBufSize  = 48 << 10  // buffer of a stream that holds bytes back
 	streamAheadMax = 1 << 20   // read-ahead bound while waiting for the first token
@@ -76,14 +78,17 @@ type streamBody struct {
 	evPassed  bool // part of the current event was handed out: it is not the usage chunk
 
 	// the data of the current event (guarded by mu)
-	evData  []byte // data lines so far, joined: in the bytes being scanned, or evBuf
-	evOwned bool   // evData is in evBuf
-	evInSc  bool   // evData is in the scanner's buffer, valid until it keeps a new partial line
-	evBuf   []byte // evData's copy once it outlives the bytes it was in
-	evLines int    // data lines so far
-	evSize  int    // bytes of data so far (joined), counted also past streamEventMax
-	evLong  bool   // the data is over streamEventMax, or a line of it was cut: not parsed
-	evCut   bool   // a line of it was cut at streamLineMax
+	evData  []byte              // data lines so far, joined: in the bytes being scanned, or evBuf
+	evOwned bool                // evData is in evBuf
+	evInSc  bool                // evData is in the scanner's buffer, valid until it keeps a new partial line
+	evBuf   []byte              // evData's copy once it outlives the bytes it was in
+	evLines int                 // data lines so far
+	evSize  int                 // bytes of data so far (joined), counted also past streamEventMax
+	evLong  bool                // the data is over streamEventMax, or a line of it was cut: not parsed
+	evCut   bool                // a line of it was cut at streamLineMax
+	evHead  [streamHeadMax]byte // of a long event: its first bytes
+	evHeadN int
+	evTail  []byte // of a long event: its last streamTailMax bytes (to 2×streamTailMax)
 
 	rerr  error       // the upstream's read error (io.EOF included), once it came
 	over  atomic.Bool // the stream was finished: Read returns final
@@ -126,7 +131,7 @@ type streamState struct {
 
 func newStreamBody(t *trip, a *attempt) *streamBody {
 	s := &streamBody{rc: a.resp.Body, t: t, a: a, drop: a.injected, idle: t.r.s.stream.idle}
-	s.sc.Max = streamLineMax
+	s.sc.Max, s.sc.Tail = streamLineMax, streamTailMax
 	return s
 }
 
@@ -411,12 +416,31 @@ func (s *streamBody) dataLine(val []byte, full int, inSc bool) {
 	s.evLines++
 	s.evSize = size
 	if s.evLong {
+		s.longData(val, full)
 		return
 	}
 	s.evCut = s.evCut || full > len(val)
 	if full > len(val) || size > streamEventMax {
-		// Too long to parse (a large tool-call argument): dispatch counts it.
+		// Too long to parse (a large tool-call argument, a Responses
+		// event that repeats a long output): its first and last bytes
+		// are kept, and dispatch reads them.
 		s.evLong = true
+		head := val
+		if s.evLines > 1 {
+			head = s.evData
+		}
+		s.evHeadN = copy(s.evHead[:], head)
+		if typ := s.longType(); string(typ) == "response.failed" {
+			// Its error comes before the output it repeats.
+			if e := gjson.GetBytes(head, "response.error"); e.IsObject() {
+				s.streamError(e.Get("code").String(), e.Get("message").String())
+			}
+		}
+		s.evTail = s.evTail[:0]
+		if s.evLines > 1 {
+			s.addTail(s.evData[len(s.evData)-min(len(s.evData), streamTailMax):])
+		}
+		s.longData(val, full)
 		s.evData, s.evOwned, s.evInSc = nil, false, false
 		return
 	}
@@ -427,6 +451,32 @@ func (s *streamBody) dataLine(val []byte, full int, inSc bool) {
 	s.keepEvent()
 	s.evBuf = append(append(s.evBuf, '\n'), val...)
 	s.evData = s.evBuf
+}
+
+// longData adds the end of a data line of a long event to its tail: val
+// holds the line's first bytes, full its length; the scanner has the last
+// bytes of a line it cut.
+func (s *streamBody) longData(val []byte, full int) {
+	if s.evLines > 1 {
+		s.addTail([]byte{'\n'})
+	}
+	if full > len(val) {
+		val = s.sc.LastTail()
+	}
+	s.addTail(val)
+}
+
+// addTail appends b to the long event's tail, keeping its last
+// streamTailMax bytes.
+func (s *streamBody) addTail(b []byte) {
+	if len(b) >= streamTailMax {
+		s.evTail = append(s.evTail[:0], b[len(b)-streamTailMax:]...)
+		return
+	}
+	s.evTail = append(s.evTail, b...)
+	if len(s.evTail) > 2*streamTailMax {
+		s.evTail = s.evTail[:copy(s.evTail, s.evTail[len(s.evTail)-streamTailMax:])]
+	}
 }
 
 // continuable reports whether a later data line may continue the current
@@ -452,20 +502,8 @@ func wholeChunk(v []byte) bool {
 	if i == len(v) || v[i] != '{' {
 		return string(bytes.TrimSpace(v)) == "[DONE]"
 	}
-	depth := 0
-	for ; i < len(v); i++ {
-		switch v[i] {
-		case '"':
-			i = jsonscan.StringEnd(v, i)
-		case '{', '[':
-			depth++
-		case '}', ']':
-			if depth--; depth == 0 {
-				return jsonscan.SkipSpace(v, i+1) == len(v)
-			}
-		}
-	}
-	return false
+	e, ok := objectEnd(v, i)
+	return ok && jsonscan.SkipSpace(v, e) == len(v)
 }
 
 // keepEvent copies the current event's data into evBuf, where it stays
@@ -505,12 +543,103 @@ func (s *streamBody) dispatch() (usageChunk bool) {
 	v, long, size := s.evData, s.evLong, s.evSize
 	s.evData, s.evOwned, s.evInSc, s.evLines, s.evSize, s.evLong, s.evCut = nil, false, false, 0, 0, false, false
 	if long {
-		// It carries content; count it roughly, at 4 bytes a token.
-		s.content()
-		s.st.estTokens += size / 4
+		s.longEvent(size)
 		return false
 	}
 	return s.data(v)
+}
+
+// longEvent reads an event over streamEventMax from the bytes kept of it:
+// its type from its first bytes (or its event: line), and a usage object
+// from its last (a Responses event's response.usage follows the output it
+// repeats; a chat chunk's usage is its last member). A terminal Responses
+// event ends the stream, a failed one with its error when the kept first
+// bytes hold it; any other event carries content (a long tool-call
+// argument or delta), counted roughly at 4 bytes a token.
+func (s *streamBody) longEvent(size int) {
+	st := &s.st
+	switch string(s.longType()) {
+	case "response.completed", "response.incomplete":
+		st.terminal = true
+	case "response.failed":
+		st.terminal = true
+		s.streamError("", "response.failed (an event over 256 KiB, its error not read)")
+	default:
+		s.content()
+		st.estTokens += size / 4
+	}
+	if u, ok := tailUsage(s.evTail); ok {
+		st.usage, st.haveUsage = u, true
+	}
+	s.evTail = s.evTail[:0]
+}
+
+// longType returns the type of a long event: its "type" member when that
+// comes first, else its event: line when that names a Responses event.
+func (s *streamBody) longType() []byte {
+	if typ := firstType(s.evHead[:s.evHeadN]); typ != nil {
+		return typ
+	}
+	if ev := s.st.ev[:s.st.evLen]; bytes.HasPrefix(ev, []byte("response.")) {
+		return ev
+	}
+	return nil
+}
+
+// tailUsage reads the last usage object in the end of an event's data,
+// tail, which may start inside a string or a value: the member "usage":{
+// whose key is a JSON key (its quote follows '{', ',' or white space, never
+// a backslash: inside a string a quote is escaped), and whose object closes
+// within tail and reads as a usage (parseUsage).
+func tailUsage(tail []byte) (Usage, bool) {
+	end := len(tail)
+	for {
+		k := bytes.LastIndex(tail[:end], []byte(`"usage"`))
+		if k < 0 {
+			return Usage{}, false
+		}
+		end = k
+		if k == 0 || !strings.ContainsRune("{, \t\r\n", rune(tail[k-1])) {
+			continue
+		}
+		j := jsonscan.SkipSpace(tail, k+len(`"usage"`))
+		if j >= len(tail) || tail[j] != ':' {
+			continue
+		}
+		j = jsonscan.SkipSpace(tail, j+1)
+		if j >= len(tail) || tail[j] != '{' {
+			continue
+		}
+		e, ok := objectEnd(tail, j)
+		if !ok {
+			continue
+		}
+		obj := make([]byte, 0, len(`{"usage":}`)+e-j)
+		obj = append(append(append(obj, `{"usage":`...), tail[j:e]...), '}')
+		if u, ok := parseUsage(obj); ok {
+			return u, true
+		}
+	}
+}
+
+// objectEnd returns the end of the JSON object or array that opens at v[i]
+// (the index after its closing bracket), and false when it does not close
+// within v.
+func objectEnd(v []byte, i int) (int, bool) {
+	depth := 0
+	for ; i < len(v); i++ {
+		switch v[i] {
+		case '"':
+			i = jsonscan.StringEnd(v, i)
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth--; depth == 0 {
+				return i + 1, true
+			}
+		}
+	}
+	return 0, false
 }
 
 // content records the first content chunk.

@@ -211,27 +211,9 @@ func TestStreamMultiLineOverLimit(t *testing.T) {
 	lines = append(lines, `]},"finish_reason":null}]}`)
 	data := strings.Join(lines, "\n")
 	body := event(lines...) + event(chatStop) + "data: [DONE]\n\n"
-	got := bytes.NewBuffer(make([]byte, 0, len(body)))
-	buf := make([]byte, 32<<10)
 	for _, req := range []string{chatStreamUsageReq, chatStreamReq} {
 		r, reps := bodyRouter(t, Config{}, func() io.Reader { return iotest.HalfReader(strings.NewReader(body)) })
-		read := func() error {
-			got.Reset()
-			hreq, _ := http.NewRequest("POST", "http://relay.invalid/v1/chat/completions", strings.NewReader(req))
-			resp, err := r.RoundTrip(hreq)
-			require.NoError(t, err)
-			defer resp.Body.Close()
-			_, err = io.CopyBuffer(got, onlyReader{resp.Body}, buf)
-			return err
-		}
-		require.NoError(t, read()) // the first loads the tokenizer
-		var before, after runtime.MemStats
-		runtime.GC()
-		runtime.ReadMemStats(&before)
-		err := read()
-		runtime.ReadMemStats(&after)
-		require.NoError(t, err)
-		assert.True(t, body == got.String(), "%d bytes read, want %d", got.Len(), len(body))
+		alloc := allocatedBySecondRead(t, r, "chat/completions", req, body)
 		all := reps.all()
 		require.Len(t, all, 2)
 		rep := all[1]
@@ -239,10 +221,35 @@ func TestStreamMultiLineOverLimit(t *testing.T) {
 		assert.Positive(t, rep.TTFT)
 		assert.True(t, rep.Usage.Estimated)
 		assert.InDelta(t, len(data)/4, rep.Usage.CompletionTokens, 2, "the long event counted at 4 bytes a token")
-		alloc := after.TotalAlloc - before.TotalAlloc
 		t.Logf("%d bytes allocated reading a %d-byte event", alloc, len(data))
 		assert.Less(t, alloc, uint64(3<<19), "bytes allocated reading a %d-byte event", len(data))
 	}
+}
+
+// allocatedBySecondRead streams path with body req through r twice (the
+// first loads the tokenizer), reading with a 32 KiB buffer, checks that the
+// second read the want bytes to a clean end, and returns the bytes the
+// second allocated.
+func allocatedBySecondRead(t *testing.T, r http.RoundTripper, path, req, want string) uint64 {
+	t.Helper()
+	got := bytes.NewBuffer(make([]byte, 0, len(want)))
+	buf := make([]byte, 32<<10)
+	read := func() error {
+		got.Reset()
+		resp := post(t, r, path, req)
+		defer resp.Body.Close()
+		_, err := io.CopyBuffer(got, onlyReader{resp.Body}, buf)
+		return err
+	}
+	require.NoError(t, read())
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	err := read()
+	runtime.ReadMemStats(&after)
+	require.NoError(t, err)
+	assert.True(t, want == got.String(), "%d bytes read, want %d", got.Len(), len(want))
+	return after.TotalAlloc - before.TotalAlloc
 }
 
 // TestGoOpenAIStreamMultiLineUsageChunk: a go-openai caller that did not ask

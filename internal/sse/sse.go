@@ -27,10 +27,16 @@ type Scanner struct {
 	// Max bytes are returned, with its full length, so a caller can skip
 	// parsing it. If 0, DefaultMax.
 	Max int
+	// Tail, when positive, also keeps the last Tail bytes (at most Max) of
+	// a line longer than Max: LastTail returns them, so that a caller can
+	// read what ends a long line (a usage object after a long output).
+	Tail int
 
 	buf  []byte // the start of the current line, when it spans chunks (at most Max bytes)
 	size int    // bytes of the current line seen so far (line end excluded)
 	cr   bool   // the last byte of the line so far was '\r' (not kept in buf)
+	tail []byte // the last bytes of the current line once it is over Max (Tail to 2×Tail)
+	last []byte // the tail of the line Scan or Flush returned last
 }
 
 func (s *Scanner) max() int {
@@ -49,6 +55,7 @@ func (s *Scanner) max() int {
 // line is valid until the next call; it is a sub-slice of p when the line
 // started in p, else of the Scanner's buffer.
 func (s *Scanner) Scan(p []byte) (line []byte, full int, n int, ok bool) {
+	s.last = nil
 	i := bytes.IndexByte(p, '\n')
 	if i < 0 {
 		s.keep(p)
@@ -62,6 +69,9 @@ func (s *Scanner) Scan(p []byte) (line []byte, full int, n int, ok bool) {
 		}
 		full = len(line)
 		if m := s.max(); len(line) > m {
+			if s.Tail > 0 {
+				s.last = line[len(line)-min(s.Tail, m):]
+			}
 			line = line[:m]
 		}
 		return line, full, i + 1, true
@@ -69,10 +79,25 @@ func (s *Scanner) Scan(p []byte) (line []byte, full int, n int, ok bool) {
 	s.keep(p[:i])
 	// A pending '\r' right before this '\n' is the line end, not content:
 	// keep never stored it.
-	line, full = s.buf, s.size
-	s.buf, s.size, s.cr = s.buf[:0], 0, false
+	line, full = s.end()
 	return line, full, i + 1, true
 }
+
+// end returns the current line and its length, sets last, and starts a new
+// line.
+func (s *Scanner) end() (line []byte, full int) {
+	line, full = s.buf, s.size
+	if full > s.max() && s.Tail > 0 {
+		s.last = s.tail[len(s.tail)-min(s.Tail, s.max(), len(s.tail)):]
+	}
+	s.buf, s.size, s.cr, s.tail = s.buf[:0], 0, false, s.tail[:0]
+	return line, full
+}
+
+// LastTail returns the last Tail bytes of the line Scan or Flush returned
+// last when that line was longer than Max (and Tail is positive), else
+// nil. Like the line, it is valid until the next call.
+func (s *Scanner) LastTail() []byte { return s.last }
 
 // keep appends part of a line (no '\n' in it). A '\r' at the end of p is held
 // back as pending: it is content only if more bytes follow before the '\n'.
@@ -92,12 +117,31 @@ func (s *Scanner) keep(p []byte) {
 }
 
 func (s *Scanner) add(p []byte) {
+	m := s.max()
+	before := s.size
 	s.size += len(p)
-	if room := s.max() - len(s.buf); room > 0 {
-		if len(p) > room {
-			p = p[:room]
+	if room := m - len(s.buf); room > 0 {
+		q := p
+		if len(q) > room {
+			q = q[:room]
 		}
-		s.buf = append(s.buf, p...)
+		s.buf = append(s.buf, q...)
+	}
+	if s.Tail <= 0 || s.size <= m {
+		return
+	}
+	if before <= m {
+		// The line just went over Max: its tail so far ends buf.
+		s.tail = append(s.tail[:0], s.buf[len(s.buf)-min(s.Tail, len(s.buf)):]...)
+		p = p[m-before:]
+	}
+	if len(p) >= s.Tail {
+		s.tail = append(s.tail[:0], p[len(p)-s.Tail:]...)
+		return
+	}
+	s.tail = append(s.tail, p...)
+	if len(s.tail) > 2*s.Tail {
+		s.tail = s.tail[:copy(s.tail, s.tail[len(s.tail)-s.Tail:])]
 	}
 }
 
@@ -108,11 +152,11 @@ func (s *Scanner) Pending() bool { return s.size > 0 || s.cr }
 // have had it ended there (a trailing '\r' is dropped), and resets the
 // Scanner. ok is false when no line was started.
 func (s *Scanner) Flush() (line []byte, full int, ok bool) {
+	s.last = nil
 	if !s.Pending() {
 		return nil, 0, false
 	}
-	line, full = s.buf, s.size
-	s.buf, s.size, s.cr = s.buf[:0], 0, false
+	line, full = s.end()
 	return line, full, true
 }
 

@@ -10,11 +10,13 @@ import (
 type gotLine struct {
 	text string
 	full int
+	tail string // LastTail
 }
 
 // reference splits a whole stream at once: the lines Scan and Flush must
-// return, however the stream is cut into chunks.
-func reference(in []byte, max int) []gotLine {
+// return, however the stream is cut into chunks, for a Scanner of the given
+// Max and Tail.
+func reference(in []byte, max, tail int) []gotLine {
 	var out []gotLine
 	parts := bytes.Split(in, []byte("\n"))
 	for i, l := range parts {
@@ -24,10 +26,14 @@ func reference(in []byte, max int) []gotLine {
 		}
 		l = bytes.TrimSuffix(l, []byte("\r"))
 		full := len(l)
+		var t []byte
 		if len(l) > max {
+			if tail > 0 {
+				t = l[len(l)-min(tail, max):]
+			}
 			l = l[:max]
 		}
-		out = append(out, gotLine{string(l), full})
+		out = append(out, gotLine{string(l), full, string(t)})
 	}
 	return out
 }
@@ -43,7 +49,7 @@ func scanChunks(s *Scanner, in []byte, cuts []int) []gotLine {
 			if !ok {
 				break
 			}
-			out = append(out, gotLine{string(line), full})
+			out = append(out, gotLine{string(line), full, string(s.LastTail())})
 		}
 	}
 	for _, c := range cuts {
@@ -55,7 +61,7 @@ func scanChunks(s *Scanner, in []byte, cuts []int) []gotLine {
 	}
 	feed(in[prev:])
 	if line, full, ok := s.Flush(); ok {
-		out = append(out, gotLine{string(line), full})
+		out = append(out, gotLine{string(line), full, string(s.LastTail())})
 	}
 	return out
 }
@@ -67,7 +73,7 @@ func equalLines(t *testing.T, want, got []gotLine) {
 	}
 	for i := range want {
 		if want[i] != got[i] {
-			t.Fatalf("line %d: got %q (%d), want %q (%d)", i, got[i].text, got[i].full, want[i].text, want[i].full)
+			t.Fatalf("line %d: got %q (%d, tail %q), want %q (%d, tail %q)", i, got[i].text, got[i].full, got[i].tail, want[i].text, want[i].full, want[i].tail)
 		}
 	}
 }
@@ -83,12 +89,14 @@ func TestScanEveryCut(t *testing.T) {
 	}
 	for _, in := range inputs {
 		for max := 1; max <= 8; max += 7 {
-			want := reference([]byte(in), max)
-			// Every single cut, and every pair of cuts.
-			for i := 0; i <= len(in); i++ {
-				for j := i; j <= len(in); j++ {
-					s := &Scanner{Max: max}
-					equalLines(t, want, scanChunks(s, []byte(in), []int{i, j}))
+			for _, tail := range []int{0, 1, 3, 8} {
+				want := reference([]byte(in), max, tail)
+				// Every single cut, and every pair of cuts.
+				for i := 0; i <= len(in); i++ {
+					for j := i; j <= len(in); j++ {
+						s := &Scanner{Max: max, Tail: tail}
+						equalLines(t, want, scanChunks(s, []byte(in), []int{i, j}))
+					}
 				}
 			}
 		}
@@ -102,24 +110,24 @@ func TestScanByteAtATime(t *testing.T) {
 		cuts = append(cuts, i)
 	}
 	s := &Scanner{}
-	equalLines(t, reference(in, DefaultMax), scanChunks(s, in, cuts))
+	equalLines(t, reference(in, DefaultMax, 0), scanChunks(s, in, cuts))
 }
 
 func TestScanLongLineBounded(t *testing.T) {
-	long := "data: " + strings.Repeat("z", 1<<20)
+	long := "data: " + strings.Repeat("z", 1<<20) + `{"usage":{"input_tokens":3}}`
 	in := []byte(long + "\n\ndata: [DONE]\n")
-	s := &Scanner{Max: 1024}
+	s := &Scanner{Max: 1024, Tail: 512}
 	var cuts []int
 	for i := 0; i < len(in); i += 4093 {
 		cuts = append(cuts, i)
 	}
 	got := scanChunks(s, in, cuts)
-	equalLines(t, reference(in, 1024), got)
-	if got[0].full != len(long) || len(got[0].text) != 1024 {
-		t.Fatalf("long line: full %d kept %d", got[0].full, len(got[0].text))
+	equalLines(t, reference(in, 1024, 512), got)
+	if got[0].full != len(long) || len(got[0].text) != 1024 || !strings.HasSuffix(got[0].tail, `{"usage":{"input_tokens":3}}`) || len(got[0].tail) != 512 {
+		t.Fatalf("long line: full %d kept %d, tail %d bytes", got[0].full, len(got[0].text), len(got[0].tail))
 	}
-	if cap(s.buf) > 4096 {
-		t.Fatalf("scanner kept %d bytes for a 1 MiB line", cap(s.buf))
+	if cap(s.buf) > 4096 || cap(s.tail) > 4*512 {
+		t.Fatalf("scanner kept %d + %d bytes for a 1 MiB line", cap(s.buf), cap(s.tail))
 	}
 }
 
@@ -161,8 +169,9 @@ func FuzzScan(f *testing.F) {
 	f.Add([]byte("event: x\n:c\n\xff\xfe\r\r\n"), uint16(1), uint16(2), uint8(1))
 	f.Fuzz(func(t *testing.T, in []byte, c1, c2 uint16, max uint8) {
 		m := int(max) + 1
-		want := reference(in, m)
-		got := scanChunks(&Scanner{Max: m}, in, []int{int(c1) % (len(in) + 1), int(c2) % (len(in) + 1)})
+		tail := int(max) % 5 // 0 (no tail) to 4
+		want := reference(in, m, tail)
+		got := scanChunks(&Scanner{Max: m, Tail: tail}, in, []int{int(c1) % (len(in) + 1), int(c2) % (len(in) + 1)})
 		if fmt.Sprint(want) != fmt.Sprint(got) {
 			t.Fatalf("got %v, want %v", got, want)
 		}
