@@ -5,9 +5,12 @@ import (
 	"context"
 	"errors"
 	"io"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tokenrelay/relay/internal/jsonscan"
 )
 
 // Report describes one finished RoundTrip. OnReport gets exactly one per
@@ -291,7 +294,7 @@ func (b *reportBody) done() {
 		return
 	}
 	if b.cut {
-		end.usage, end.haveUsage = usageFromTail(b.buf)
+		end.usage, end.haveUsage = tailUsage(b.buf)
 	} else {
 		end.usage, end.haveUsage = parseUsage(b.buf)
 	}
@@ -301,13 +304,40 @@ func (b *reportBody) done() {
 	t.finish(end)
 }
 
-// usageFromTail finds the last "usage" object in the tail of a large body.
-func usageFromTail(tail []byte) (Usage, bool) {
-	i := bytes.LastIndex(tail, []byte(`"usage"`))
-	if i < 0 {
-		return Usage{}, false
+// tailUsage reads the last usage object in tail, the end of a long body
+// or stream event, which may start inside a string or a value: the member
+// "usage":{ whose key is a JSON key (its quote follows '{', ',' or white
+// space, never a backslash: inside a string a quote is escaped), and whose
+// object closes within tail and reads as a usage (parseUsage).
+func tailUsage(tail []byte) (Usage, bool) {
+	end := len(tail)
+	for {
+		k := bytes.LastIndex(tail[:end], []byte(`"usage"`))
+		if k < 0 {
+			return Usage{}, false
+		}
+		end = k
+		if k == 0 || !strings.ContainsRune("{, \t\r\n", rune(tail[k-1])) {
+			continue
+		}
+		j := jsonscan.SkipSpace(tail, k+len(`"usage"`))
+		if j >= len(tail) || tail[j] != ':' {
+			continue
+		}
+		j = jsonscan.SkipSpace(tail, j+1)
+		if j >= len(tail) || tail[j] != '{' {
+			continue
+		}
+		e, ok := objectEnd(tail, j)
+		if !ok {
+			continue
+		}
+		obj := make([]byte, 0, len(`{"usage":}`)+e-j)
+		obj = append(append(append(obj, `{"usage":`...), tail[j:e]...), '}')
+		if u, ok := parseUsage(obj); ok {
+			return u, true
+		}
 	}
-	return parseUsage(append([]byte("{"), tail[i:]...))
 }
 
 // failedUpstream returns the upstream an error names, if it is an *Error.

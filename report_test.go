@@ -131,6 +131,21 @@ func TestUsageFromTailOfLargeBody(t *testing.T) {
 	assert.Equal(t, 7, reps.all()[0].Usage.PromptTokens)
 }
 
+// TestUsageFromTailBeforeAMemberNamedUsage: in the tail of an answer over
+// 4 MiB the usage object is found when a later member is also named
+// "usage" (metadata, here) but is not one. (The last "usage" key was taken
+// whatever its value: the report estimated the usage.)
+func TestUsageFromTailBeforeAMemberNamedUsage(t *testing.T) {
+	body := `{"id":"resp_1","object":"response","status":"completed","model":"gpt-4o","output":[{"type":"message","role":"assistant","content":[{"type":"output_text","text":"` +
+		strings.Repeat("All work and no play. ", usageTeeMax/20) + `"}]}],` +
+		`"usage":{"input_tokens":12,"output_tokens":99000,"total_tokens":99012},"metadata":{"usage":"a string, not a usage"}}`
+	up := newRecorder(t, 200, []byte(body))
+	r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL}}})
+	_, b := do(t, r, "POST", "http://x/v1/responses", `{"model":"gpt-4o","input":"Hi"}`)
+	assert.Equal(t, len(body), len(b))
+	assert.Equal(t, Usage{PromptTokens: 12, CompletionTokens: 99000}, reps.all()[0].Usage)
+}
+
 // TestReportPricedWhateverTheStatus: Priced says the model has a price, on
 // error responses too (their cost is 0: nothing was billed).
 func TestReportPricedWhateverTheStatus(t *testing.T) {

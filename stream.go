@@ -586,42 +586,6 @@ func (s *streamBody) longType() []byte {
 	return nil
 }
 
-// tailUsage reads the last usage object in the end of an event's data,
-// tail, which may start inside a string or a value: the member "usage":{
-// whose key is a JSON key (its quote follows '{', ',' or white space, never
-// a backslash: inside a string a quote is escaped), and whose object closes
-// within tail and reads as a usage (parseUsage).
-func tailUsage(tail []byte) (Usage, bool) {
-	end := len(tail)
-	for {
-		k := bytes.LastIndex(tail[:end], []byte(`"usage"`))
-		if k < 0 {
-			return Usage{}, false
-		}
-		end = k
-		if k == 0 || !strings.ContainsRune("{, \t\r\n", rune(tail[k-1])) {
-			continue
-		}
-		j := jsonscan.SkipSpace(tail, k+len(`"usage"`))
-		if j >= len(tail) || tail[j] != ':' {
-			continue
-		}
-		j = jsonscan.SkipSpace(tail, j+1)
-		if j >= len(tail) || tail[j] != '{' {
-			continue
-		}
-		e, ok := objectEnd(tail, j)
-		if !ok {
-			continue
-		}
-		obj := make([]byte, 0, len(`{"usage":}`)+e-j)
-		obj = append(append(append(obj, `{"usage":`...), tail[j:e]...), '}')
-		if u, ok := parseUsage(obj); ok {
-			return u, true
-		}
-	}
-}
-
 // objectEnd returns the end of the JSON object or array that opens at v[i]
 // (the index after its closing bracket), and false when it does not close
 // within v.
