@@ -151,7 +151,7 @@ func (r *Router) takeOverCap(ctx context.Context, cands []candidate, sc scanResu
 		r.untake(ctx, a, c, now, taken)
 		return -1, ticket{}, false
 	}
-	tk, ok := c.up.br.allow(now, c.forced)
+	tk, ok := c.up.br.allow(now, c.forced, a.trip)
 	if !ok {
 		c.up.unclaim()
 		r.untake(ctx, a, c, now, taken)
@@ -218,7 +218,7 @@ func (r *Router) scan(ctx context.Context, cands []candidate, start int, a admis
 			r.untake(ctx, a, c, now, taken)
 			continue
 		}
-		tk, ok := c.up.br.allow(now, c.forced)
+		tk, ok := c.up.br.allow(now, c.forced, a.trip)
 		if !ok {
 			c.up.unclaim()
 			r.untake(ctx, a, c, now, taken)
@@ -358,7 +358,7 @@ func (r *Router) waitFor(ctx context.Context, cands []candidate, c *candidate, d
 // admitAfterWait is the end of waitFor: c holds a slot and its tokens
 // (from the fleet's limits when fleet is set); the breaker decides.
 func (r *Router) admitAfterWait(ctx context.Context, cands []candidate, c *candidate, a admission, tpm int, fleet bool, now time.Time) (int, ticket, error) {
-	tk, ok := c.up.br.allow(now, c.forced)
+	tk, ok := c.up.br.allow(now, c.forced, a.trip)
 	if !ok { // its circuit opened while we waited
 		c.up.unclaim()
 		r.giveTokens(ctx, a, c, tpm, fleet, now)
@@ -423,7 +423,7 @@ func (r *Router) forceSoonest(cands []candidate, a admission, now time.Time) (in
 		c.up.unclaim()
 		return -1, ticket{}, ErrCircuitOpen
 	}
-	tk, _ := c.up.br.allow(now, true)
+	tk, _ := c.up.br.allow(now, true, a.trip)
 	if !taken {
 		c.up.lim.take(now, tpm)
 	}

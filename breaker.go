@@ -126,11 +126,13 @@ func (b *breaker) openUntil(now time.Time) (time.Time, bool) {
 }
 
 // allow asks for one attempt. forced attempts (the soonest-to-recover
-// upstream of an all-open pool) are let through whatever the state.
-func (b *breaker) allow(now time.Time, forced bool) (ticket, bool) {
+// upstream of an all-open pool) are let through whatever the state. t, when
+// not nil, is the request asking: a panic in the OnBreaker hook is its
+// (see emit).
+func (b *breaker) allow(now time.Time, forced bool, tr *trip) (ticket, bool) {
 	b.mu.Lock()
 	var ev *BreakerEvent
-	t := ticket{gen: b.gen}
+	tk := ticket{gen: b.gen}
 	ok := true
 	switch b.state {
 	case StateOpen:
@@ -146,11 +148,11 @@ func (b *breaker) allow(now time.Time, forced bool) (ticket, bool) {
 			break
 		}
 		b.probing = true
-		t = ticket{gen: b.gen, probe: true}
+		tk = ticket{gen: b.gen, probe: true}
 	}
 	b.mu.Unlock()
-	b.emit(ev)
-	return t, ok
+	b.emit(ev, tr)
+	return tk, ok
 }
 
 // done records an attempt's outcome. hint is a Retry-After the upstream
@@ -158,8 +160,9 @@ func (b *breaker) allow(now time.Time, forced bool) (ticket, bool) {
 // attempt's latency already in it: a closed breaker trips when its p99
 // passes the bound, and an opening breaker empties it, so that stale
 // latencies do not open it again after recovery. It returns the end of the
-// open period when this outcome opened the breaker, zero otherwise.
-func (b *breaker) done(t ticket, o outcome, hint time.Duration, lat *latencyWindow, now time.Time) (opened time.Time) {
+// open period when this outcome opened the breaker, zero otherwise. tr, when
+// not nil, is the request whose attempt it was (see emit).
+func (b *breaker) done(t ticket, o outcome, hint time.Duration, lat *latencyWindow, now time.Time, tr *trip) (opened time.Time) {
 	hint = min(hint, b.s.maxCooldown) // an absurd hint does not bench an upstream for years
 	b.mu.Lock()
 	wasOpen := b.state == StateOpen
@@ -195,7 +198,7 @@ func (b *breaker) done(t ticket, o outcome, hint time.Duration, lat *latencyWind
 		opened = b.until
 	}
 	b.mu.Unlock()
-	b.emit(ev)
+	b.emit(ev, tr)
 	return opened
 }
 
@@ -219,7 +222,7 @@ func (b *breaker) reset() {
 		ev = b.setLocked(StateClosed, "health probe succeeded")
 	}
 	b.mu.Unlock()
-	b.emit(ev)
+	b.emit(ev, nil) // Probe's caller gets a panic
 }
 
 func (b *breaker) openLocked(reason string, d time.Duration, lat *latencyWindow, now time.Time) *BreakerEvent {
@@ -245,10 +248,17 @@ func (b *breaker) setLocked(to BreakerState, reason string) *BreakerEvent {
 	return ev
 }
 
-func (b *breaker) emit(ev *BreakerEvent) {
-	if ev != nil {
-		b.s.onChange(*ev)
+// emit calls the OnBreaker hook with ev, if there is one. A panic in it
+// while a request t runs is t's, as for its other hooks (trip.catch): the
+// request unwinds, and RoundTrip panics with the value.
+func (b *breaker) emit(ev *BreakerEvent, t *trip) {
+	if ev == nil {
+		return
 	}
+	if t != nil {
+		defer t.catch()
+	}
+	b.s.onChange(*ev)
 }
 
 // stateAt returns the breaker's state as of now.

@@ -48,12 +48,12 @@ func (g *breakerRig) evs() []string {
 // outcome. It reports whether the breaker let it through.
 func (g *breakerRig) call(o outcome, latency time.Duration, hint time.Duration) bool {
 	now := g.clock.Now()
-	tk, ok := g.u.br.allow(now, false)
+	tk, ok := g.u.br.allow(now, false, nil)
 	if !ok {
 		return false
 	}
 	g.u.lat.add(latency, now)
-	g.u.br.done(tk, o, hint, &g.u.lat, now)
+	g.u.br.done(tk, o, hint, &g.u.lat, now, nil)
 	return true
 }
 
@@ -156,15 +156,15 @@ func TestBreakerOneProbeAtATime(t *testing.T) {
 	g.call(outcomeFailure, time.Millisecond, 0)
 	g.clock.Advance(30 * time.Second)
 	now := g.clock.Now()
-	tk, ok := g.u.br.allow(now, false)
+	tk, ok := g.u.br.allow(now, false, nil)
 	require.True(t, ok)
 	assert.True(t, tk.probe)
-	_, ok = g.u.br.allow(now, false)
+	_, ok = g.u.br.allow(now, false, nil)
 	assert.False(t, ok, "second request while the probe is in flight")
 	// A stale outcome from before the state change is ignored.
-	g.u.br.done(ticket{gen: tk.gen - 2}, outcomeFailure, 0, &g.u.lat, now)
+	g.u.br.done(ticket{gen: tk.gen - 2}, outcomeFailure, 0, &g.u.lat, now, nil)
 	assert.Equal(t, StateHalfOpen, g.u.br.stateAt(now))
-	g.u.br.done(tk, outcomeSuccess, 0, &g.u.lat, now)
+	g.u.br.done(tk, outcomeSuccess, 0, &g.u.lat, now, nil)
 	assert.Equal(t, StateClosed, g.u.br.stateAt(now))
 }
 

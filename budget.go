@@ -439,6 +439,14 @@ type reservations struct {
 	downgrade bool // the request was moved to a budget's Downgrade model
 }
 
+// scope calls b's Scope for the trip's request. A panic in it is the
+// trip's, as a hook's is (trip.catch): the budget then does not cover the
+// request, which unwinds, and RoundTrip panics with the value.
+func (t *trip) scope(b *budgetSettings, model, upstream string) (key string, covers bool) {
+	defer t.catch()
+	return b.Scope(t.c.req, model, upstream)
+}
+
 // reserve makes sure the trip holds, in every budget covering c, at least
 // c's worst-case cost, reserving (or topping up) what is missing. It
 // reports false, with the refusing budget noted, when one does not fit. A
@@ -455,7 +463,7 @@ func (t *trip) reserve(ctx context.Context, c *candidate, now time.Time) bool {
 	need := int64(-1)
 	for i := range bs {
 		b := &bs[i]
-		key, covers := b.Scope(t.c.req, c.model, c.up.cfg.Name)
+		key, covers := t.scope(b, c.model, c.up.cfg.Name)
 		if !covers {
 			continue
 		}
@@ -518,7 +526,7 @@ func (t *trip) dropHolds(ctx context.Context, n0 int, c *candidate) {
 	need := int64(-1)
 	for _, h := range res.list[n0:] {
 		if c != nil {
-			if key, covers := h.b.Scope(t.c.req, c.model, c.up.cfg.Name); covers && key == h.k.Key {
+			if key, covers := t.scope(h.b, c.model, c.up.cfg.Name); covers && key == h.k.Key {
 				if need < 0 {
 					need = t.worstCase(c)
 				}
@@ -580,7 +588,7 @@ func (t *trip) settle(parts []costPart) (spends []SpendEvent) {
 		}
 		for bi := range t.r.s.budgets {
 			b := &t.r.s.budgets[bi]
-			key, covers := b.Scope(t.c.req, p.model, p.upstream)
+			key, covers := t.scope(b, p.model, p.upstream)
 			if !covers {
 				continue
 			}

@@ -33,7 +33,7 @@ func roundTripRecover(r *Router) (p any, err error) {
 // RoundTrip at once: the upstream's only slot and the hold stayed taken
 // for good, and every later request waited for the slot.)
 func TestHookPanicGivesBackWhatTheRequestHeld(t *testing.T) {
-	for _, hook := range []string{"OnAttempt", "done", "OnWait"} {
+	for _, hook := range []string{"OnAttempt", "done", "OnWait", "OnBreaker", "Scope"} {
 		t.Run(hook, func(t *testing.T) {
 			clock := newFakeClock()
 			var armed atomic.Bool
@@ -52,6 +52,12 @@ func TestHookPanicGivesBackWhatTheRequestHeld(t *testing.T) {
 				}
 			case "OnWait":
 				h.OnWait = func(WaitEvent) { boom() }
+			case "OnBreaker":
+				h.OnBreaker = func(BreakerEvent) { boom() }
+			}
+			budget := Budget{Name: "all", Limit: 1000, Window: Window{Every: time.Hour}}
+			if hook == "Scope" {
+				budget.Scope = func(Request, string, string) (string, bool) { boom(); return "", true }
 			}
 			base := &usageBase{prompt: 8, completion: 10}
 			rpm := 0
@@ -61,13 +67,21 @@ func TestHookPanicGivesBackWhatTheRequestHeld(t *testing.T) {
 			r, reps := newTestRouter(t, Config{Base: base, Prices: budgetPrices, Clock: clock, Hooks: h,
 				Limits:    LimitConfig{MaxWait: time.Hour},
 				Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", MaxInFlight: 1, RPM: rpm}},
-				Budgets:   []Budget{{Name: "all", Limit: 1000, Window: Window{Every: time.Hour}}}})
+				Budgets:   []Budget{budget}})
 			u := r.ups[0]
 			if hook == "OnWait" {
 				_, err := roundTripRecover(r) // takes the minute's token
 				require.NoError(t, err)
 			}
 			armed.Store(true)
+			if hook == "OnBreaker" {
+				// Open, its cooldown over: the request's admission moves it
+				// to half-open, with the hook called there.
+				u.br.mu.Lock()
+				u.br.openLocked("test", time.Second, &u.lat, clock.Now())
+				u.br.mu.Unlock()
+				clock.Advance(time.Second)
+			}
 			panicked := make(chan any, 1)
 			go func() { p, _ := roundTripRecover(r); panicked <- p }()
 			if hook == "OnWait" {
@@ -97,6 +111,9 @@ func TestHookPanicGivesBackWhatTheRequestHeld(t *testing.T) {
 				t.Fatal("the next request never got the slot")
 			}
 			assert.Equal(t, calls+1, base.calls.Load())
+			if hook == "OnBreaker" {
+				assert.Equal(t, StateClosed, u.br.stateAt(clock.Now()), "the breaker after the next request's success")
+			}
 		})
 	}
 }

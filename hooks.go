@@ -13,11 +13,11 @@ import (
 // block, and must be safe for concurrent use. JoinHooks composes several
 // observers (OpenTelemetry, Prometheus, your own) into one.
 //
-// A panic in OnAttempt, an attempt's done function, OnWait or
-// OnStateFallback while RoundTrip runs is caught: the request unwinds as a
-// cancelled one, giving back its in-flight slot, rate tokens and budget
-// holds, and RoundTrip then panics with the hook's value. OnBreaker and a
-// Budget's Scope must not panic.
+// A panic in OnAttempt, an attempt's done function, OnWait, OnBreaker,
+// OnStateFallback or a Budget's Scope while RoundTrip runs is caught: the
+// request unwinds as a cancelled one, giving back its in-flight slot, rate
+// tokens and budget holds, and RoundTrip then panics with the hook's value.
+// One in OnBreaker during Router.Probe goes to Probe's caller.
 type Hooks struct {
 	// OnRequest runs when RoundTrip starts, before the body is read. The
 	// context it returns, if not nil, is the request's from then on:

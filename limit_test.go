@@ -256,8 +256,8 @@ func TestCircuitOpenedDuringSlotWaitStillTries(t *testing.T) {
 	<-clock.armed // the second waits for the slot
 	u := r.byName["a"]
 	for range 6 {
-		tk, _ := u.br.allow(clock.Now(), true)
-		u.br.done(tk, outcomeFailure, 0, &u.lat, clock.Now())
+		tk, _ := u.br.allow(clock.Now(), true, nil)
+		u.br.done(tk, outcomeFailure, 0, &u.lat, clock.Now(), nil)
 	}
 	require.Equal(t, StateOpen, u.br.stateAt(clock.Now()))
 	a.open("2")

@@ -418,7 +418,7 @@ func (t *trip) observe(a *attempt, now time.Time) {
 		}
 	}
 	hold := u.lim.observe(a.resp, now)
-	opened := u.br.done(a.tk, o, hint, &u.lat, now)
+	opened := u.br.done(a.tk, o, hint, &u.lat, now, t)
 	if t.r.s.state != nil {
 		t.r.observeShared(t, a, o, hold, opened, now)
 	}

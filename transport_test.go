@@ -434,8 +434,8 @@ func TestNonModelPathSkipsOpenCircuit(t *testing.T) {
 	r, _ := newTestRouter(t, Config{Clock: clock, Upstreams: []Upstream{{Name: "first", BaseURL: first.URL}, {Name: "second", BaseURL: second.URL}}})
 	u := r.byName["first"]
 	for range 6 {
-		tk, _ := u.br.allow(clock.Now(), false)
-		u.br.done(tk, outcomeFailure, 0, &u.lat, clock.Now())
+		tk, _ := u.br.allow(clock.Now(), false, nil)
+		u.br.done(tk, outcomeFailure, 0, &u.lat, clock.Now(), nil)
 	}
 	require.Equal(t, StateOpen, u.br.stateAt(clock.Now()))
 	resp, _ := do(t, r, "GET", "http://relay/v1/models", "")
@@ -446,8 +446,8 @@ func TestNonModelPathSkipsOpenCircuit(t *testing.T) {
 	// Every circuit open: the soonest to recover is still tried.
 	v := r.byName["second"]
 	for range 6 {
-		tk, _ := v.br.allow(clock.Now(), false)
-		v.br.done(tk, outcomeFailure, 0, &v.lat, clock.Now())
+		tk, _ := v.br.allow(clock.Now(), false, nil)
+		v.br.done(tk, outcomeFailure, 0, &v.lat, clock.Now(), nil)
 	}
 	resp, _ = do(t, r, "GET", "http://relay/v1/models", "")
 	assert.Equal(t, 200, resp.StatusCode)
