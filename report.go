@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/tidwall/gjson"
 	"io"
 	"strings"
 	"sync"
@@ -227,7 +228,8 @@ type reportBody struct {
 	ttft time.Duration
 	mu   sync.Mutex
 	buf  []byte
-	cut  bool // buf overflowed: it holds only a tail
+	n    int64 // bytes read
+	cut  bool  // buf overflowed: it holds only a tail
 	err  error
 	// closing is set by Close before it closes the upstream body: a Read
 	// that then fails was cut by the caller's Close, not by a failure.
@@ -242,6 +244,7 @@ func (b *reportBody) Read(p []byte) (int, error) {
 		return n, err // closed meanwhile: the report is made
 	}
 	if n > 0 {
+		b.n += int64(n)
 		b.keep(p[:n])
 	}
 	if err != nil {
@@ -271,9 +274,24 @@ func (b *reportBody) Close() error {
 	b.closing.Store(true)
 	err := b.rc.Close()
 	b.mu.Lock()
+	if !b.t.done.Load() && b.err == nil && b.t.ctx.Err() != nil && !b.whole() {
+		// The request was cancelled and the body closed before its end
+		// (openai-go closes it so when its context ends): not a success.
+		b.err = b.t.ctx.Err()
+	}
 	b.done()
 	b.mu.Unlock()
 	return err
+}
+
+// whole tells whether the caller has read the whole answer, if not its
+// EOF: all of its Content-Length, or, without one, a whole JSON value (a
+// json.Decoder stops at the value's end).
+func (b *reportBody) whole() bool {
+	if cl := b.t.att.resp.ContentLength; cl >= 0 {
+		return b.n == cl
+	}
+	return !b.cut && len(b.buf) > 0 && gjson.ValidBytes(b.buf)
 }
 
 // done finishes the trip from what was read; b.mu is held.

@@ -906,9 +906,14 @@ func (s *streamBody) end(cause error, closed bool) error {
 	// An event the caller closed the body in (its data lines came, its blank
 	// line not yet) is read as it is; at the stream's end flush did it.
 	s.dispatch()
-	var readErr error
+	var readErr, cancelled error
 	switch {
 	case closed:
+		if err := t.ctx.Err(); err != nil && !s.complete() {
+			// Cancelled and closed before the stream's end (openai-go
+			// closes it so when its context ends): not a success.
+			cancelled = err
+		}
 	case s.stalled.Load():
 		if !s.complete() {
 			readErr = ErrStreamStalled
@@ -930,6 +935,11 @@ func (s *streamBody) end(cause error, closed bool) error {
 	if readErr != nil {
 		s.final = t.errorf("stream", readErr)
 		end.err = s.final
+	}
+	if cancelled != nil {
+		e := t.errorf("stream", cancelled)
+		e.StatusCode = t.att.resp.StatusCode
+		end.err = e
 	}
 	if !st.haveErr && !st.sawData && len(st.junk) > 0 {
 		// A body that is not SSE, such as a JSON error sent with the
