@@ -576,7 +576,7 @@ func (t *trip) worstCase(c *candidate) int64 {
 // settle replaces the trip's reservations by what it cost: cost (in the
 // billing currency) is charged to the ledgers that cover the answering
 // attempt; the others get their reservations back.
-func (t *trip) settle(parts []costPart) (spends []SpendEvent) {
+func (t *trip) settle(parts []costPart) (spends []SpendEvent, late *hookPanic) {
 	res := &t.res
 	charges := make([]int64, len(res.list))
 	var loose []held    // ledgers a part goes to that the trip holds nothing in,
@@ -588,7 +588,7 @@ func (t *trip) settle(parts []costPart) (spends []SpendEvent) {
 		}
 		for bi := range t.r.s.budgets {
 			b := &t.r.s.budgets[bi]
-			key, covers := t.scope(b, p.model, p.upstream)
+			key, covers := t.settleScope(b, p.model, p.upstream, &late)
 			if !covers {
 				continue
 			}
@@ -607,7 +607,24 @@ func (t *trip) settle(parts []costPart) (spends []SpendEvent) {
 		spends = t.settleCharge(spends, &loose[i], looseCh[i]) // (no hold there: only the spend)
 	}
 	res.list = res.list[:0]
-	return spends
+	return spends, late
+}
+
+// settleScope is scope for settle. A panic once RoundTrip has returned
+// (settle then runs in the caller's Read or Close) is kept in *late, for
+// vote to raise once every hold is settled and the report made, rather
+// than raised in the middle of settling: the part is then charged to no
+// key of that budget, and its hold is given back. Before RoundTrip
+// returns, the panic is kept for RoundTrip to raise, as catch does.
+func (t *trip) settleScope(b *budgetSettings, model, upstream string, late **hookPanic) (key string, covers bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			if !t.hookPanic.CompareAndSwap(nil, &hookPanic{v: p}) && t.hookPanic.Load() == &tripReturned && *late == nil {
+				*late = &hookPanic{v: p}
+			}
+		}
+	}()
+	return b.Scope(t.c.req, model, upstream)
 }
 
 // costPart is a share of a request's cost, in the billing currency, and

@@ -152,3 +152,44 @@ func TestHookPanicInHedgeAttempt(t *testing.T) {
 		assert.Zero(t, u.lim.slots.inUse(), "%s: in-flight slots taken", u.cfg.Name)
 	}
 }
+
+// TestScopePanicAtSettlementSettlesTheRest: a budget's Scope that panics
+// while the answer's end settles the request (RoundTrip has returned, so
+// the panic goes to the caller's Read) no longer leaves the other budgets'
+// holds to expire and the report unmade: every hold is settled, the other
+// budget is charged, OnReport runs, and then the Read panics with the
+// value. (Before, the panic left the request's holds in place and made no
+// report.)
+func TestScopePanicAtSettlementSettlesTheRest(t *testing.T) {
+	var armed atomic.Bool
+	panicky := Budget{Name: "panicky", Limit: 1000, Window: Window{Every: time.Hour},
+		Scope: func(Request, string, string) (string, bool) {
+			if armed.Load() {
+				panic("boom from Scope")
+			}
+			return "", true
+		}}
+	other := Budget{Name: "other", Limit: 1000, Window: Window{Every: time.Hour}}
+	r, reps := newTestRouter(t, Config{Base: &usageBase{prompt: 8, completion: 10}, Prices: budgetPrices, Clock: newFakeClock(),
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1"}},
+		Budgets:   []Budget{panicky, other}})
+	resp, err := r.RoundTrip(budgetRequest(context.Background(), "m", ""))
+	require.NoError(t, err)
+	held, _ := spendOf(r, "other", "")
+	require.Positive(t, held.Reserved, "the request holds its worst case")
+	armed.Store(true)
+	p := func() (p any) {
+		defer func() { p = recover() }()
+		io.Copy(io.Discard, resp.Body)
+		return nil
+	}()
+	assert.Equal(t, "boom from Scope", p, "the Read that ends the answer panics with the value")
+	resp.Body.Close()
+	require.Len(t, reps.all(), 1, "the report")
+	assert.NoError(t, reps.all()[0].Err)
+	o, _ := spendOf(r, "other", "")
+	assert.Zero(t, o.Reserved, "the other budget's hold")
+	assert.InDelta(t, 18.0, o.Spent, 1e-9, "the other budget is charged the answer's cost")
+	pk, _ := spendOf(r, "panicky", "")
+	assert.Zero(t, pk.Reserved, "the panicking budget's hold is given back")
+}

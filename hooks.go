@@ -17,7 +17,9 @@ import (
 // OnStateFallback or a Budget's Scope while RoundTrip runs is caught: the
 // request unwinds as a cancelled one, giving back its in-flight slot, rate
 // tokens and budget holds, and RoundTrip then panics with the hook's value.
-// One in OnBreaker during Router.Probe goes to Probe's caller.
+// One in OnBreaker during Router.Probe goes to Probe's caller; one in Scope
+// while the answer's end settles the request is raised in the body's Read
+// or Close, once every hold is settled and the report made.
 type Hooks struct {
 	// OnRequest runs when RoundTrip starts, before the body is read. The
 	// context it returns, if not nil, is the request's from then on:

@@ -102,10 +102,14 @@ func (t *trip) vote() {
 	}
 	rep := t.report(t.end)
 	var spends []SpendEvent
+	var late *hookPanic
 	if len(t.r.s.budgets) > 0 {
-		spends = t.settle(t.costParts(rep))
+		spends, late = t.settle(t.costParts(rep))
 	}
 	t.settleTPM(rep.Usage)
+	if late != nil {
+		defer panic(late.v) // a Scope's, once all is settled and reported
+	}
 	t.notify(spends, rep)
 }
 
