@@ -93,15 +93,20 @@ const boundFactor = 4
 // segment is then cut hard at once. A hard cut inside a run costs a
 // galloping then binary search over the counts of the segment's prefixes,
 // O(segment·log segment). Overall O(n) for prose and O(n log n) at worst;
-// nothing is re-counted from the start of the text. In instructions
-// (valgrind), splitting 1 MiB into 16-token segments costs 1.8× counting
-// it on prose and on CJK, 1.6× on code and 1.7× on indented JSON (1.65×
-// in 256- and 1024-token segments); in time (BenchmarkSplit1MiB, six runs
-// on a shared 2-core VM) 2.1–3.5× on prose and code, 1.8–2.8× on CJK.
-// A run without pre-token boundaries the splitter knows (one letter,
-// digits, newlines) costs up to 54× a count, since each of its segments is
-// counted several times on its own, and the counter is slower on short
-// pieces of such a run than on the whole run.
+// nothing is re-counted from the start of the text. Runs without a
+// boundary mostly repeat themselves (one letter, newlines, "=====", a digit
+// pattern): the counts of their pieces and the hard cuts made in them
+// depend only on the text they read, and are remembered by that text (a
+// bounded memo per call, which turns itself off when a run does not
+// repeat), so such a run is counted and searched a few times, not once per
+// segment. In instructions (valgrind), splitting 1 MiB into 16-token
+// segments costs 1.9× counting it on prose, 1.8× on CJK, 1.6× on code,
+// 1.7× on indented JSON (also in 256- and 1024-token segments), and
+// 0.2–1.35× on repeated runs (one letter, a long word, digits, newlines);
+// in time (BenchmarkSplit1MiB, six runs on a shared 2-core VM) 2.1–3.5× on
+// prose and code, 1.8–2.8× on CJK. A run that has no boundary and does not
+// repeat (random letters or digits without a space) still costs a search
+// per segment: 12–13× a count.
 func Split(text string, size int, model string) []string {
 	if text == "" {
 		return nil
@@ -180,8 +185,8 @@ func (sh *splitter) begin(s, j int) growth {
 		g.m, g.pend = mark{u.cut, u.tokens}, u.tail
 	case u.cut > s:
 		g.m, g.pend = mark{u.cut, sh.count(s, u.cut)}, u.tail
-	default:
-		g.pend = sh.count(s, u.end)
+	default: // s is inside the unit: after a hard cut, mostly in a run
+		g.pend = sh.countRun(s, u.end)
 	}
 	return g
 }
@@ -212,6 +217,14 @@ func (sh *splitter) countTo(g *growth, k int) {
 	}
 }
 
+// countRunTo is countTo inside a run being cut hard, whose pieces repeat
+// (see countRun).
+func (sh *splitter) countRunTo(g *growth, k int) {
+	if !g.exact {
+		g.pend, g.exact = sh.countRun(g.m.at, sh.units[k].end), true
+	}
+}
+
 // cutBefore is the cut of the unit before units[j] (0 for the first), -1
 // when it has none.
 func (sh *splitter) cutBefore(j int) int {
@@ -228,6 +241,69 @@ type splitter struct {
 	size, bound int
 	units       []unit
 	sent        int // index of the first sentence-end unit at or after the current segment's
+	// Inside runs without boundaries (see countRun and bisect): the counts
+	// of their pieces and the hard cuts made in them, by their text.
+	runs runMemo[string]
+	cuts runMemo[cutKey]
+}
+
+// cutKey is what a hard cut depends on: the text from the segment's start
+// to the end of the search, and where the search starts in it.
+type cutKey struct {
+	text string
+	lo   int
+}
+
+// runMemo remembers what the splitter found inside runs without
+// boundaries, by the text it depends on (exactly: the key holds the text,
+// not a hash of it). It holds at most memoSize entries: when full it is
+// emptied, and when the entries it held were found again fewer than
+// memoSize/16 times (runs that do not repeat), it stops remembering.
+type runMemo[K comparable] struct {
+	m    map[K]int
+	hits int
+	off  bool
+}
+
+const memoSize = 1024
+
+func (r *runMemo[K]) get(k K) (int, bool) {
+	v, ok := r.m[k]
+	if ok {
+		r.hits++
+	}
+	return v, ok
+}
+
+func (r *runMemo[K]) put(k K, v int) {
+	switch {
+	case r.off:
+		return
+	case len(r.m) >= memoSize && r.hits < memoSize/16:
+		r.m, r.off = nil, true
+		return
+	case len(r.m) >= memoSize:
+		clear(r.m)
+		r.hits = 0
+	case r.m == nil:
+		r.m = make(map[K]int)
+	}
+	r.m[k] = v
+}
+
+// countRun is count for text inside a run without a boundary: a unit of
+// maxB bytes, or a segment being cut hard. Such runs mostly repeat (one
+// letter, a digit pattern, newlines, a long word written again and again),
+// so their equal pieces are counted once, and found by their text after
+// that.
+func (sh *splitter) countRun(a, b int) int {
+	t := sh.text[a:b]
+	if n, ok := sh.runs.get(t); ok {
+		return n
+	}
+	n := sh.count(a, b)
+	sh.runs.put(t, n)
+	return n
 }
 
 // maxTokenBytes is the longest token of both encodings, in bytes
@@ -335,7 +411,7 @@ func (sh *splitter) hardCut(s, j int) int {
 		}
 		e := u.end
 		if g.est() >= sh.size {
-			sh.countTo(&g, k)
+			sh.countRunTo(&g, k)
 			if est := g.est(); est >= sh.size {
 				if u.safe && est <= sh.bound {
 					return e
@@ -354,7 +430,23 @@ func (sh *splitter) hardCut(s, j int) int {
 // then bisects over rune boundaries for adjacent a < b with
 // count(s,a) <= size < count(s,b), and cuts at a when count(s,a) == size,
 // else at b.
+//
+// The cut depends on text[s:hi] and lo-s alone, and the segments of a run
+// that repeats (one letter, newlines, a digit pattern) meet the same ones
+// again and again: cuts are remembered by them (runMemo), so such a run is
+// searched a few times, not once per segment.
 func (sh *splitter) bisect(s, lo, hi int) int {
+	k := cutKey{sh.text[s:hi], lo - s}
+	if c, ok := sh.cuts.get(k); ok {
+		return s + c
+	}
+	c := sh.search(s, lo, hi)
+	sh.cuts.put(k, c-s)
+	return c
+}
+
+// search is bisect without its memo.
+func (sh *splitter) search(s, lo, hi int) int {
 	flo := 0
 	if lo > s {
 		if flo = sh.count(s, lo); flo > sh.size {
@@ -449,6 +541,8 @@ func units(sh *splitter, minB, maxB int) []unit {
 			}
 			if u.cut >= 0 && prevCut >= 0 {
 				u.tokens, u.linked = sh.count(prevCut, u.cut), true
+			} else if u.end-start >= maxB {
+				u.tokens = sh.countRun(start, u.end)
 			} else {
 				u.tokens = sh.count(start, u.end)
 			}

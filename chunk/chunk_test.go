@@ -366,6 +366,98 @@ func TestSplitMatchesReferenceRandom(t *testing.T) {
 	}
 }
 
+// TestSplitMatchesReferenceLongRuns holds Split to the reference on long
+// runs without boundaries, where it remembers counts and hard cuts by
+// their text (runMemo): runs that repeat, runs that do not (enough
+// segments to fill the memo and turn it off), and the two one after the
+// other.
+func TestSplitMatchesReferenceLongRuns(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	random := func(alphabet string, n int) string {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = alphabet[rng.IntN(len(alphabet))]
+		}
+		return string(b)
+	}
+	n := 48 << 10
+	if testing.Short() {
+		n = 12 << 10
+	}
+	texts := map[string]string{
+		"ab":             strings.Repeat("ab", n/2),
+		"pattern":        strings.Repeat("=-", n/4) + strings.Repeat("1234567890", n/20),
+		"random-letters": random("abcdefghijklmnopqrstuvwxyz", n),
+		"random-digits":  random("0123456789", n),
+		"repeat-random":  strings.Repeat("x", n/2) + random("xyz", n) + strings.Repeat("x", n/2),
+		// One letter with another at random, now and then: pieces that are
+		// equal but for a byte, which a memo keyed by less than the whole
+		// text would confuse.
+		"sparse": random(strings.Repeat("a", 150)+"b", n),
+	}
+	for name, text := range texts {
+		for _, size := range []int{3, 16} {
+			for _, model := range []string{"gpt-4o", "gpt-4"} {
+				require.Equal(t, splitRef(text, size, model), Split(text, size, model), "%s/%d/%s", name, size, model)
+			}
+		}
+	}
+}
+
+// TestMemoizedMatchesDirect: countRun and bisect, which remember their
+// answers by the text they read, answer what count and search do, for
+// pieces of a run that are equal but for a byte (one letter with another
+// now and then), asked in any order.
+func TestMemoizedMatchesDirect(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	b := make([]byte, 16<<10)
+	for i := range b {
+		b[i] = 'a'
+		if rng.IntN(40) == 0 {
+			b[i] = 'b'
+		}
+	}
+	text := string(b)
+	for _, model := range []string{"gpt-4o", "gpt-4"} {
+		for _, size := range []int{2, 5, 16} {
+			sh := splitter{text: text, enc: tokens.ForModel(model), size: size, bound: 4 * size, validTo: len(text)}
+			for range 3000 {
+				a := rng.IntN(64) * 211 // few starts: pieces are asked again
+				n := 1 + rng.IntN(20*size)
+				require.Equal(t, sh.count(a, a+n), sh.countRun(a, a+n), "%s: count of [%d, %d)", model, a, a+n)
+				lo := a + rng.IntN(n)
+				require.Equal(t, sh.search(a, lo, a+n), sh.bisect(a, lo, a+n), "%s/%d: cut of [%d, %d) from %d", model, size, a, a+n, lo)
+			}
+			assert.Positive(t, sh.runs.hits, "%s/%d: the count memo was never used", model, size)
+			assert.Positive(t, sh.cuts.hits, "%s/%d: the cut memo was never used", model, size)
+		}
+	}
+}
+
+// TestRunMemo: the memo holds at most memoSize entries, empties itself
+// when full, and turns itself off when what it held was seldom found again.
+func TestRunMemo(t *testing.T) {
+	var m runMemo[int]
+	for i := range 10 * memoSize {
+		m.put(i, i)
+		m.get(i) // found again once each: kept on
+		assert.LessOrEqual(t, len(m.m), memoSize)
+	}
+	assert.False(t, m.off)
+	v, ok := m.get(10*memoSize - 1)
+	assert.True(t, ok)
+	assert.Equal(t, 10*memoSize-1, v)
+
+	var cold runMemo[int]
+	for i := range memoSize + 1 {
+		cold.put(i, i) // never found again
+	}
+	assert.True(t, cold.off)
+	cold.put(-1, 1)
+	_, ok = cold.get(-1)
+	assert.False(t, ok, "an off memo remembers nothing")
+}
+
 func TestValidPrefix(t *testing.T) {
 	for s, want := range map[string]int{"": 0, "abc": 3, "界x": 4, "ab\xff界": 2, "界\xe4\xbd": 3, "\xe4\xbd界": 0, "a\xed\xa0\x80": 1} {
 		assert.Equal(t, want, validPrefix(s), "%q", s)
@@ -405,14 +497,31 @@ func TestMaxTokenBytes(t *testing.T) {
 // BenchmarkSplit1MiB compares splitting 1 MiB of text into 16-token
 // segments with counting the same text, side by side: prose and code (the
 // common case), CJK prose, and runs without a pre-token boundary the
-// splitter knows (one letter, a long word repeated, digits, newlines),
-// where every segment is cut hard by a search over prefix counts, and
-// indented JSON (json.MarshalIndent) in 16-, 256- and 1024-token segments,
-// whose lines meet at a newline before indentation.
+// splitter knows, where every segment is cut hard by a search over prefix
+// counts: runs that repeat (one letter, a long word repeated, a digit
+// pattern, newlines) and runs that do not (random-letters: random
+// lowercase letters; random-digits), and indented JSON (json.MarshalIndent)
+// in 16-, 256- and 1024-token segments, whose lines meet at a newline
+// before indentation.
 func BenchmarkSplit1MiB(b *testing.B) {
 	tokens.O200K.Count(strings.Repeat("a", 1<<20)) // builds the tables long pieces need
-	for _, name := range []string{"prose", "code", "cjk", "one-letter", "long-word", "digits", "newlines", "json"} {
-		src := corpus()[name]
+	rng := rand.New(rand.NewPCG(3, 4))
+	random := func(alphabet string) string {
+		t := make([]byte, 1<<20)
+		for i := range t {
+			t[i] = alphabet[rng.IntN(len(alphabet))]
+		}
+		return string(t)
+	}
+	runs := map[string]string{
+		"random-letters": random("abcdefghijklmnopqrstuvwxyz"),
+		"random-digits":  random("0123456789"),
+	}
+	for _, name := range []string{"prose", "code", "cjk", "one-letter", "long-word", "digits", "newlines", "random-letters", "random-digits", "json"} {
+		src, ok := runs[name]
+		if !ok {
+			src = corpus()[name]
+		}
 		text := strings.Repeat(src, (1<<20)/len(src)+1)[:1<<20]
 		sizes := []int{16}
 		if name == "json" {
