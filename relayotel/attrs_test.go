@@ -41,3 +41,27 @@ func TestFirstCarrier(t *testing.T) {
 	assert.Equal(t, []string{"00-c-d-00"}, h["Traceparent"])
 	assert.Equal(t, "00-a-b-01", f.v[0], "what the first value's slice holds is not written again")
 }
+
+// TestEndpoints: a path's endpoint is found by its suffix, chat/completions
+// before completions, a trailing slash ignored; a Report's endpoint name
+// has the index of its suffix; anything else is otherEndpoint.
+func TestEndpoints(t *testing.T) {
+	for path, want := range map[string]int{
+		"/v1/chat/completions":  chatEndpoint,
+		"/v1/chat/completions/": chatEndpoint,
+		"/openai/v1/responses":  responsesEndpoint,
+		"/v1/completions":       completionsEndpoint,
+		"/v1/embeddings":        embeddingsEndpoint,
+		"/v1/models":            otherEndpoint,
+		"/v1/xchat/completions": completionsEndpoint,
+		"":                      otherEndpoint,
+	} {
+		assert.Equal(t, want, endpointOf(path), path)
+	}
+	for i, suffix := range endpointSuffixes {
+		assert.Equal(t, i, endpointIndex(suffix[1:]), suffix)
+		assert.Equal(t, i, endpointOf(suffix), suffix)
+	}
+	assert.Equal(t, otherEndpoint, endpointIndex(""))
+	assert.Equal(t, otherEndpoint, endpointIndex("models"))
+}

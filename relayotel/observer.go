@@ -50,7 +50,7 @@ type Observer struct {
 	models    models                // the model names the metrics record
 	costSums  sums                  // relay.client.cost
 	tries     sums                  // relay.client.attempts
-	ops       map[string]*opSets    // per Report.Endpoint, "" included
+	ops       [numEndpoints]*opSets // by endpoint index (endpointIndex)
 	hedge     [2][]metric.AddOption // relay.hedge.result lost, won
 	closeMu   sync.Mutex            // held by Close
 }
@@ -105,8 +105,7 @@ func New(opts ...Option) *Observer {
 	o.models.init(known, c.limit)
 	o.breakers.router = o.router
 	o.breakers.init(names)
-	o.ops = map[string]*opSets{}
-	for _, ep := range []string{"chat/completions", "responses", "completions", "embeddings", ""} {
+	for ep := range o.ops {
 		o.ops[ep] = newOpSets(o, ep)
 	}
 	o.hedge[0] = addOpts(o.set(attribute.String("relay.hedge.result", "lost")))
@@ -194,9 +193,10 @@ type call struct {
 	context.Context
 	o    *Observer
 	span trace.Span
-	// endpoint is the operation onRequest read from the URL path, for a
-	// call that fails before the router classifies it (Report.Endpoint "").
-	endpoint string
+	// endpoint is the operation onRequest read from the URL path
+	// (endpointIndex), for a call that fails before the router classifies
+	// it (Report.Endpoint "").
+	endpoint int
 
 	mu         sync.Mutex
 	wait       time.Duration // a wait not yet attached to an attempt
@@ -240,13 +240,13 @@ func (o *Observer) callOf(ctx context.Context) *call {
 // onRequest starts the RoundTrip's span, named by the operation until the
 // report names the model.
 func (o *Observer) onRequest(ctx context.Context, req *http.Request) context.Context {
-	ops := o.ops[""]
-	name, ep := req.Method, ""
+	ep := otherEndpoint
 	if req.URL != nil && req.Method == http.MethodPost {
-		e := endpointOf(req.URL.Path)
-		if s := o.ops[e]; s.op != "" {
-			ops, name, ep = s, s.op, e
-		}
+		ep = endpointOf(req.URL.Path)
+	}
+	ops, name := o.ops[ep], req.Method
+	if ops.op != "" {
+		name = ops.op
 	}
 	ctx, span := o.tracer.Start(ctx, name, ops.start...)
 	if span.IsRecording() {
@@ -443,15 +443,12 @@ func (o *Observer) onReport(r relay.Report) {
 		ctx = context.Background()
 	}
 	et := errclass.Type(r.Err, r.StatusCode)
-	ep := r.Endpoint
+	ep := endpointIndex(r.Endpoint)
 	c := o.callOf(r.Context)
-	if ep == "" && c != nil {
+	if r.Endpoint == "" && c != nil {
 		ep = c.endpoint // a call that failed before it was classified (a body too large)
 	}
 	ops := o.ops[ep]
-	if ops == nil {
-		ops = o.ops[""]
-	}
 	var (
 		rs               *reportSets
 		requested, model string // as the metrics record them
