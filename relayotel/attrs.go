@@ -184,7 +184,7 @@ func newReportSets(o *Observer, k reportKey) *reportSets {
 
 // reportSpanAttrs are the span attributes of a call to a path not routed by
 // model.
-func (o *Observer) reportSpanAttrs(r relay.Report, errType string) []attribute.KeyValue {
+func (o *Observer) reportSpanAttrs(r *relay.Report, errType string) []attribute.KeyValue {
 	kv := []attribute.KeyValue{attribute.String("relay.upstream", r.Upstream)}
 	if a := o.addressOf(r.Upstream); a.host != "" {
 		kv = append(kv, semconv.ServerAddress(a.host), semconv.ServerPort(a.port))

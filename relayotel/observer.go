@@ -141,7 +141,7 @@ func (o *Observer) Hooks() relay.Hooks {
 		OnAttempt: o.onAttempt,
 		OnWait:    o.onWait,
 		OnBreaker: o.onBreaker,
-		OnReport:  o.onReport,
+		OnReport:  func(r relay.Report) { o.onReport(&r) }, // (a method value would copy the Report once more)
 
 		OnSpend:         o.onSpend,
 		OnStateFallback: o.onStateFallback,
@@ -437,7 +437,7 @@ func (o *Observer) onBreaker(e relay.BreakerEvent) {
 }
 
 // onReport records the call's metrics, completes its span and ends it.
-func (o *Observer) onReport(r relay.Report) {
+func (o *Observer) onReport(r *relay.Report) {
 	ctx := r.Context
 	if ctx == nil {
 		ctx = context.Background()
@@ -454,7 +454,7 @@ func (o *Observer) onReport(r relay.Report) {
 		requested, model string // as the metrics record them
 	)
 	if ops.op != "" {
-		learn := vouched(r)
+		learn := vouched(*r)
 		// The name asked for is learned only when it is the one sent: a
 		// Policy's alias or a fallback sends another name upstream.
 		requested = o.models.bound(r.RequestedModel, learn && r.Model == r.RequestedModel)
@@ -472,7 +472,7 @@ func (o *Observer) onReport(r relay.Report) {
 				}
 			}
 		}
-		if streamed(r) {
+		if streamed(*r) {
 			o.inst.ttfc.Record(ctx, r.TTFT.Seconds(), rs.ttfc...)
 		}
 		if r.Priced {
@@ -529,7 +529,7 @@ func (o *Observer) onReport(r relay.Report) {
 // setAttributes sets the span's attributes in one call (one copy), built in
 // kv: the fixed ones of its label set, and those that change with every
 // call.
-func (o *Observer) setAttributes(span trace.Span, kv []attribute.KeyValue, fixed []attribute.KeyValue, r relay.Report) {
+func (o *Observer) setAttributes(span trace.Span, kv []attribute.KeyValue, fixed []attribute.KeyValue, r *relay.Report) {
 	kv = append(append(kv, fixed...), attribute.Int("relay.attempts", r.Attempts), attribute.Bool("relay.hedged", r.Hedged))
 	if r.Hedged {
 		kv = append(kv, attribute.Bool("relay.hedge_won", r.HedgeWon))
@@ -542,7 +542,7 @@ func (o *Observer) setAttributes(span trace.Span, kv []attribute.KeyValue, fixed
 	}
 	if r.Stream {
 		kv = append(kv, semconv.GenAIRequestStreamKey.Bool(true))
-		if streamed(r) {
+		if streamed(*r) {
 			kv = append(kv, semconv.GenAIResponseTimeToFirstChunkKey.Float64(r.TTFT.Seconds()))
 		}
 	}

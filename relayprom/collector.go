@@ -179,7 +179,7 @@ func (c *Collector) Hooks() relay.Hooks {
 		OnAttempt: c.onAttempt,
 		OnWait:    c.onWait,
 		OnBreaker: c.onBreaker,
-		OnReport:  c.onReport,
+		OnReport:  func(r relay.Report) { c.onReport(&r) }, // (a method value would copy the Report once more)
 
 		OnSpend:         c.onSpend,
 		OnStateFallback: c.onStateFallback,
@@ -334,7 +334,7 @@ func newError(c *Collector, k [3]string) prometheus.Counter {
 	return c.errors.WithLabelValues(k[0], k[1], k[2])
 }
 
-func (c *Collector) onReport(r relay.Report) {
+func (c *Collector) onReport(r *relay.Report) {
 	up, model := c.upstream(r.Upstream), c.model(r.Model)
 	m := c.reports.Get(c, reportKey{up, model, c.label(c.buckets, r.Bucket), statusClass(r.StatusCode)}, newReport)
 	m.requests.Inc()
