@@ -300,9 +300,17 @@ func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http
 	if f, ok := carrier.(*firstCarrier); ok {
 		f.h = nil // (the header is the attempt's: not kept with the call)
 	}
+	if span == nil { // no span to complete: a done function that keeps only what counting needs
+		up, hedge := a.Upstream, a.Hedge
+		return func(d relay.AttemptDone) {
+			outcome := errclass.Outcome(d.StatusCode, d.Err)
+			o.countAttempt(up, outcome, hedge)
+			c.attemptDone(up, outcome)
+		}
+	}
 	return func(d relay.AttemptDone) {
 		outcome := errclass.Outcome(d.StatusCode, d.Err)
-		if span != nil && span.IsRecording() {
+		if span.IsRecording() {
 			failed := d.Err != nil || d.StatusCode >= 400
 			kv := room
 			if kv == nil {
@@ -339,18 +347,29 @@ func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http
 			}
 		}
 		// The count first: whoever sees the span ended sees the attempt counted.
-		o.attempts.Get(o, attemptKey{a.Upstream, outcome, a.Hedge}, newAttemptSum).addInt(1)
-		if span != nil {
-			span.End()
-		}
-		if c != nil {
-			c.mu.Lock()
-			if outcome != "canceled" || c.lastOut == "" {
-				c.lastUp, c.lastOut = a.Upstream, outcome
-			}
-			c.mu.Unlock()
-		}
+		o.countAttempt(a.Upstream, outcome, a.Hedge)
+		span.End()
+		c.attemptDone(a.Upstream, outcome)
 	}
+}
+
+// countAttempt adds a finished attempt to relay.client.attempts.
+func (o *Observer) countAttempt(upstream, outcome string, hedge bool) {
+	o.attempts.Get(o, attemptKey{upstream, outcome, hedge}, newAttemptSum).addInt(1)
+}
+
+// attemptDone notes an attempt's end in its call (which may be nil), for
+// the retry that may follow: a cancelled attempt (a hedge's loser) does not
+// hide the outcome of one that failed before it.
+func (c *call) attemptDone(upstream, outcome string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	if outcome != "canceled" || c.lastOut == "" {
+		c.lastUp, c.lastOut = upstream, outcome
+	}
+	c.mu.Unlock()
 }
 
 // headerCarrier carries the trace context in an http.Header, setting the
@@ -454,7 +473,7 @@ func (o *Observer) onReport(r *relay.Report) {
 		requested, model string // as the metrics record them
 	)
 	if ops.op != "" {
-		learn := vouched(*r)
+		learn := vouched(r)
 		// The name asked for is learned only when it is the one sent: a
 		// Policy's alias or a fallback sends another name upstream.
 		requested = o.models.bound(r.RequestedModel, learn && r.Model == r.RequestedModel)
@@ -472,7 +491,7 @@ func (o *Observer) onReport(r *relay.Report) {
 				}
 			}
 		}
-		if streamed(*r) {
+		if streamed(r) {
 			o.inst.ttfc.Record(ctx, r.TTFT.Seconds(), rs.ttfc...)
 		}
 		if r.Priced {
@@ -542,7 +561,7 @@ func (o *Observer) setAttributes(span trace.Span, kv []attribute.KeyValue, fixed
 	}
 	if r.Stream {
 		kv = append(kv, semconv.GenAIRequestStreamKey.Bool(true))
-		if streamed(*r) {
+		if streamed(r) {
 			kv = append(kv, semconv.GenAIResponseTimeToFirstChunkKey.Float64(r.TTFT.Seconds()))
 		}
 	}
@@ -629,6 +648,6 @@ func b2i(b bool) int {
 // streamed reports whether r is a stream that sent a first chunk: a 2xx
 // stream with a TTFT (for an error status, Report.TTFT is the time to the
 // headers, not to a chunk).
-func streamed(r relay.Report) bool {
+func streamed(r *relay.Report) bool {
 	return r.Stream && r.TTFT > 0 && r.StatusCode >= 200 && r.StatusCode < 300
 }

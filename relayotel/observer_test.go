@@ -648,3 +648,68 @@ func TestStateFallbacks(t *testing.T) {
 	}
 	assert.ElementsMatch(t, want, collect(t, reader)["relay.state.fallbacks"].Points)
 }
+
+// TestUnsampledCountsAsSampled: a call whose span is not sampled (its
+// attempts' done functions have no span to complete) counts its attempts,
+// its retry and its hedge as a sampled one does: a retry after a 503 is
+// counted with the failed call's upstream and outcome, and a hedge's
+// cancelled loser does not hide the outcome before it.
+func TestUnsampledCountsAsSampled(t *testing.T) {
+	unsampled := func(t *testing.T) context.Context {
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
+		t.Cleanup(func() { tp.Shutdown(context.Background()) })
+		ctx, parent := tp.Tracer("test").Start(context.Background(), "handler")
+		t.Cleanup(func() { parent.End() })
+		return ctx
+	}
+	counted := func(t *testing.T, h *harness, n int) map[string]instrument {
+		require.Eventually(t, func() bool {
+			var total float64
+			for _, p := range h.metrics(t)["relay.client.attempts"].Points {
+				total += p.Value
+			}
+			return total == float64(n)
+		}, 10*time.Second, time.Millisecond, "a hedge's loser is counted when its cancelled call returns")
+		m := h.metrics(t)
+		return map[string]instrument{"attempts": m["relay.client.attempts"], "retries": m["relay.client.retries"], "hedges": m["relay.client.hedges"]}
+	}
+	for _, c := range []struct {
+		name     string
+		attempts int
+		config   func(t *testing.T) relay.Config
+	}{
+		{"retried", 3, func(t *testing.T) relay.Config {
+			a, b := server(t, "a"), server(t, "b")
+			a.Script(relaytest.Fault{Status: 503})
+			b.Script(relaytest.Fault{Status: 429})
+			return relay.Config{Strategy: relay.StrategyPriority,
+				Upstreams: []relay.Upstream{{Name: "a", BaseURL: a.URL}, {Name: "b", BaseURL: b.URL}}}
+		}},
+		{"hedged", 2, func(t *testing.T) relay.Config {
+			slow, fast := server(t, "slow"), server(t, "fast")
+			slow.Script(relaytest.Fault{Delay: 10 * time.Second})
+			return relay.Config{Strategy: relay.StrategyPriority,
+				Upstreams: []relay.Upstream{{Name: "slow", BaseURL: slow.URL}, {Name: "fast", BaseURL: fast.URL}},
+				Hedge:     relay.HedgeConfig{Delay: 20 * time.Millisecond, Budget: 1}}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var got [2]map[string]instrument
+			for i, ctx := range []func(*testing.T) context.Context{func(*testing.T) context.Context { return context.Background() }, unsampled} {
+				h := newHarness(t, c.config(t))
+				_, err := h.do(t, ctx(t), http.MethodPost, "chat/completions", chatBody("gpt-4.1", false))
+				require.NoError(t, err)
+				got[i] = counted(t, h, c.attempts)
+			}
+			assert.Equal(t, got[0], got[1])
+			if c.name == "retried" {
+				assert.Equal(t, sorted([]point{
+					{Attrs: set("relay.retry.reason=5xx", "relay.upstream=a"), Value: 1},
+					{Attrs: set("relay.retry.reason=429", "relay.upstream=b"), Value: 1},
+				}), got[1]["retries"].Points)
+			} else {
+				assert.Equal(t, []point{{Attrs: "relay.hedge.result=won", Value: 1}}, got[1]["hedges"].Points)
+			}
+		})
+	}
+}
