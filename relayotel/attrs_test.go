@@ -2,9 +2,15 @@ package relayotel
 
 import (
 	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenrelay/relay"
 )
 
 // TestAddress: server.address and server.port come from the base URL, the
@@ -64,4 +70,35 @@ func TestEndpoints(t *testing.T) {
 	}
 	assert.Equal(t, otherEndpoint, endpointIndex(""))
 	assert.Equal(t, otherEndpoint, endpointIndex("models"))
+}
+
+// TestLearnAddress: an upstream not given to WithUpstreams is learned from
+// its first request and kept for its reports; a configured one keeps its
+// configured address; past maxCached names, an address is still worked
+// out for each request, but not kept. Learners may race.
+func TestLearnAddress(t *testing.T) {
+	o := New(WithUpstreams(relay.Upstream{Name: "conf", BaseURL: "https://conf.example/v1"}))
+	u, err := url.Parse("http://learned.example:8080/v1/chat/completions")
+	require.NoError(t, err)
+	assert.Equal(t, address{"conf.example", 443}, o.learn("conf", u), "configured: kept as configured")
+	assert.Equal(t, address{}, o.addressOf("new"))
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			assert.Equal(t, address{"learned.example", 8080}, o.learn("new", u))
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, address{"learned.example", 8080}, o.addressOf("new"))
+	assert.Equal(t, address{"learned.example", 8080}, o.learn("new", nil), "known: no URL needed")
+
+	for i := len(o.addrs); i < maxCached; i++ {
+		o.learn("up"+strconv.Itoa(i), u)
+	}
+	require.Len(t, o.addrs, maxCached)
+	assert.Equal(t, address{"learned.example", 8080}, o.learn("past", u))
+	assert.Equal(t, address{}, o.addressOf("past"), "not kept")
+	assert.Len(t, o.addrs, maxCached)
 }
