@@ -464,6 +464,13 @@ func (o *Observer) onReport(r *relay.Report) {
 	et := errclass.Type(r.Err, r.StatusCode)
 	ep := endpointIndex(r.Endpoint)
 	c := o.callOf(r.Context)
+	if c != nil {
+		// The metrics are recorded in the call span's context: their
+		// exemplars name this Observer's span, not one a hook after it
+		// started (another Observer's), and the SDK finds the span without
+		// passing the contexts wrapped around it.
+		ctx = c.Context
+	}
 	if r.Endpoint == "" && c != nil {
 		ep = c.endpoint // a call that failed before it was classified (a body too large)
 	}
