@@ -80,25 +80,37 @@ func TestLearnAddress(t *testing.T) {
 	o := New(WithUpstreams(relay.Upstream{Name: "conf", BaseURL: "https://conf.example/v1"}))
 	u, err := url.Parse("http://learned.example:8080/v1/chat/completions")
 	require.NoError(t, err)
-	assert.Equal(t, address{"conf.example", 443}, o.learn("conf", u), "configured: kept as configured")
+	assert.Equal(t, address{"conf.example", 443}, first(o.learn("conf", u)), "configured: kept as configured")
 	assert.Equal(t, address{}, o.addressOf("new"))
-	var wg sync.WaitGroup
-	for range 8 {
+	var (
+		wg   sync.WaitGroup
+		kept [8]*upstream
+	)
+	for i := range kept {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			assert.Equal(t, address{"learned.example", 8080}, o.learn("new", u))
+			var a address
+			a, kept[i] = o.learn("new", u)
+			assert.Equal(t, address{"learned.example", 8080}, a)
 		}()
 	}
 	wg.Wait()
+	for _, ups := range kept {
+		assert.Same(t, kept[0], ups, "kept once")
+	}
 	assert.Equal(t, address{"learned.example", 8080}, o.addressOf("new"))
-	assert.Equal(t, address{"learned.example", 8080}, o.learn("new", nil), "known: no URL needed")
+	assert.Equal(t, address{"learned.example", 8080}, first(o.learn("new", nil)), "known: no URL needed")
 
 	for i := len(o.addrs); i < maxCached; i++ {
 		o.learn("up"+strconv.Itoa(i), u)
 	}
 	require.Len(t, o.addrs, maxCached)
-	assert.Equal(t, address{"learned.example", 8080}, o.learn("past", u))
+	a, ups := o.learn("past", u)
+	assert.Equal(t, address{"learned.example", 8080}, a)
+	assert.Nil(t, ups, "not kept")
 	assert.Equal(t, address{}, o.addressOf("past"), "not kept")
 	assert.Len(t, o.addrs, maxCached)
 }
+
+func first[A, B any](a A, _ B) A { return a }

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -37,7 +38,7 @@ type Observer struct {
 	inst      instruments
 
 	addrMu sync.RWMutex
-	addrs  map[string]address // upstream name → where it is
+	addrs  map[string]*upstream // by name
 
 	reports   labelcache.Cache[*Observer, reportKey, *reportSets]
 	attempts  labelcache.Cache[*Observer, attemptKey, *sum]
@@ -88,7 +89,7 @@ func New(opts ...Option) *Observer {
 		provider:  semconv.GenAIProviderNameKey.String(c.provider),
 		openai:    c.provider == "openai",
 		estimated: c.estimated,
-		addrs:     map[string]address{},
+		addrs:     map[string]*upstream{},
 	}
 	if c.router != "" {
 		o.router = attribute.String("relay.router", c.router)
@@ -97,7 +98,7 @@ func New(opts ...Option) *Observer {
 	known := c.models
 	for _, u := range c.ups {
 		if a, ok := parseAddress(u.BaseURL); ok {
-			o.addrs[u.Name] = a
+			o.addrs[u.Name] = &upstream{address: a}
 		}
 		names = append(names, u.Name)
 		known = append(known, u.Models...)
@@ -262,7 +263,7 @@ func (o *Observer) onRequest(ctx context.Context, req *http.Request) context.Con
 // known: one copy instead of two.
 func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http.Request) func(relay.AttemptDone) {
 	c := o.callOf(ctx)
-	addr := o.learn(a.Upstream, out.URL)
+	addr, ups := o.learn(a.Upstream, out.URL)
 	span := trace.SpanFromContext(ctx)
 	if span.IsRecording() || span.SpanContext().IsSampled() {
 		ctx, span = o.tracer.Start(ctx, "relay.attempt", attemptStart...)
@@ -304,7 +305,7 @@ func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http
 		up, hedge := a.Upstream, a.Hedge
 		return func(d relay.AttemptDone) {
 			outcome := errclass.Outcome(d.StatusCode, d.Err)
-			o.countAttempt(up, outcome, hedge)
+			o.countAttempt(ups, up, outcome, hedge)
 			c.attemptDone(up, outcome)
 		}
 	}
@@ -347,15 +348,26 @@ func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http
 			}
 		}
 		// The count first: whoever sees the span ended sees the attempt counted.
-		o.countAttempt(a.Upstream, outcome, a.Hedge)
+		o.countAttempt(ups, a.Upstream, outcome, a.Hedge)
 		span.End()
 		c.attemptDone(a.Upstream, outcome)
 	}
 }
 
-// countAttempt adds a finished attempt to relay.client.attempts.
-func (o *Observer) countAttempt(upstream, outcome string, hedge bool) {
-	o.attempts.Get(o, attemptKey{upstream, outcome, hedge}, newAttemptSum).addInt(1)
+// countAttempt adds a finished attempt to name (u, if it is kept) to
+// relay.client.attempts.
+func (o *Observer) countAttempt(u *upstream, name, outcome string, hedge bool) {
+	if u == nil || outcome != "2xx" {
+		o.attempts.Get(o, attemptKey{name, outcome, hedge}, newAttemptSum).addInt(1)
+		return
+	}
+	answered := &u.answered[b2i(hedge)]
+	t := answered.Load()
+	if t == nil {
+		t = o.attempts.Get(o, attemptKey{name, outcome, hedge}, newAttemptSum)
+		answered.Store(t)
+	}
+	t.addInt(1)
 }
 
 // attemptDone notes an attempt's end in its call (which may be nil), for
@@ -588,29 +600,46 @@ func (o *Observer) setAttributes(span trace.Span, kv []attribute.KeyValue, fixed
 	span.SetAttributes(kv...)
 }
 
+// upstream is what an Observer keeps of an upstream: where it is, and the
+// relay.client.attempts totals of its answered attempts (outcome 2xx; not
+// hedges, hedges), found the first time each is counted, so that most
+// attempts are counted without a label lookup.
+type upstream struct {
+	address
+	answered [2]atomic.Pointer[sum]
+}
+
 // learn returns where an upstream is: as configured, else as its request
-// shows, remembered for its reports.
-func (o *Observer) learn(name string, u *url.URL) address {
+// shows, remembered for its reports; and what is kept of it, nil when
+// nothing is (past maxCached names, or no URL to learn from).
+func (o *Observer) learn(name string, u *url.URL) (address, *upstream) {
 	o.addrMu.RLock()
-	a, ok := o.addrs[name]
+	ups := o.addrs[name]
 	o.addrMu.RUnlock()
-	if ok || u == nil {
-		return a
+	if ups != nil {
+		return ups.address, ups
 	}
-	a = addressOf(u)
+	if u == nil {
+		return address{}, nil
+	}
+	a := addressOf(u)
 	o.addrMu.Lock()
-	if len(o.addrs) < maxCached {
-		o.addrs[name] = a
+	defer o.addrMu.Unlock()
+	if ups = o.addrs[name]; ups == nil && len(o.addrs) < maxCached {
+		ups = &upstream{address: a}
+		o.addrs[name] = ups
 	}
-	o.addrMu.Unlock()
-	return a
+	return a, ups
 }
 
 func (o *Observer) addressOf(name string) address {
 	o.addrMu.RLock()
-	a := o.addrs[name]
+	ups := o.addrs[name]
 	o.addrMu.RUnlock()
-	return a
+	if ups == nil {
+		return address{}
+	}
+	return ups.address
 }
 
 func parseAddress(baseURL string) (address, bool) {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -712,4 +713,44 @@ func TestUnsampledCountsAsSampled(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAttemptsByUpstream: attempts are counted by upstream, outcome and
+// hedge, answered ones (2xx) as the others, concurrently, for an upstream
+// given to WithUpstreams, one learned from its request and one with no
+// URL to learn from.
+func TestAttemptsByUpstream(t *testing.T) {
+	reader, mp := meterProvider(t)
+	hooks := relayotel.New(relayotel.WithMeterProvider(mp), relayotel.WithUpstreams(relay.Upstream{Name: "a", BaseURL: "http://a.test/v1"})).Hooks()
+	attempt := func(up string, hedge bool, status int) {
+		out, err := http.NewRequest(http.MethodPost, "http://"+up+".test/v1/chat/completions", nil)
+		require.NoError(t, err)
+		if up == "nourl" {
+			out.URL = nil
+		}
+		hooks.OnAttempt(context.Background(), relay.AttemptInfo{Upstream: up, N: 1, Hedge: hedge}, out)(relay.AttemptDone{StatusCode: status})
+	}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, up := range []string{"a", "b", "nourl"} {
+				attempt(up, false, 200)
+				attempt(up, true, 200)
+			}
+			attempt("a", false, 200)
+		}()
+	}
+	wg.Wait()
+	attempt("a", false, 503)
+	attempt("b", true, 429)
+	counted := func(up, outcome string, hedge bool, n float64) point {
+		return point{Attrs: set("relay.attempt.hedge="+strconv.FormatBool(hedge), "relay.attempt.outcome="+outcome, "relay.upstream="+up), Value: n}
+	}
+	assert.Equal(t, sorted([]point{
+		counted("a", "2xx", false, 16), counted("a", "2xx", true, 8), counted("a", "5xx", false, 1),
+		counted("b", "2xx", false, 8), counted("b", "2xx", true, 8), counted("b", "429", true, 1),
+		counted("nourl", "2xx", false, 8), counted("nourl", "2xx", true, 8),
+	}), collect(t, reader)["relay.client.attempts"].Points)
 }
