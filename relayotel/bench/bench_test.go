@@ -5,8 +5,10 @@
 //
 //	cd relayotel/bench && GOWORK=off go test -run '^$' -bench Observed -benchmem
 //
-// BenchmarkObservedPaired gives the figure the README reports: what both
-// observers add, as a paired difference the machine's drift does not reach.
+// BenchmarkObservedPaired gives the figures the README reports: what both
+// observers add, what each adds alone, and the floor (the OpenTelemetry
+// SDK's calls alone, floor.call), as paired differences the machine's
+// drift does not reach.
 package bench
 
 import (
