@@ -39,15 +39,46 @@ func addOpts(s attribute.Set) []metric.AddOption {
 	return []metric.AddOption{metric.WithAttributeSet(s)}
 }
 
+// The endpoints an Observer tells apart, as Report.Endpoint names them, by
+// index: Observer.ops and reportKey hold an endpoint as its index, so that
+// finding its sets takes no map lookup. otherEndpoint is any other path.
+const (
+	chatEndpoint = iota
+	responsesEndpoint
+	completionsEndpoint
+	embeddingsEndpoint
+	otherEndpoint
+	numEndpoints
+)
+
+// endpointSuffixes are the endpoints as path suffixes, chat/completions
+// before completions, which it ends with.
+var endpointSuffixes = [otherEndpoint]string{"/chat/completions", "/responses", "/completions", "/embeddings"}
+
+// endpointIndex is the index of an endpoint named as in Report.Endpoint.
+func endpointIndex(ep string) int {
+	switch ep {
+	case "chat/completions":
+		return chatEndpoint
+	case "responses":
+		return responsesEndpoint
+	case "completions":
+		return completionsEndpoint
+	case "embeddings":
+		return embeddingsEndpoint
+	}
+	return otherEndpoint
+}
+
 // endpointOf recognises an endpoint by path suffix, as the router does.
-func endpointOf(path string) string {
+func endpointOf(path string) int {
 	path = strings.TrimSuffix(path, "/")
-	for _, ep := range [...]string{"chat/completions", "responses", "completions", "embeddings"} {
-		if strings.HasSuffix(path, "/"+ep) {
-			return ep
+	for i, suffix := range endpointSuffixes {
+		if strings.HasSuffix(path, suffix) {
+			return i
 		}
 	}
-	return ""
+	return otherEndpoint
 }
 
 // opSets is what depends on the endpoint alone.
@@ -58,17 +89,17 @@ type opSets struct {
 	overhead []metric.RecordOption
 }
 
-func newOpSets(o *Observer, endpoint string) *opSets {
+func newOpSets(o *Observer, endpoint int) *opSets {
 	s := &opSets{output: true}
 	var api attribute.KeyValue
 	switch endpoint {
-	case "chat/completions":
+	case chatEndpoint:
 		s.op, api = "chat", semconv.OpenAIAPITypeChatCompletions
-	case "responses": // the Responses API is a chat operation
+	case responsesEndpoint: // the Responses API is a chat operation
 		s.op, api = "chat", semconv.OpenAIAPITypeResponses
-	case "completions":
+	case completionsEndpoint:
 		s.op = "text_completion"
-	case "embeddings":
+	case embeddingsEndpoint:
 		s.op, s.output = "embeddings", false
 	}
 	if s.op == "" {
@@ -96,7 +127,8 @@ var attemptStart = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClie
 // reportKey is what a call's metric attributes and span name depend on.
 // Its models are the ones the metrics record (models.bound).
 type reportKey struct {
-	endpoint, requested, model, upstream, bucket, errType string
+	endpoint                                    int // endpointIndex
+	requested, model, upstream, bucket, errType string
 }
 
 type reportSets struct {
@@ -152,7 +184,7 @@ func newReportSets(o *Observer, k reportKey) *reportSets {
 
 // reportSpanAttrs are the span attributes of a call to a path not routed by
 // model.
-func (o *Observer) reportSpanAttrs(r relay.Report, errType string) []attribute.KeyValue {
+func (o *Observer) reportSpanAttrs(r *relay.Report, errType string) []attribute.KeyValue {
 	kv := []attribute.KeyValue{attribute.String("relay.upstream", r.Upstream)}
 	if a := o.addressOf(r.Upstream); a.host != "" {
 		kv = append(kv, semconv.ServerAddress(a.host), semconv.ServerPort(a.port))

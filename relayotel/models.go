@@ -86,6 +86,6 @@ func (m *models) learn(model string) bool {
 // one of a call that never reached an upstream (refused by a budget, a
 // limit, open circuits). A 429, a 5xx or no answer at all is not about the
 // model: its name is learned.
-func vouched(r relay.Report) bool {
+func vouched(r *relay.Report) bool {
 	return r.Attempts > 0 && (r.StatusCode < 400 || r.StatusCode >= 500 || r.StatusCode == 429)
 }

@@ -72,6 +72,6 @@ func TestVouched(t *testing.T) {
 		{1, 401, false},
 		{0, 0, false}, // no upstream called: no upstream serves it, a budget refused it...
 	} {
-		assert.Equal(t, c.want, vouched(relay.Report{Attempts: c.attempts, StatusCode: c.status}), "%+v", c)
+		assert.Equal(t, c.want, vouched(&relay.Report{Attempts: c.attempts, StatusCode: c.status}), "%+v", c)
 	}
 }

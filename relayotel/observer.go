@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -37,7 +38,7 @@ type Observer struct {
 	inst      instruments
 
 	addrMu sync.RWMutex
-	addrs  map[string]address // upstream name → where it is
+	addrs  map[string]*upstream // by name
 
 	reports   labelcache.Cache[*Observer, reportKey, *reportSets]
 	attempts  labelcache.Cache[*Observer, attemptKey, *sum]
@@ -50,7 +51,7 @@ type Observer struct {
 	models    models                // the model names the metrics record
 	costSums  sums                  // relay.client.cost
 	tries     sums                  // relay.client.attempts
-	ops       map[string]*opSets    // per Report.Endpoint, "" included
+	ops       [numEndpoints]*opSets // by endpoint index (endpointIndex)
 	hedge     [2][]metric.AddOption // relay.hedge.result lost, won
 	closeMu   sync.Mutex            // held by Close
 }
@@ -88,7 +89,7 @@ func New(opts ...Option) *Observer {
 		provider:  semconv.GenAIProviderNameKey.String(c.provider),
 		openai:    c.provider == "openai",
 		estimated: c.estimated,
-		addrs:     map[string]address{},
+		addrs:     map[string]*upstream{},
 	}
 	if c.router != "" {
 		o.router = attribute.String("relay.router", c.router)
@@ -97,7 +98,7 @@ func New(opts ...Option) *Observer {
 	known := c.models
 	for _, u := range c.ups {
 		if a, ok := parseAddress(u.BaseURL); ok {
-			o.addrs[u.Name] = a
+			o.addrs[u.Name] = &upstream{address: a}
 		}
 		names = append(names, u.Name)
 		known = append(known, u.Models...)
@@ -105,8 +106,7 @@ func New(opts ...Option) *Observer {
 	o.models.init(known, c.limit)
 	o.breakers.router = o.router
 	o.breakers.init(names)
-	o.ops = map[string]*opSets{}
-	for _, ep := range []string{"chat/completions", "responses", "completions", "embeddings", ""} {
+	for ep := range o.ops {
 		o.ops[ep] = newOpSets(o, ep)
 	}
 	o.hedge[0] = addOpts(o.set(attribute.String("relay.hedge.result", "lost")))
@@ -142,7 +142,7 @@ func (o *Observer) Hooks() relay.Hooks {
 		OnAttempt: o.onAttempt,
 		OnWait:    o.onWait,
 		OnBreaker: o.onBreaker,
-		OnReport:  o.onReport,
+		OnReport:  func(r relay.Report) { o.onReport(&r) }, // (a method value would copy the Report once more)
 
 		OnSpend:         o.onSpend,
 		OnStateFallback: o.onStateFallback,
@@ -194,9 +194,10 @@ type call struct {
 	context.Context
 	o    *Observer
 	span trace.Span
-	// endpoint is the operation onRequest read from the URL path, for a
-	// call that fails before the router classifies it (Report.Endpoint "").
-	endpoint string
+	// endpoint is the operation onRequest read from the URL path
+	// (endpointIndex), for a call that fails before the router classifies
+	// it (Report.Endpoint "").
+	endpoint int
 
 	mu         sync.Mutex
 	wait       time.Duration // a wait not yet attached to an attempt
@@ -240,13 +241,13 @@ func (o *Observer) callOf(ctx context.Context) *call {
 // onRequest starts the RoundTrip's span, named by the operation until the
 // report names the model.
 func (o *Observer) onRequest(ctx context.Context, req *http.Request) context.Context {
-	ops := o.ops[""]
-	name, ep := req.Method, ""
+	ep := otherEndpoint
 	if req.URL != nil && req.Method == http.MethodPost {
-		e := endpointOf(req.URL.Path)
-		if s := o.ops[e]; s.op != "" {
-			ops, name, ep = s, s.op, e
-		}
+		ep = endpointOf(req.URL.Path)
+	}
+	ops, name := o.ops[ep], req.Method
+	if ops.op != "" {
+		name = ops.op
 	}
 	ctx, span := o.tracer.Start(ctx, name, ops.start...)
 	if span.IsRecording() {
@@ -262,7 +263,7 @@ func (o *Observer) onRequest(ctx context.Context, req *http.Request) context.Con
 // known: one copy instead of two.
 func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http.Request) func(relay.AttemptDone) {
 	c := o.callOf(ctx)
-	addr := o.learn(a.Upstream, out.URL)
+	addr, ups := o.learn(a.Upstream, out.URL)
 	span := trace.SpanFromContext(ctx)
 	if span.IsRecording() || span.SpanContext().IsSampled() {
 		ctx, span = o.tracer.Start(ctx, "relay.attempt", attemptStart...)
@@ -300,9 +301,17 @@ func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http
 	if f, ok := carrier.(*firstCarrier); ok {
 		f.h = nil // (the header is the attempt's: not kept with the call)
 	}
+	if span == nil { // no span to complete: a done function that keeps only what counting needs
+		up, hedge := a.Upstream, a.Hedge
+		return func(d relay.AttemptDone) {
+			outcome := errclass.Outcome(d.StatusCode, d.Err)
+			o.countAttempt(ups, up, outcome, hedge)
+			c.attemptDone(up, outcome)
+		}
+	}
 	return func(d relay.AttemptDone) {
 		outcome := errclass.Outcome(d.StatusCode, d.Err)
-		if span != nil && span.IsRecording() {
+		if span.IsRecording() {
 			failed := d.Err != nil || d.StatusCode >= 400
 			kv := room
 			if kv == nil {
@@ -339,18 +348,40 @@ func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http
 			}
 		}
 		// The count first: whoever sees the span ended sees the attempt counted.
-		o.attempts.Get(o, attemptKey{a.Upstream, outcome, a.Hedge}, newAttemptSum).addInt(1)
-		if span != nil {
-			span.End()
-		}
-		if c != nil {
-			c.mu.Lock()
-			if outcome != "canceled" || c.lastOut == "" {
-				c.lastUp, c.lastOut = a.Upstream, outcome
-			}
-			c.mu.Unlock()
-		}
+		o.countAttempt(ups, a.Upstream, outcome, a.Hedge)
+		span.End()
+		c.attemptDone(a.Upstream, outcome)
 	}
+}
+
+// countAttempt adds a finished attempt to name (u, if it is kept) to
+// relay.client.attempts.
+func (o *Observer) countAttempt(u *upstream, name, outcome string, hedge bool) {
+	if u == nil || outcome != "2xx" {
+		o.attempts.Get(o, attemptKey{name, outcome, hedge}, newAttemptSum).addInt(1)
+		return
+	}
+	answered := &u.answered[b2i(hedge)]
+	t := answered.Load()
+	if t == nil {
+		t = o.attempts.Get(o, attemptKey{name, outcome, hedge}, newAttemptSum)
+		answered.Store(t)
+	}
+	t.addInt(1)
+}
+
+// attemptDone notes an attempt's end in its call (which may be nil), for
+// the retry that may follow: a cancelled attempt (a hedge's loser) does not
+// hide the outcome of one that failed before it.
+func (c *call) attemptDone(upstream, outcome string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	if outcome != "canceled" || c.lastOut == "" {
+		c.lastUp, c.lastOut = upstream, outcome
+	}
+	c.mu.Unlock()
 }
 
 // headerCarrier carries the trace context in an http.Header, setting the
@@ -437,21 +468,25 @@ func (o *Observer) onBreaker(e relay.BreakerEvent) {
 }
 
 // onReport records the call's metrics, completes its span and ends it.
-func (o *Observer) onReport(r relay.Report) {
+func (o *Observer) onReport(r *relay.Report) {
 	ctx := r.Context
 	if ctx == nil {
 		ctx = context.Background()
 	}
 	et := errclass.Type(r.Err, r.StatusCode)
-	ep := r.Endpoint
+	ep := endpointIndex(r.Endpoint)
 	c := o.callOf(r.Context)
-	if ep == "" && c != nil {
+	if c != nil {
+		// The metrics are recorded in the call span's context: their
+		// exemplars name this Observer's span, not one a hook after it
+		// started (another Observer's), and the SDK finds the span without
+		// passing the contexts wrapped around it.
+		ctx = c.Context
+	}
+	if r.Endpoint == "" && c != nil {
 		ep = c.endpoint // a call that failed before it was classified (a body too large)
 	}
 	ops := o.ops[ep]
-	if ops == nil {
-		ops = o.ops[""]
-	}
 	var (
 		rs               *reportSets
 		requested, model string // as the metrics record them
@@ -532,7 +567,7 @@ func (o *Observer) onReport(r relay.Report) {
 // setAttributes sets the span's attributes in one call (one copy), built in
 // kv: the fixed ones of its label set, and those that change with every
 // call.
-func (o *Observer) setAttributes(span trace.Span, kv []attribute.KeyValue, fixed []attribute.KeyValue, r relay.Report) {
+func (o *Observer) setAttributes(span trace.Span, kv []attribute.KeyValue, fixed []attribute.KeyValue, r *relay.Report) {
 	kv = append(append(kv, fixed...), attribute.Int("relay.attempts", r.Attempts), attribute.Bool("relay.hedged", r.Hedged))
 	if r.Hedged {
 		kv = append(kv, attribute.Bool("relay.hedge_won", r.HedgeWon))
@@ -565,29 +600,46 @@ func (o *Observer) setAttributes(span trace.Span, kv []attribute.KeyValue, fixed
 	span.SetAttributes(kv...)
 }
 
+// upstream is what an Observer keeps of an upstream: where it is, and the
+// relay.client.attempts totals of its answered attempts (outcome 2xx; not
+// hedges, hedges), found the first time each is counted, so that most
+// attempts are counted without a label lookup.
+type upstream struct {
+	address
+	answered [2]atomic.Pointer[sum]
+}
+
 // learn returns where an upstream is: as configured, else as its request
-// shows, remembered for its reports.
-func (o *Observer) learn(name string, u *url.URL) address {
+// shows, remembered for its reports; and what is kept of it, nil when
+// nothing is (past maxCached names, or no URL to learn from).
+func (o *Observer) learn(name string, u *url.URL) (address, *upstream) {
 	o.addrMu.RLock()
-	a, ok := o.addrs[name]
+	ups := o.addrs[name]
 	o.addrMu.RUnlock()
-	if ok || u == nil {
-		return a
+	if ups != nil {
+		return ups.address, ups
 	}
-	a = addressOf(u)
+	if u == nil {
+		return address{}, nil
+	}
+	a := addressOf(u)
 	o.addrMu.Lock()
-	if len(o.addrs) < maxCached {
-		o.addrs[name] = a
+	defer o.addrMu.Unlock()
+	if ups = o.addrs[name]; ups == nil && len(o.addrs) < maxCached {
+		ups = &upstream{address: a}
+		o.addrs[name] = ups
 	}
-	o.addrMu.Unlock()
-	return a
+	return a, ups
 }
 
 func (o *Observer) addressOf(name string) address {
 	o.addrMu.RLock()
-	a := o.addrs[name]
+	ups := o.addrs[name]
 	o.addrMu.RUnlock()
-	return a
+	if ups == nil {
+		return address{}
+	}
+	return ups.address
 }
 
 func parseAddress(baseURL string) (address, bool) {
@@ -632,6 +684,6 @@ func b2i(b bool) int {
 // streamed reports whether r is a stream that sent a first chunk: a 2xx
 // stream with a TTFT (for an error status, Report.TTFT is the time to the
 // headers, not to a chunk).
-func streamed(r relay.Report) bool {
+func streamed(r *relay.Report) bool {
 	return r.Stream && r.TTFT > 0 && r.StatusCode >= 200 && r.StatusCode < 300
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -647,4 +648,109 @@ func TestStateFallbacks(t *testing.T) {
 		want = append(want, point{Attrs: "relay.state.operation=" + op, Value: 1})
 	}
 	assert.ElementsMatch(t, want, collect(t, reader)["relay.state.fallbacks"].Points)
+}
+
+// TestUnsampledCountsAsSampled: a call whose span is not sampled (its
+// attempts' done functions have no span to complete) counts its attempts,
+// its retry and its hedge as a sampled one does: a retry after a 503 is
+// counted with the failed call's upstream and outcome, and a hedge's
+// cancelled loser does not hide the outcome before it.
+func TestUnsampledCountsAsSampled(t *testing.T) {
+	unsampled := func(t *testing.T) context.Context {
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
+		t.Cleanup(func() { tp.Shutdown(context.Background()) })
+		ctx, parent := tp.Tracer("test").Start(context.Background(), "handler")
+		t.Cleanup(func() { parent.End() })
+		return ctx
+	}
+	counted := func(t *testing.T, h *harness, n int) map[string]instrument {
+		require.Eventually(t, func() bool {
+			var total float64
+			for _, p := range h.metrics(t)["relay.client.attempts"].Points {
+				total += p.Value
+			}
+			return total == float64(n)
+		}, 10*time.Second, time.Millisecond, "a hedge's loser is counted when its cancelled call returns")
+		m := h.metrics(t)
+		return map[string]instrument{"attempts": m["relay.client.attempts"], "retries": m["relay.client.retries"], "hedges": m["relay.client.hedges"]}
+	}
+	for _, c := range []struct {
+		name     string
+		attempts int
+		config   func(t *testing.T) relay.Config
+	}{
+		{"retried", 3, func(t *testing.T) relay.Config {
+			a, b := server(t, "a"), server(t, "b")
+			a.Script(relaytest.Fault{Status: 503})
+			b.Script(relaytest.Fault{Status: 429})
+			return relay.Config{Strategy: relay.StrategyPriority,
+				Upstreams: []relay.Upstream{{Name: "a", BaseURL: a.URL}, {Name: "b", BaseURL: b.URL}}}
+		}},
+		{"hedged", 2, func(t *testing.T) relay.Config {
+			slow, fast := server(t, "slow"), server(t, "fast")
+			slow.Script(relaytest.Fault{Delay: 10 * time.Second})
+			return relay.Config{Strategy: relay.StrategyPriority,
+				Upstreams: []relay.Upstream{{Name: "slow", BaseURL: slow.URL}, {Name: "fast", BaseURL: fast.URL}},
+				Hedge:     relay.HedgeConfig{Delay: 20 * time.Millisecond, Budget: 1}}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var got [2]map[string]instrument
+			for i, ctx := range []func(*testing.T) context.Context{func(*testing.T) context.Context { return context.Background() }, unsampled} {
+				h := newHarness(t, c.config(t))
+				_, err := h.do(t, ctx(t), http.MethodPost, "chat/completions", chatBody("gpt-4.1", false))
+				require.NoError(t, err)
+				got[i] = counted(t, h, c.attempts)
+			}
+			assert.Equal(t, got[0], got[1])
+			if c.name == "retried" {
+				assert.Equal(t, sorted([]point{
+					{Attrs: set("relay.retry.reason=5xx", "relay.upstream=a"), Value: 1},
+					{Attrs: set("relay.retry.reason=429", "relay.upstream=b"), Value: 1},
+				}), got[1]["retries"].Points)
+			} else {
+				assert.Equal(t, []point{{Attrs: "relay.hedge.result=won", Value: 1}}, got[1]["hedges"].Points)
+			}
+		})
+	}
+}
+
+// TestAttemptsByUpstream: attempts are counted by upstream, outcome and
+// hedge, answered ones (2xx) as the others, concurrently, for an upstream
+// given to WithUpstreams, one learned from its request and one with no
+// URL to learn from.
+func TestAttemptsByUpstream(t *testing.T) {
+	reader, mp := meterProvider(t)
+	hooks := relayotel.New(relayotel.WithMeterProvider(mp), relayotel.WithUpstreams(relay.Upstream{Name: "a", BaseURL: "http://a.test/v1"})).Hooks()
+	attempt := func(up string, hedge bool, status int) {
+		out, err := http.NewRequest(http.MethodPost, "http://"+up+".test/v1/chat/completions", nil)
+		require.NoError(t, err)
+		if up == "nourl" {
+			out.URL = nil
+		}
+		hooks.OnAttempt(context.Background(), relay.AttemptInfo{Upstream: up, N: 1, Hedge: hedge}, out)(relay.AttemptDone{StatusCode: status})
+	}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, up := range []string{"a", "b", "nourl"} {
+				attempt(up, false, 200)
+				attempt(up, true, 200)
+			}
+			attempt("a", false, 200)
+		}()
+	}
+	wg.Wait()
+	attempt("a", false, 503)
+	attempt("b", true, 429)
+	counted := func(up, outcome string, hedge bool, n float64) point {
+		return point{Attrs: set("relay.attempt.hedge="+strconv.FormatBool(hedge), "relay.attempt.outcome="+outcome, "relay.upstream="+up), Value: n}
+	}
+	assert.Equal(t, sorted([]point{
+		counted("a", "2xx", false, 16), counted("a", "2xx", true, 8), counted("a", "5xx", false, 1),
+		counted("b", "2xx", false, 8), counted("b", "2xx", true, 8), counted("b", "429", true, 1),
+		counted("nourl", "2xx", false, 8), counted("nourl", "2xx", true, 8),
+	}), collect(t, reader)["relay.client.attempts"].Points)
 }

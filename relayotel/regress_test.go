@@ -13,6 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/tokenrelay/relay"
 	"github.com/tokenrelay/relay/relayotel"
@@ -217,4 +219,71 @@ func TestRegressTwoObserversBreakerState(t *testing.T) {
 	assert.EqualValues(t, 1, got["relay.breaker.state=half_open,relay.upstream=a"])
 	assert.EqualValues(t, 1, got["relay.breaker.state=open,relay.upstream=a"])
 	assert.EqualValues(t, 0, got["relay.breaker.state=closed,relay.upstream=a"])
+}
+
+// With two Observers joined (on providers of their own), each one's
+// metric exemplars name its own call span. Before, the metrics were
+// recorded with the report's context, whose span is the one the later
+// Observer started inside the first's: the first's exemplars named the
+// other provider's span.
+func TestRegressExemplarsNameTheirOwnSpan(t *testing.T) {
+	a := server(t, "a")
+	ups := []relay.Upstream{{Name: "a", BaseURL: a.URL}}
+	type observer struct {
+		reader *sdkmetric.ManualReader
+		rec    *tracetest.SpanRecorder
+	}
+	var obs [2]observer
+	var hooks []relay.Hooks
+	for i := range obs {
+		reader, mp := meterProvider(t)
+		rec := tracetest.NewSpanRecorder()
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+		t.Cleanup(func() { tp.Shutdown(context.Background()) })
+		obs[i] = observer{reader, rec}
+		hooks = append(hooks, relayotel.New(relayotel.WithMeterProvider(mp), relayotel.WithTracerProvider(tp), relayotel.WithUpstreams(ups...)).Hooks())
+	}
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	r, err := relay.New(relay.Config{Upstreams: ups, Base: tr, Hooks: relay.JoinHooks(hooks...)})
+	require.NoError(t, err)
+	(&harness{router: r}).chat(t, chatBody("gpt-4.1", false))
+
+	for i, o := range obs {
+		var call sdktrace.ReadOnlySpan
+		for _, s := range o.rec.Ended() {
+			if s.Name() == "chat gpt-4.1" {
+				call = s
+			}
+		}
+		require.NotNil(t, call, "observer %d", i)
+		var rm metricdata.ResourceMetrics
+		require.NoError(t, o.reader.Collect(context.Background(), &rm))
+		var named int
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				var ex [][]byte
+				switch d := m.Data.(type) {
+				case metricdata.Histogram[float64]:
+					for _, p := range d.DataPoints {
+						for _, e := range p.Exemplars {
+							ex = append(ex, e.SpanID)
+						}
+					}
+				case metricdata.Histogram[int64]:
+					for _, p := range d.DataPoints {
+						for _, e := range p.Exemplars {
+							ex = append(ex, e.SpanID)
+						}
+					}
+				}
+				for _, id := range ex {
+					want := call.SpanContext().SpanID()
+					assert.Equal(t, want[:], id, "observer %d, %s", i, m.Name)
+					named++
+				}
+			}
+		}
+		assert.Equal(t, 4, named, "observer %d: duration, input and output tokens, overhead", i)
+	}
 }

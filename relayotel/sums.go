@@ -73,13 +73,22 @@ func (t *sum) addFloat(v float64) {
 			break
 		}
 	}
-	t.used.Store(true)
+	t.use()
 }
 
 // addInt adds v to an int total.
 func (t *sum) addInt(v int64) {
 	t.n.Add(v)
-	t.used.Store(true)
+	t.use()
+}
+
+// use marks the total added to. It is stored once: a store of an atomic
+// is an exchange, a full barrier each time, where a load costs a plain
+// read.
+func (t *sum) use() {
+	if !t.used.Load() {
+		t.used.Store(true)
+	}
 }
 
 // each calls f with every total added to.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -108,6 +109,45 @@ type Collector struct {
 	ttftC    labelcache.Cache[*Collector, [2]string, prometheus.Observer]
 	waitC    labelcache.Cache[*Collector, [2]string, prometheus.Observer]
 	hedgeC   [2]prometheus.Counter // lost, won
+
+	// ups are the upstream labels with what an attempt counts: one per
+	// upstream given, and other and none; read-only after New.
+	ups               map[string]*upstreamLabel
+	otherUps, noneUps *upstreamLabel
+}
+
+// upstreamLabel is an upstream's label, and the relay_attempts_total child
+// of its answered attempts (outcome 2xx), found the first time one is
+// counted: most attempts are counted without a label lookup.
+type upstreamLabel struct {
+	name     string
+	answered atomic.Pointer[prometheus.Counter]
+}
+
+// upstreamOf is the label of the upstream named name.
+func (c *Collector) upstreamOf(name string) *upstreamLabel {
+	if name == "" {
+		return c.noneUps
+	}
+	if u := c.ups[name]; u != nil {
+		return u
+	}
+	return c.otherUps
+}
+
+// countAttempt counts an attempt to u that ended with outcome.
+func (c *Collector) countAttempt(u *upstreamLabel, outcome string) {
+	if outcome != "2xx" {
+		c.attemptC.Get(c, [2]string{u.name, outcome}, newAttempt).Inc()
+		return
+	}
+	n := u.answered.Load()
+	if n == nil {
+		child := c.attemptC.Get(c, [2]string{u.name, outcome}, newAttempt)
+		n = &child
+		u.answered.Store(n)
+	}
+	(*n).Inc()
 }
 
 // New returns a Collector.
@@ -155,6 +195,11 @@ func New(opts ...Option) *Collector {
 	for u := range c.upstreams {
 		c.setBreaker(u, relay.StateClosed)
 	}
+	c.ups = map[string]*upstreamLabel{}
+	for u := range c.upstreams {
+		c.ups[u] = &upstreamLabel{name: u}
+	}
+	c.otherUps, c.noneUps = &upstreamLabel{name: other}, &upstreamLabel{name: none}
 	return c
 }
 
@@ -179,7 +224,7 @@ func (c *Collector) Hooks() relay.Hooks {
 		OnAttempt: c.onAttempt,
 		OnWait:    c.onWait,
 		OnBreaker: c.onBreaker,
-		OnReport:  c.onReport,
+		OnReport:  func(r relay.Report) { c.onReport(&r) }, // (a method value would copy the Report once more)
 
 		OnSpend:         c.onSpend,
 		OnStateFallback: c.onStateFallback,
@@ -242,7 +287,7 @@ func (c *Collector) onRequest(ctx context.Context, _ *http.Request) context.Cont
 
 func (c *Collector) onAttempt(ctx context.Context, a relay.AttemptInfo, _ *http.Request) func(relay.AttemptDone) {
 	k, _ := ctx.Value(callKey{c}).(*call)
-	up := c.upstream(a.Upstream)
+	u := c.upstreamOf(a.Upstream)
 	if k != nil && a.N > 1 && !a.Hedge {
 		k.mu.Lock()
 		lastUp, reason := k.lastUp, k.lastOut
@@ -253,11 +298,11 @@ func (c *Collector) onAttempt(ctx context.Context, a relay.AttemptInfo, _ *http.
 	}
 	return func(d relay.AttemptDone) {
 		outcome := errclass.Outcome(d.StatusCode, d.Err)
-		c.attemptC.Get(c, [2]string{up, outcome}, newAttempt).Inc()
+		c.countAttempt(u, outcome)
 		if k != nil {
 			k.mu.Lock()
 			if outcome != "canceled" || k.lastOut == "" {
-				k.lastUp, k.lastOut = up, outcome
+				k.lastUp, k.lastOut = u.name, outcome
 			}
 			k.mu.Unlock()
 		}
@@ -334,7 +379,7 @@ func newError(c *Collector, k [3]string) prometheus.Counter {
 	return c.errors.WithLabelValues(k[0], k[1], k[2])
 }
 
-func (c *Collector) onReport(r relay.Report) {
+func (c *Collector) onReport(r *relay.Report) {
 	up, model := c.upstream(r.Upstream), c.model(r.Model)
 	m := c.reports.Get(c, reportKey{up, model, c.label(c.buckets, r.Bucket), statusClass(r.StatusCode)}, newReport)
 	m.requests.Inc()

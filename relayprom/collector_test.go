@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -329,4 +330,39 @@ func TestStateFallbacks(t *testing.T) {
 		want += `relay_state_fallbacks_total{operation="` + op + `"} 1` + "\n"
 	}
 	h.compare(t, want, "relay_state_fallbacks_total")
+}
+
+// TestAttemptsByUpstream: attempts are counted by upstream label and
+// outcome, answered ones (2xx) as the others, concurrently: an upstream
+// given as itself, one not given as other, none as none; a retry names the
+// failed attempt's upstream label. No attempt series shows before its
+// first attempt.
+func TestAttemptsByUpstream(t *testing.T) {
+	c := relayprom.New(relayprom.WithUpstreams(relay.Upstream{Name: "a"}))
+	require.Zero(t, testutil.CollectAndCount(c, "relay_attempts_total"))
+	hooks := c.Hooks()
+	attempt := func(ctx context.Context, up string, n int, status int) {
+		hooks.OnAttempt(ctx, relay.AttemptInfo{Upstream: up, N: n}, nil)(relay.AttemptDone{StatusCode: status})
+	}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, up := range []string{"a", "a", "b", ""} {
+				attempt(context.Background(), up, 1, 200)
+			}
+		}()
+	}
+	wg.Wait()
+	ctx := hooks.OnRequest(context.Background(), nil)
+	attempt(ctx, "b", 1, 503)
+	attempt(ctx, "a", 2, 200)
+	expected := helpAttempts + `relay_attempts_total{outcome="2xx",upstream="a"} 17
+relay_attempts_total{outcome="2xx",upstream="none"} 8
+relay_attempts_total{outcome="2xx",upstream="other"} 8
+relay_attempts_total{outcome="5xx",upstream="other"} 1
+` + helpRetries + `relay_retries_total{reason="5xx",upstream="other"} 1
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(expected), "relay_attempts_total", "relay_retries_total"))
 }

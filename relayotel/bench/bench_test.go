@@ -5,8 +5,10 @@
 //
 //	cd relayotel/bench && GOWORK=off go test -run '^$' -bench Observed -benchmem
 //
-// BenchmarkObservedPaired gives the figure the README reports: what both
-// observers add, as a paired difference the machine's drift does not reach.
+// BenchmarkObservedPaired gives the figures the README reports: what both
+// observers add, what each adds alone, and the floor (the OpenTelemetry
+// SDK's calls alone, floor.call), as paired differences the machine's
+// drift does not reach.
 package bench
 
 import (
@@ -64,12 +66,10 @@ const (
 	noSDK                    // no SDK installed: the global no-op providers
 )
 
-// otelHooks is relayotel with metrics aggregated by the SDK for a reader
-// (but with noSDK) and tracing as asked.
-func otelHooks(b *testing.B, tr tracing) relay.Hooks {
-	if tr == noSDK {
-		return relayotel.New(relayotel.WithUpstreams(upstreams...)).Hooks()
-	}
+// providers are the SDK's MeterProvider, metrics aggregated for a reader,
+// and TracerProvider, tracing as asked (tr is not noSDK), shut down at the
+// end of the benchmark.
+func providers(b testing.TB, tr tracing) (*sdkmetric.MeterProvider, *sdktrace.TracerProvider) {
 	sampler := sdktrace.AlwaysSample()
 	if tr == unsampled {
 		sampler = sdktrace.NeverSample()
@@ -81,6 +81,16 @@ func otelHooks(b *testing.B, tr tracing) relay.Hooks {
 		mp.Shutdown(context.Background())
 		tp.Shutdown(context.Background())
 	})
+	return mp, tp
+}
+
+// otelHooks is relayotel with metrics aggregated by the SDK for a reader
+// (but with noSDK) and tracing as asked.
+func otelHooks(b testing.TB, tr tracing) relay.Hooks {
+	if tr == noSDK {
+		return relayotel.New(relayotel.WithUpstreams(upstreams...)).Hooks()
+	}
+	mp, tp := providers(b, tr)
 	return relayotel.New(relayotel.WithMeterProvider(mp), relayotel.WithTracerProvider(tp), relayotel.WithUpstreams(upstreams...)).Hooks()
 }
 
@@ -92,7 +102,9 @@ func promHooks() relay.Hooks {
 
 // BenchmarkObserved: warm calls through the router over an in-memory base,
 // with no observer, relayotel (every span sampled and processed), relayprom,
-// and both joined.
+// and both joined; floor is the router with no observer, each call followed
+// by the SDK calls alone that an observer following the GenAI conventions
+// makes (floor.call).
 func BenchmarkObserved(b *testing.B) { benchObserved(b, sampled) }
 
 // BenchmarkObservedUnsampled: the same with spans not sampled.
@@ -110,13 +122,15 @@ func benchObserved(b *testing.B, tr tracing) {
 		{"otel", func(b *testing.B) relay.Hooks { return otelHooks(b, tr) }},
 		{"prom", func(*testing.B) relay.Hooks { return promHooks() }},
 		{"both", func(b *testing.B) relay.Hooks { return relay.JoinHooks(otelHooks(b, tr), promHooks()) }},
+		{"floor", nil},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			r, err := relay.New(relay.Config{Upstreams: upstreams, Base: base, Hooks: c.hooks(b)})
-			if err != nil {
-				b.Fatal(err)
+			var call func()
+			if c.hooks != nil {
+				call = caller(b, router(b, c.hooks(b)))
+			} else {
+				call = floorCaller(b, tr)
 			}
-			call := caller(b, r)
 			for range 100 { // warm: memo, caches, label sets
 				call()
 			}
@@ -133,7 +147,7 @@ func benchObserved(b *testing.B, tr tracing) {
 }
 
 // caller returns a function that makes one warm call through r.
-func caller(b *testing.B, r *relay.Router) func() {
+func caller(b testing.TB, r *relay.Router) func() {
 	return func() {
 		req, _ := http.NewRequest(http.MethodPost, "http://relay.test/v1/chat/completions", strings.NewReader(reqBody))
 		// The headers an SDK sends (go-openai's): the outgoing request's
@@ -153,33 +167,51 @@ func caller(b *testing.B, r *relay.Router) func() {
 	}
 }
 
-// BenchmarkObservedPaired measures what both observers add as a paired
-// difference, which the machine's drift does not reach: batches of 64
-// calls alternate between a bare router and one with both observers (the
-// SDK installed, spans sampled as asked), and the reported added-ns/op is
-// the median over the pairs of (observed batch − bare batch) / 64, in
-// process CPU time. ns/op covers one call of each router.
+// BenchmarkObservedPaired measures what observing adds as paired
+// differences, which the machine's drift does not reach: batches of 64
+// calls alternate between a base (a bare router, but in aboveFloor) and an
+// observed side, each first half the time, and the reported added-ns/op
+// is the median over the pairs of (observed batch - base batch) / 64, in
+// wall time. ns/op covers one call of each side. The rows:
+//
+//   - control: two bare routers;
+//   - unsampled: both observers joined, the SDK installed, no span sampled;
+//   - floor: the bare router and then the SDK calls alone (floor.call)
+//     that an observer following the GenAI conventions makes per call, no
+//     relay code, spans not sampled: the least that observing with this
+//     SDK can add;
+//   - aboveFloor: both observers (unsampled) against the bare router with
+//     the floor's calls: what relay's own code adds above the floor,
+//     relayprom's included;
+//   - otel, prom: each observer alone (otel unsampled);
+//   - noSDK: both observers, no SDK installed (the API's no-ops);
+//   - sampled: both observers, every span sampled and processed.
 func BenchmarkObservedPaired(b *testing.B) {
+	bare := func(b *testing.B) func() { return caller(b, router(b, relay.Hooks{})) }
+	observed := func(hooks func(*testing.B) relay.Hooks) func(*testing.B) func() {
+		return func(b *testing.B) func() { return caller(b, router(b, hooks(b))) }
+	}
+	both := func(tr tracing) func(*testing.B) relay.Hooks {
+		return func(b *testing.B) relay.Hooks { return relay.JoinHooks(otelHooks(b, tr), promHooks()) }
+	}
+	withFloor := func(b *testing.B) func() { return floorCaller(b, unsampled) }
 	for _, c := range []struct {
-		name string
-		tr   tracing
-	}{{"control", -1}, {"unsampled", unsampled}, {"noSDK", noSDK}, {"sampled", sampled}} {
+		name      string
+		base, obs func(*testing.B) func()
+	}{
+		{"control", bare, bare},
+		{"unsampled", bare, observed(both(unsampled))},
+		{"floor", bare, withFloor},
+		{"aboveFloor", withFloor, observed(both(unsampled))},
+		{"otel", bare, observed(func(b *testing.B) relay.Hooks { return otelHooks(b, unsampled) })},
+		{"prom", bare, observed(func(*testing.B) relay.Hooks { return promHooks() })},
+		{"noSDK", bare, observed(both(noSDK))},
+		{"sampled", bare, observed(both(sampled))},
+	} {
 		b.Run(c.name, func(b *testing.B) {
-			bare, err := relay.New(relay.Config{Upstreams: upstreams, Base: base})
-			if err != nil {
-				b.Fatal(err)
-			}
-			var hooks relay.Hooks
-			if c.tr >= 0 {
-				hooks = relay.JoinHooks(otelHooks(b, c.tr), promHooks())
-			}
-			obs, err := relay.New(relay.Config{Upstreams: upstreams, Base: base, Hooks: hooks})
-			if err != nil {
-				b.Fatal(err)
-			}
-			callBare, callObs := caller(b, bare), caller(b, obs)
+			callBase, callObs := c.base(b), c.obs(b)
 			for range 100 {
-				callBare()
+				callBase()
 				callObs()
 			}
 			const batch = 64
@@ -192,13 +224,13 @@ func BenchmarkObservedPaired(b *testing.B) {
 				return time.Since(t)
 			}
 			for i := 0; b.Loop(); i++ {
-				var dBare, dObs time.Duration
+				var dBase, dObs time.Duration
 				if i%2 == 0 { // each order half the time
-					dBare, dObs = timed(callBare), timed(callObs)
+					dBase, dObs = timed(callBase), timed(callObs)
 				} else {
-					dObs, dBare = timed(callObs), timed(callBare)
+					dObs, dBase = timed(callObs), timed(callBase)
 				}
-				diffs = append(diffs, float64(dObs-dBare)/batch)
+				diffs = append(diffs, float64(dObs-dBase)/batch)
 			}
 			if len(diffs) > 0 {
 				slices.Sort(diffs)
@@ -207,4 +239,13 @@ func BenchmarkObservedPaired(b *testing.B) {
 			b.ReportMetric(0, "ns/op")
 		})
 	}
+}
+
+// router is a router to the benchmark's base with hooks.
+func router(b testing.TB, hooks relay.Hooks) *relay.Router {
+	r, err := relay.New(relay.Config{Upstreams: upstreams, Base: base, Hooks: hooks})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return r
 }
