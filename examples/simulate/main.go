@@ -460,6 +460,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		results = append(results, res)
 	}
+	if err := addBound(o, cfg, w, results); err != nil {
+		fmt.Fprintf(stderr, "simulate: unloaded bound: %v\n", err)
+		return 1
+	}
 	if o.replicas > 0 {
 		rows, err := runReplicas(o, w, stderr)
 		if err != nil {
