@@ -52,6 +52,10 @@ func TestFlagsRejected(t *testing.T) {
 		{[]string{"-replicas", "-1"}, "-replicas must not be negative"},
 		{[]string{"-redis", "127.0.0.1:6379"}, "-redis needs -replicas"},
 		{[]string{"-replay", sampleFile, "-base-url", "http://x.invalid/v1", "-replicas", "2"}, "-replicas runs on the simulated fleet only"},
+		{[]string{"-sweep", "1024,x"}, "-sweep must list positive cache sizes"},
+		{[]string{"-sweep", "0"}, "-sweep must list positive cache sizes"},
+		{[]string{"-sweep", "1024", "-modes", "striped"}, "-modes does not apply to -sweep (it takes -workload, -seed, -requests, -concurrency)"},
+		{[]string{"-sweep", "1024", "-cache-blocks", "64"}, "-cache-blocks does not apply to -sweep"},
 		{[]string{"-nope"}, "flag provided but not defined"},
 		{[]string{"extra"}, "unexpected arguments"},
 	} {
@@ -72,6 +76,7 @@ func TestFlagsRejected(t *testing.T) {
 	assert.Contains(t, errb.String(), "-replicas N")
 	assert.Contains(t, errb.String(), "-redis host:port")
 	assert.Contains(t, errb.String(), "-plot DIR")
+	assert.Contains(t, errb.String(), "-sweep SIZES")
 	assert.Contains(t, errb.String(), "modes (-modes):\n  floor          direct, one request at a time")
 	assert.Contains(t, errb.String(), "  priority       the workload's first 400 requests to one upstream")
 	assert.Contains(t, errb.String(), "run their routers on a simulated clock")
