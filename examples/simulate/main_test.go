@@ -185,7 +185,7 @@ func TestSessionWorkloads(t *testing.T) {
 
 	// Chat turns are as long as public chat logs put them (workload.go):
 	// user messages of about 70 tokens, answers of about 215.
-	chat := chatWorkload(1, 1200, 24)
+	chat := chatWorkload(3, 400, 8)
 	user, answers := 0, 0
 	for _, q := range chat.reqs {
 		msgs := gjson.Get(q.body, "messages").Array()
@@ -194,10 +194,10 @@ func TestSessionWorkloads(t *testing.T) {
 		assert.True(t, q.output >= chatOutMin && q.output <= chatOutMax, q.output)
 	}
 	n := float64(len(chat.reqs))
-	assert.InDelta(t, 70+8, float64(user)/n, 15, "user messages (each starts with an 8-token head)")
+	assert.InDelta(t, 70+4, float64(user)/n, 15, "user messages (each starts with a head of a few tokens)")
 	assert.InDelta(t, 215, float64(answers)/n, 25, "answers")
-	assert.InDelta(t, 0.38, chat.systemShare(), 0.03, "the system prompts' share of the prompt tokens")
-	assert.Contains(t, chat.describe(), "behind 5 system prompts of 1–4k tokens (38% of the prompt tokens)")
+	assert.InDelta(t, 0.4, chat.systemShare(), 0.1, "the system prompts' share of the prompt tokens")
+	assert.Regexp(t, `behind 5 system prompts of 1–4k tokens \([0-9]+% of the prompt tokens\), 16 open at once; answers of [0-9]+ tokens on average`, chat.describe())
 
 	// A chat answer in the history is the fleet's answer: one turn through
 	// a fleet server.
