@@ -22,10 +22,13 @@
 // state and with the limits shared on Redis (an embedded server unless
 // -redis names one). These runs keep their routers on a simulated clock
 // (clock.go), so limits per minute and budget windows are simulated time.
-// -plot DIR also writes SVG charts of the modes (plot.go). With -replay
-// FILE it replays a JSONL file of recorded requests instead (see
-// replay.go), against the simulated fleet or, with -base-url, against a
-// real OpenAI-compatible endpoint.
+// -plot DIR also writes SVG charts of the modes (plot.go). On the batch
+// workload the run prints the unloaded lower bound of cluster-aware's p99
+// (bound.go); -sweep SIZES prints a workload's cache hits by prefix-cache
+// size from an offline replay instead of running the modes (sweep.go).
+// With -replay FILE it replays a JSONL file of recorded requests instead
+// (see replay.go), against the simulated fleet or, with -base-url, against
+// a real OpenAI-compatible endpoint.
 //
 //	go run ./examples/simulate
 //	go run ./examples/simulate -workload chat
@@ -35,6 +38,7 @@
 //	go run ./examples/simulate -modes direct -replicas 4
 //	go run ./examples/simulate -modes direct -replicas 4 -redis 127.0.0.1:6379
 //	go run ./examples/simulate -plot docs/sim
+//	go run ./examples/simulate -workload chat -sweep 1024,4096,8192,16384
 //	go run ./examples/simulate -replay examples/simulate/testdata/sample.jsonl -speed 2
 //	OPENAI_API_KEY=... go run ./examples/simulate -replay my.jsonl -base-url https://api.openai.com/v1
 package main
