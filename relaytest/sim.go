@@ -60,7 +60,8 @@ import (
 //     of the prompt is then inserted (or refreshed), the first block last,
 //     so the LRU evicts the tail of a prefix before its head, as a
 //     radix-tree cache evicts leaves first. A partial last block is never
-//     cached.
+//     cached. PrefixCache is the same cache on its own, for offline
+//     replays; SimModel.AnswerTime is the time a served call takes.
 //   - Faults on demand: SetDark makes a region refuse every call (the
 //     connection is closed with no answer, or a 503 when DarkStatus is 503);
 //     Burst429 answers the next calls of a region with 429 and a
@@ -104,6 +105,20 @@ type SimModel struct {
 // output·DecodePerToken.
 func (m SimModel) ServiceTime(prompt, cached, output int) time.Duration {
 	return m.firstToken(prompt, cached) + time.Duration(output)*m.DecodePerToken
+}
+
+// AnswerTime returns the unscaled time from a call taking its shard to the
+// last byte of its answer when nothing slows it (no stall, no extra
+// first-token delay): the least time the call can take once it is served.
+// A non-streaming answer is sent whole after ServiceTime. A stream sends
+// one content event per output token, the first after Base + prefill and
+// each other DecodePerToken after the one before, and ends with its last:
+// ServiceTime less one DecodePerToken (Base + prefill when output is 0).
+func (m SimModel) AnswerTime(prompt, cached, output int, stream bool) time.Duration {
+	if stream {
+		return m.firstToken(prompt, cached) + time.Duration(max(output-1, 0))*m.DecodePerToken
+	}
+	return m.ServiceTime(prompt, cached, output)
 }
 
 func (m SimModel) firstToken(prompt, cached int) time.Duration {
@@ -274,7 +289,7 @@ func NewSimFleet(cfg SimConfig) *SimFleet {
 				p.shards[i] = &simShard{limit: m.QueueLimit}
 			}
 			if cfg.CacheBlocks > 0 {
-				p.cache = newPrefixCache(cfg.CacheBlocks)
+				p.cache = NewPrefixCache(cfg.CacheBlocks, cfg.BlockBytes)
 			}
 			name := region + "/" + m.Name
 			opts := append(slices.Clone(cfg.Options), WithName(name), WithModels(m.Name), withHook(p.hook))
@@ -475,7 +490,7 @@ type simPath struct {
 	srv        *Server
 	up         SimUpstream
 	shards     []*simShard
-	cache      *prefixCache // nil: none
+	cache      *PrefixCache // nil: none
 	rr         atomic.Uint64
 
 	rejected, refused, throttled, slowed, hung atomic.Int64
@@ -565,10 +580,7 @@ func (p *simPath) hook(r *http.Request, rec *Recorded, f Fault) (Fault, func()) 
 
 	cached := 0
 	if p.cache != nil {
-		text := string(prompt.AppendCanonical(nil, rec.Endpoint, string(rec.Body), math.MaxInt))
-		if n := p.cache.touch(text, p.fleet.cfg.BlockBytes); n > 0 {
-			cached = min(countTokens(text[:n]), promptToks)
-		}
+		cached = p.cache.lookup(rec.Endpoint, rec.Body, promptToks)
 	}
 	p.mu.Lock()
 	p.prompt += promptToks
@@ -687,6 +699,51 @@ func (s *simShard) release(served bool, busy time.Duration) {
 	}
 	s.busy = false
 }
+
+// PrefixCache is the prefix cache of one of a SimFleet's Servers, on its
+// own: an LRU of at most a number of chained hashes of fixed-size blocks of
+// the router's canonical prompt, as SimFleet documents it. It serves
+// offline replays of traffic through the fleet's cache model, such as a
+// sweep of cache sizes, with the very code the fleet runs. Safe for
+// concurrent use by multiple goroutines.
+type PrefixCache struct {
+	c     *prefixCache
+	block int
+}
+
+// NewPrefixCache returns an empty cache of at most blocks blocks (at least
+// 1) of blockBytes bytes each (0: 64), as SimConfig.CacheBlocks and
+// BlockBytes size a fleet's.
+func NewPrefixCache(blocks, blockBytes int) *PrefixCache {
+	if blockBytes <= 0 {
+		blockBytes = 64
+	}
+	return &PrefixCache{c: newPrefixCache(max(blocks, 1)), block: blockBytes}
+}
+
+// Serve does what a fleet's Server does with the prompt of a call to
+// endpoint ("chat/completions", "responses" or "completions") whose body
+// is body: it returns the call's prompt tokens and the cached tokens its
+// answer would report (those of the canonical prompt's leading blocks
+// found in the cache, at most the prompt tokens), and inserts or refreshes
+// every block of the prompt.
+func (c *PrefixCache) Serve(endpoint string, body []byte) (promptToks, cached int) {
+	promptToks = promptTokens(endpoint, gjson.ParseBytes(body))
+	return promptToks, c.lookup(endpoint, body, promptToks)
+}
+
+// lookup returns the cached tokens of a prompt of promptToks tokens and
+// inserts or refreshes its blocks.
+func (c *PrefixCache) lookup(endpoint string, body []byte, promptToks int) int {
+	text := string(prompt.AppendCanonical(nil, endpoint, string(body), math.MaxInt))
+	if n := c.c.touch(text, c.block); n > 0 {
+		return min(countTokens(text[:n]), promptToks)
+	}
+	return 0
+}
+
+// Len returns the number of blocks cached.
+func (c *PrefixCache) Len() int { return c.c.len() }
 
 // prefixCache is a bounded LRU of chained prefix-block hashes. Safe for
 // concurrent use.

@@ -117,6 +117,64 @@ func TestSimServiceTime(t *testing.T) {
 	}
 }
 
+// TestSimAnswerTime: a non-streaming answer takes ServiceTime; a stream
+// ends with its last content event, one decode step sooner; and a served
+// call is never answered sooner than its AnswerTime.
+func TestSimAnswerTime(t *testing.T) {
+	m := SimModel{Base: 100 * time.Millisecond, PrefillPerToken: time.Millisecond,
+		CachedPerToken: 100 * time.Microsecond, DecodePerToken: 10 * time.Millisecond}
+	assert.Equal(t, m.ServiceTime(200, 50, 5), m.AnswerTime(200, 50, 5, false))
+	assert.Equal(t, m.ServiceTime(200, 50, 5)-m.DecodePerToken, m.AnswerTime(200, 50, 5, true))
+	assert.Equal(t, m.ServiceTime(200, 50, 0), m.AnswerTime(200, 50, 0, true), "no content event: the first token's time")
+
+	const scale = 0.01
+	f := newSim(t, SimConfig{Regions: []string{"us-east"}, TimeScale: scale})
+	srv := f.Server("us-east", "gemini-2.5-flash")
+	fm, _ := f.Model("gemini-2.5-flash")
+	for _, stream := range []bool{false, true} {
+		body := simChat("gemini-2.5-flash", "", 40, 60, stream)
+		want := time.Duration(float64(fm.AnswerTime(simPromptTokens(body), 0, 60, stream)) * scale)
+		start := time.Now()
+		resp, b := post(t, srv, "/chat/completions", body)
+		took := time.Since(start)
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
+		assert.GreaterOrEqual(t, took+time.Microsecond, want, "stream %v", stream)
+	}
+}
+
+// TestPrefixCacheServesAsTheFleet: a PrefixCache fed the calls a fleet's
+// Server is sent reports the prompt and cached tokens the Server's answers
+// report, evictions included.
+func TestPrefixCacheServesAsTheFleet(t *testing.T) {
+	f := newSim(t, SimConfig{Regions: []string{"us-east"}, CacheBlocks: 12})
+	srv := f.Server("us-east", "gpt-5.5-codex")
+	c := NewPrefixCache(12, 0)
+	sys := strings.Repeat("You answer questions about the billing system. ", 8)
+	bodies := []string{
+		simChat("gpt-5.5-codex", sys, 20, 1, false),
+		simChat("gpt-5.5-codex", sys, 30, 1, false),
+		simChat("gpt-5.5-codex", "", 60, 1, false),
+		simChat("gpt-5.5-codex", sys, 20, 1, false),
+		simChat("gpt-5.5-codex", strings.Repeat("Another long system prompt. ", 12), 5, 1, false),
+		simChat("gpt-5.5-codex", sys, 20, 1, false),
+	}
+	hits := 0
+	for i, body := range bodies {
+		resp, b := post(t, srv, "/chat/completions", body)
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
+		p, cached := c.Serve(epChat, []byte(body))
+		assert.Equal(t, gjson.GetBytes(b, "usage.prompt_tokens").Int(), int64(p), "call %d", i)
+		assert.Equal(t, gjson.GetBytes(b, "usage.prompt_tokens_details.cached_tokens").Int(), int64(cached), "call %d", i)
+		if cached > 0 {
+			hits++
+		}
+		assert.LessOrEqual(t, c.Len(), 12)
+	}
+	assert.Equal(t, 12, c.Len(), "full")
+	assert.Equal(t, pathStats(t, f.Stats(), "us-east/gpt-5.5-codex").CacheHits, hits)
+	assert.Positive(t, hits)
+}
+
 func TestSimClusteringPins(t *testing.T) {
 	f := newSim(t, SimConfig{Regions: []string{"us-east"}})
 	srv := f.Server("us-east", "gpt-5.5-codex")

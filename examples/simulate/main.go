@@ -22,10 +22,13 @@
 // state and with the limits shared on Redis (an embedded server unless
 // -redis names one). These runs keep their routers on a simulated clock
 // (clock.go), so limits per minute and budget windows are simulated time.
-// -plot DIR also writes SVG charts of the modes (plot.go). With -replay
-// FILE it replays a JSONL file of recorded requests instead (see
-// replay.go), against the simulated fleet or, with -base-url, against a
-// real OpenAI-compatible endpoint.
+// -plot DIR also writes SVG charts of the modes (plot.go). On the batch
+// workload the run prints the unloaded lower bound of cluster-aware's p99
+// (bound.go); -sweep SIZES prints a workload's cache hits by prefix-cache
+// size from an offline replay instead of running the modes (sweep.go).
+// With -replay FILE it replays a JSONL file of recorded requests instead
+// (see replay.go), against the simulated fleet or, with -base-url, against
+// a real OpenAI-compatible endpoint.
 //
 //	go run ./examples/simulate
 //	go run ./examples/simulate -workload chat
@@ -35,6 +38,7 @@
 //	go run ./examples/simulate -modes direct -replicas 4
 //	go run ./examples/simulate -modes direct -replicas 4 -redis 127.0.0.1:6379
 //	go run ./examples/simulate -plot docs/sim
+//	go run ./examples/simulate -workload chat -sweep 1024,4096,8192,16384
 //	go run ./examples/simulate -replay examples/simulate/testdata/sample.jsonl -speed 2
 //	OPENAI_API_KEY=... go run ./examples/simulate -replay my.jsonl -base-url https://api.openai.com/v1
 package main
@@ -208,6 +212,10 @@ type options struct {
 	fast, cheap string  // ClusterPolicy models
 	plot        string  // directory to write SVG charts into; "": none
 
+	// The cache sweep (sweep.go): prefix-cache sizes to replay the
+	// workload through; nil: no sweep.
+	sweep []int
+
 	// The replicas comparison (replicas.go).
 	replicas int    // routers sharing the fleet; 0: no comparison
 	redis    string // Redis address of the shared state; "": an embedded server
@@ -216,6 +224,7 @@ type options struct {
 // flagText are the flags parsed into options only once checked.
 type flagText struct {
 	window, modeList, scenario string
+	sweep                      string
 	seed                       int64
 	set                        map[string]bool // the flags given
 }
@@ -230,6 +239,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	raw.set = map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { raw.set[f.Name] = true })
 	err := o.check(raw, fs.Args())
+	if err == nil {
+		err = o.checkSweep(raw)
+	}
 	if err == nil {
 		err = o.checkRemote(&raw)
 	}
@@ -265,6 +277,7 @@ func defineFlags(o *options, raw *flagText, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.fast, "fast", fast, "the cluster-aware modes' fast model (ClusterPolicy.Fast)")
 	fs.StringVar(&o.cheap, "cheap", cheap, "the cluster-aware modes' cheap model (ClusterPolicy.Cheap)")
 	fs.StringVar(&o.plot, "plot", "", "also write SVG charts of the modes into `DIR` (created if needed): "+plotLatency+" (latency CDF, log axis),\n"+plotThroughput+", "+plotCache+", "+plotCost+" ($ per 1k requests)")
+	fs.StringVar(&raw.sweep, "sweep", "", "instead of the modes, print the workload's cache hits with prefix caches of these `SIZES` (comma-separated blocks, e.g.\n1024,4096,8192,16384), from an offline replay of its requests through the fleet's cache under four routing rules")
 	fs.IntVar(&o.replicas, "replicas", 0, "after the modes, compare `N` routers (one per simulated replica) over upstreams that enforce RPM/TPM limits:\nper-process state, then limits shared on Redis (0: no comparison)")
 	fs.StringVar(&o.redis, "redis", "", "with -replicas: the Redis server (`host:port`) of the shared state (default: an embedded, in-process server)")
 	fs.Usage = func() {
@@ -328,6 +341,30 @@ func (o *options) check(raw flagText, args []string) error {
 		return errors.New("-speed applies to -replay only")
 	case raw.set["api-key"] && o.baseURL == "":
 		return errors.New("-api-key applies to -base-url only")
+	}
+	return nil
+}
+
+// sweepFlags are the flags that apply to -sweep: the generated workload's.
+var sweepFlags = []string{"sweep", "workload", "seed", "requests", "concurrency"}
+
+// checkSweep reads -sweep's cache sizes and refuses the flags that do not
+// apply to it.
+func (o *options) checkSweep(raw flagText) error {
+	if !raw.set["sweep"] {
+		return nil
+	}
+	for name := range raw.set {
+		if !slices.Contains(sweepFlags, name) {
+			return fmt.Errorf("-%s does not apply to -sweep (it takes %s)", name, "-"+strings.Join(sweepFlags[1:], ", -"))
+		}
+	}
+	for _, f := range strings.Split(raw.sweep, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return fmt.Errorf("-sweep must list positive cache sizes in blocks, e.g. 1024,8192, got %q", raw.sweep)
+		}
+		o.sweep = append(o.sweep, n)
 	}
 	return nil
 }
@@ -445,6 +482,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		i := slices.IndexFunc(workloads, func(g generator) bool { return g.name == o.workload })
 		w = workloads[i].gen(o.seed, o.requests, o.concurrency)
 	}
+	if o.sweep != nil {
+		if err := runSweep(stdout, o, w, o.sweep); err != nil {
+			fmt.Fprintf(stderr, "simulate: -sweep: %v\n", err)
+			return 1
+		}
+		return 0
+	}
 	var results []result
 	var cfg relaytest.SimConfig
 	for _, m := range o.modes {
@@ -459,6 +503,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 			res.Workload = "replay"
 		}
 		results = append(results, res)
+	}
+	if err := addBound(o, cfg, w, results); err != nil {
+		fmt.Fprintf(stderr, "simulate: unloaded bound: %v\n", err)
+		return 1
 	}
 	if o.replicas > 0 {
 		rows, err := runReplicas(o, w, stderr)

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tokenrelay/relay"
+	"github.com/tokenrelay/relay/internal/bpe"
 	"github.com/tokenrelay/relay/relaytest"
 )
 
@@ -52,6 +53,10 @@ func TestFlagsRejected(t *testing.T) {
 		{[]string{"-replicas", "-1"}, "-replicas must not be negative"},
 		{[]string{"-redis", "127.0.0.1:6379"}, "-redis needs -replicas"},
 		{[]string{"-replay", sampleFile, "-base-url", "http://x.invalid/v1", "-replicas", "2"}, "-replicas runs on the simulated fleet only"},
+		{[]string{"-sweep", "1024,x"}, "-sweep must list positive cache sizes"},
+		{[]string{"-sweep", "0"}, "-sweep must list positive cache sizes"},
+		{[]string{"-sweep", "1024", "-modes", "striped"}, "-modes does not apply to -sweep (it takes -workload, -seed, -requests, -concurrency)"},
+		{[]string{"-sweep", "1024", "-cache-blocks", "64"}, "-cache-blocks does not apply to -sweep"},
 		{[]string{"-nope"}, "flag provided but not defined"},
 		{[]string{"extra"}, "unexpected arguments"},
 	} {
@@ -72,6 +77,7 @@ func TestFlagsRejected(t *testing.T) {
 	assert.Contains(t, errb.String(), "-replicas N")
 	assert.Contains(t, errb.String(), "-redis host:port")
 	assert.Contains(t, errb.String(), "-plot DIR")
+	assert.Contains(t, errb.String(), "-sweep SIZES")
 	assert.Contains(t, errb.String(), "modes (-modes):\n  floor          direct, one request at a time")
 	assert.Contains(t, errb.String(), "  priority       the workload's first 400 requests to one upstream")
 	assert.Contains(t, errb.String(), "run their routers on a simulated clock")
@@ -176,6 +182,22 @@ func TestSessionWorkloads(t *testing.T) {
 			assert.Equal(t, w.sessions[0], sample[0])
 		})
 	}
+
+	// Chat turns are as long as public chat logs put them (workload.go):
+	// user messages of about 70 tokens, answers of about 215.
+	chat := chatWorkload(3, 400, 8)
+	user, answers := 0, 0
+	for _, q := range chat.reqs {
+		msgs := gjson.Get(q.body, "messages").Array()
+		user += bpe.O200K().Count(msgs[len(msgs)-1].Get("content").Str)
+		answers += q.output
+		assert.True(t, q.output >= chatOutMin && q.output <= chatOutMax, q.output)
+	}
+	n := float64(len(chat.reqs))
+	assert.InDelta(t, 70+4, float64(user)/n, 15, "user messages (each starts with a head of a few tokens)")
+	assert.InDelta(t, 215, float64(answers)/n, 25, "answers")
+	assert.InDelta(t, 0.4, chat.systemShare(), 0.1, "the system prompts' share of the prompt tokens")
+	assert.Regexp(t, `behind 5 system prompts of 1–4k tokens \([0-9]+% of the prompt tokens\), 16 open at once; answers of [0-9]+ tokens on average`, chat.describe())
 
 	// A chat answer in the history is the fleet's answer: one turn through
 	// a fleet server.
@@ -414,39 +436,46 @@ func TestProgress(t *testing.T) {
 }
 
 // TestTargets runs shortened simulations and asserts the targets that hold
-// with a margin on a short run; it logs the others, which need the full
-// run (the README lists both): the chat targets (on 500 turns the
-// conversations are young and every region's cache still holds them, so
-// striping hits almost as often as affinity), the stalls p99 ratio (a
-// 2% share of 600 requests puts a dozen stalls around the p99, too few to
-// be stable) and the capacity-matched baseline (missed on full runs too,
-// see the README). Under the race detector the simulation is starved of
-// CPU and its timings mean nothing, so the test is skipped there (CI runs
-// -race; `go test ./...` runs it).
+// with a margin on a short run; it logs the others, which need the full run
+// (the README lists both). Asserted: the batch targets against direct (p99
+// ≤ 0.5×, throughput ≥ 2×), success ≥ 99.9% in striped, affinity and
+// cluster-aware, cluster-aware's p99 no lower than its unloaded bound (a
+// lower bound: it holds in any run) and that bound over half the baseline's
+// p99 (the README's reason the baseline target is out of reach), affinity's
+// chat cache hits ≥ 75% (83–85% on 300 turns), and the stalls call budget
+// (≤ 1.06×). Logged: the baseline ratio itself, the other chat figures (on
+// 300 turns every region's cache still holds the young conversations, so
+// striping hits almost as often as affinity; the p99 ratio is near 1 on
+// full runs too) and the stalls p99 ratio (a 2% share of 600 requests puts
+// a dozen stalls around the p99, too few to be stable). Under the race
+// detector the simulation is starved of CPU and its timings mean nothing,
+// so the test is skipped there (CI runs -race; `go test ./...` runs it).
 func TestTargets(t *testing.T) {
 	if raceDetector || testing.Short() {
 		t.Skip("timing targets need an uninstrumented, full-speed build")
 	}
 	t.Run("batch", func(t *testing.T) {
 		m := runJSON(t, "-requests", "600", "-modes", "direct,baseline,striped,affinity,cluster-aware")
-		p99 := m["cluster-aware"].P99ms / m["direct"].P99ms
-		tput := m["cluster-aware"].ThroughputRPS / m["direct"].ThroughputRPS
+		ca := m["cluster-aware"]
+		p99 := ca.P99ms / m["direct"].P99ms
+		tput := ca.ThroughputRPS / m["direct"].ThroughputRPS
 		assert.LessOrEqual(t, p99, 0.5, "cluster-aware p99 / direct p99")
 		assert.GreaterOrEqual(t, tput, 2.0, "cluster-aware throughput / direct")
 		for _, mode := range []string{"striped", "affinity", "cluster-aware"} {
 			assert.GreaterOrEqual(t, m[mode].SuccessPct, 99.9, mode)
 		}
-		t.Logf("cluster-aware p99 / direct p99 = %.2f (target ≤ 0.5), throughput × %.1f (target ≥ 2); p99 / baseline p99 = %.2f (target ≤ 0.5, logged)",
-			p99, tput, m["cluster-aware"].P99ms/m["baseline"].P99ms)
+		require.Positive(t, ca.UnloadedP99ms, "the unloaded bound is computed")
+		assert.GreaterOrEqual(t, ca.P99ms, ca.UnloadedP99ms, "no run beats its unloaded bound")
+		assert.Greater(t, ca.UnloadedP99ms, 0.5*m["baseline"].P99ms, "even unloaded, cluster-aware's p99 is over half the baseline's")
+		t.Logf("cluster-aware p99 / direct p99 = %.2f (target ≤ 0.5), throughput × %.1f (target ≥ 2); p99 / baseline p99 = %.2f (target ≤ 0.5, logged); unloaded bound %.1f ms = %.2f × baseline p99",
+			p99, tput, ca.P99ms/m["baseline"].P99ms, ca.UnloadedP99ms, ca.UnloadedP99ms/m["baseline"].P99ms)
 	})
 	t.Run("chat", func(t *testing.T) {
-		m := runJSON(t, "-workload", "chat", "-requests", "500", "-modes", "striped,affinity,bounded")
-		st := m["striped"]
-		for _, mode := range []string{"affinity", "bounded"} {
-			r := m[mode]
-			t.Logf("chat %s: cache hits %.1f%% (target ≥ 75), × %.2f striped's (target ≥ 2.5); input $/1k × %.2f (target ≤ 0.6); p99 × %.2f (target ≤ 1)",
-				mode, r.CacheHitPct, r.CacheHitPct/st.CacheHitPct, r.InputPer1kReq/st.InputPer1kReq, r.P99ms/st.P99ms)
-		}
+		m := runJSON(t, "-workload", "chat", "-requests", "300", "-modes", "striped,affinity")
+		st, af := m["striped"], m["affinity"]
+		assert.GreaterOrEqual(t, af.CacheHitPct, 75.0, "affinity cache hits")
+		t.Logf("chat affinity: cache hits %.1f%% (target ≥ 75), × %.2f striped's (target ≥ 2.5, logged); input $/1k × %.2f (target ≤ 0.6, logged); p99 × %.2f (target ≤ 1, logged)",
+			af.CacheHitPct, af.CacheHitPct/st.CacheHitPct, af.InputPer1kReq/st.InputPer1kReq, af.P99ms/st.P99ms)
 	})
 	t.Run("stalls", func(t *testing.T) {
 		m := runJSON(t, "-scenario", "stalls", "-requests", "600", "-modes", "cluster-aware,hedged")

@@ -54,9 +54,13 @@ type result struct {
 	QueueFull       int                `json:"queue_full"`
 	Slowed          int                `json:"slowed"`
 	Hung            int                `json:"hung"`
-	Budget          *budgetResult      `json:"budget,omitempty"`   // the budget mode's
-	Priority        *priorityResult    `json:"priority,omitempty"` // the priority mode's
-	Replicas        *replicasResult    `json:"replicas,omitempty"` // a row of the replicas comparison
+	// UnloadedP99ms is the p99 the mode's policy would have if every
+	// request were served alone with the best case of the prefix cache
+	// (bound.go): cluster-aware on the batch workload only.
+	UnloadedP99ms float64         `json:"unloaded_p99_ms,omitempty"`
+	Budget        *budgetResult   `json:"budget,omitempty"`   // the budget mode's
+	Priority      *priorityResult `json:"priority,omitempty"` // the priority mode's
+	Replicas      *replicasResult `json:"replicas,omitempty"` // a row of the replicas comparison
 
 	okLatencies []time.Duration // the successful requests', sorted (for -plot)
 }
@@ -385,6 +389,14 @@ func targets(o options, results []result) (ts []target, notes []string) {
 		}
 		if okF && okC {
 			note("cluster-aware p99 / floor p99 = %s×", num(ca.P99ms/fl.P99ms))
+		}
+		if okC && ca.UnloadedP99ms > 0 {
+			line := fmt.Sprintf("cluster-aware p99, unloaded lower bound = %.1f ms (every request served alone on the path ClusterPolicy picks, best-case prefix cache); measured p99 / bound = %s×",
+				ca.UnloadedP99ms, num(ca.P99ms/ca.UnloadedP99ms))
+			if okB {
+				line += fmt.Sprintf(", bound / baseline p99 = %s×", num(ca.UnloadedP99ms/bl.P99ms))
+			}
+			notes = append(notes, line)
 		}
 	}
 	// The cache figures of the two home-keeping strategies against striping.

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"time"
@@ -64,7 +65,7 @@ type generator struct {
 var workloads = []generator{
 	{"batch", "an indexing or batch job: one-shot requests, most in the clustered 80–260-token band, some behind 48 shared ~500-token contexts",
 		func(seed uint64, n, _ int) *workload { return newWorkload(seed, n) }},
-	{"chat", "conversations of 3–30 turns behind 5 long system prompts (1–4k tokens); each turn resends the history and a new user message; 2 users per concurrent request",
+	{"chat", "conversations of 3–30 turns behind 5 long system prompts (1–4k tokens); each turn resends the history and a new user message (mean ≈ 70 tokens), its answer (mean ≈ 215) joins the history; 2 users per concurrent request",
 		chatWorkload},
 	{"agent", "tool-calling loops of 3–20 steps behind 4 agent prompts with tool definitions; each step resends the transcript with the tool calls and their outputs",
 		agentWorkload},
@@ -158,9 +159,33 @@ func newWorkload(seed uint64, n int) *workload {
 	return w
 }
 
-// chatUser and chatOut bound the tokens of a chat turn's new user message
-// (a question, often with a pasted snippet or log) and of its answer.
-var chatUser, chatOut = [2]int{20, 300}, [2]int{24, 128}
+// The lengths of a chat turn's new user message and of its answer, after
+// public logs of chat traffic: LMSYS-Chat-1M (Zheng et al., ICLR 2024, one
+// million conversations with 25 models; arXiv:2309.11998, Table 1) averages
+// 69.5 tokens per user prompt and 214.5 per response, and ServeGen
+// (Alibaba's production traces, arXiv 2025) finds output lengths
+// exponential and input lengths heavy-tailed (log-normal and Pareto). A
+// user message (a question, now and then with a pasted snippet or log) is
+// log-normal, median 40 tokens and σ 1.05 (mean ≈ 70), cut to 8–2000; an
+// answer is 16 tokens plus an exponential of mean 200 (mean ≈ 215), cut at
+// 1024, the max_tokens a chat client would set.
+const (
+	chatUserMedian, chatUserSigma = 40, 1.05
+	chatUserMin, chatUserMax      = 8, 2000
+	chatOutMin, chatOutMean       = 16, 200 // the mean past the minimum
+	chatOutMax                    = 1024
+)
+
+// chatUserTokens draws the tokens of a chat turn's new user message.
+func chatUserTokens(rng *rand.Rand) int {
+	n := int(math.Round(chatUserMedian * math.Exp(chatUserSigma*rng.NormFloat64())))
+	return min(max(n, chatUserMin), chatUserMax)
+}
+
+// chatOutTokens draws the tokens of a chat turn's answer (its max_tokens).
+func chatOutTokens(rng *rand.Rand) int {
+	return min(chatOutMin+int(rng.ExpFloat64()*chatOutMean), chatOutMax)
+}
 
 // chatSystems is the number of long system prompts the conversations of
 // the chat workload are held behind.
@@ -169,9 +194,10 @@ const chatSystems = 5
 // chatWorkload builds conversations until they hold n requests (the last
 // one cut short): each behind one of 5 system prompts of 1000–4000 tokens
 // (chosen uniformly), 3–30 turns. A turn sends the system prompt, the
-// history and a new user message of 20–300 tokens, asks for 24–128 output
-// tokens and, once answered, adds its user message and the answer to the
-// history: the answer is the text the fleet answers with that many tokens
+// history and a new user message (chatUserTokens: 8–2000 tokens, mean
+// ≈ 70), asks for an answer (chatOutTokens: 16–1024 tokens, mean ≈ 215)
+// and, once answered, adds its user message and the answer to the history:
+// the answer is the text the fleet answers with that many tokens
 // (relaytest.Pieces of its default reply), so the history is what the
 // fleet said. 60% of turns stream. 2 conversations per concurrent request
 // are open at once (48 at the default concurrency of 24).
@@ -190,8 +216,8 @@ func chatWorkload(seed uint64, n, concurrency int) *workload {
 		start := len(w.reqs)
 		for t := range turns {
 			head := fmt.Sprintf("Conversation %d, question %d:", conv, t+1)
-			msgs = append(msgs, map[string]string{"role": "user", "content": head + text(rng, chatUser[0]+rng.IntN(chatUser[1]-chatUser[0]+1))})
-			q := request{kind: "turn", output: chatOut[0] + rng.IntN(chatOut[1]-chatOut[0]+1), stream: rng.Float64() < 0.6}
+			msgs = append(msgs, map[string]string{"role": "user", "content": head + text(rng, chatUserTokens(rng))})
+			q := request{kind: "turn", output: chatOutTokens(rng), stream: rng.Float64() < 0.6}
 			body := map[string]any{"model": flagship, "messages": msgs, "max_tokens": q.output}
 			if q.stream {
 				body["stream"] = true
@@ -357,6 +383,29 @@ func words(rng *rand.Rand, n int) string {
 	return b.String()
 }
 
+// systemShare is the share of the workload's prompt tokens that are its
+// requests' leading system messages, as the chat formula counts them (3 per
+// message, 1 for the role, and the content).
+func (w *workload) systemShare() float64 {
+	counts := map[string]int{}
+	sys, all := 0, 0
+	for _, q := range w.reqs {
+		m := gjson.Get(q.body, "messages.0")
+		all += q.prompt
+		if m.Get("role").Str != "system" {
+			continue
+		}
+		text := m.Get("content").Str
+		n, ok := counts[text]
+		if !ok {
+			n = 3 + 1 + bpe.O200K().Count(text)
+			counts[text] = n
+		}
+		sys += n
+	}
+	return float64(sys) / float64(max(all, 1))
+}
+
 // sample returns about k requests of the workload, whole sessions evenly
 // spaced over it (k evenly spaced requests when every session is one
 // request; all when k is at least its size), as sessions.
@@ -399,11 +448,15 @@ func (w *workload) describe() string {
 	}
 	switch w.name {
 	case "chat":
-		return fmt.Sprintf("chat: %d turns of %d conversations (3–30 turns) behind %d system prompts of 1–4k tokens, %d open at once; %.0f%% streamed",
-			len(w.reqs), len(w.sessions), chatSystems, w.users, 100*float64(streams)/n)
+		out := 0
+		for _, q := range w.reqs {
+			out += q.output
+		}
+		return fmt.Sprintf("chat: %d turns of %d conversations (3–30 turns) behind %d system prompts of 1–4k tokens (%.0f%% of the prompt tokens), %d open at once; answers of %.0f tokens on average; %.0f%% streamed",
+			len(w.reqs), len(w.sessions), chatSystems, 100*w.systemShare(), w.users, float64(out)/n, 100*float64(streams)/n)
 	case "agent":
-		return fmt.Sprintf("agent: %d steps of %d tool-calling runs (3–20 steps) behind %d agent prompts with tools, %d open at once; %.0f%% streamed",
-			len(w.reqs), len(w.sessions), agentTypes, w.users, 100*float64(streams)/n)
+		return fmt.Sprintf("agent: %d steps of %d tool-calling runs (3–20 steps) behind %d agent prompts with tools (the system prompts %.0f%% of the prompt tokens), %d open at once; %.0f%% streamed",
+			len(w.reqs), len(w.sessions), agentTypes, 100*w.systemShare(), w.users, 100*float64(streams)/n)
 	}
 	return fmt.Sprintf("batch: %d requests to %s: %.0f%% 30–80 tokens, %.0f%% 80–260, %.0f%% 520–900, %.0f%% 900–2400; mid and long behind %d shared ~500-token contexts; %.0f%% streamed",
 		len(w.reqs), flagship, 100*float64(count["short"])/n, 100*float64(count["band"])/n,
