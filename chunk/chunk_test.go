@@ -368,9 +368,9 @@ func TestSplitMatchesReferenceRandom(t *testing.T) {
 
 // TestSplitMatchesReferenceLongRuns holds Split to the reference on long
 // runs without boundaries, where it remembers counts and hard cuts by
-// their text (runMemo): runs that repeat, runs that do not (enough
-// segments to fill the memo and turn it off), and the two one after the
-// other.
+// their text (runMemo): runs that repeat, runs that do not (at size 3,
+// enough segments to fill the memo and turn it off), and the two one after
+// the other.
 func TestSplitMatchesReferenceLongRuns(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	random := func(alphabet string, n int) string {
@@ -380,10 +380,7 @@ func TestSplitMatchesReferenceLongRuns(t *testing.T) {
 		}
 		return string(b)
 	}
-	n := 48 << 10
-	if testing.Short() {
-		n = 12 << 10
-	}
+	n := 12 << 10 // at size 3, enough hard cuts to fill the memo (memoSize) and turn it off
 	texts := map[string]string{
 		"ab":             strings.Repeat("ab", n/2),
 		"pattern":        strings.Repeat("=-", n/4) + strings.Repeat("1234567890", n/20),
