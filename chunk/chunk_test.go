@@ -418,7 +418,7 @@ func TestMemoizedMatchesDirect(t *testing.T) {
 	for _, model := range []string{"gpt-4o", "gpt-4"} {
 		for _, size := range []int{2, 5, 16} {
 			sh := splitter{text: text, enc: tokens.ForModel(model), size: size, bound: 4 * size, validTo: len(text)}
-			for range 3000 {
+			for range 800 {
 				a := rng.IntN(64) * 211 // few starts: pieces are asked again
 				n := 1 + rng.IntN(20*size)
 				require.Equal(t, sh.count(a, a+n), sh.countRun(a, a+n), "%s: count of [%d, %d)", model, a, a+n)
