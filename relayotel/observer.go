@@ -265,6 +265,13 @@ func (o *Observer) onAttempt(ctx context.Context, a relay.AttemptInfo, out *http
 	c := o.callOf(ctx)
 	addr, ups := o.learn(a.Upstream, out.URL)
 	span := trace.SpanFromContext(ctx)
+	if c != nil && span.SpanContext().SpanID() != c.span.SpanContext().SpanID() {
+		// A hook after this Observer's started a span inside the call's
+		// (another Observer's, on a provider of its own): the attempt is
+		// this call's child, sampled as this call is.
+		span = c.span
+		ctx = trace.ContextWithSpan(ctx, span)
+	}
 	if span.IsRecording() || span.SpanContext().IsSampled() {
 		ctx, span = o.tracer.Start(ctx, "relay.attempt", attemptStart...)
 	} else {

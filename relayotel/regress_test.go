@@ -287,3 +287,59 @@ func TestRegressExemplarsNameTheirOwnSpan(t *testing.T) {
 		assert.Equal(t, 4, named, "observer %d: duration, input and output tokens, overhead", i)
 	}
 }
+
+// With two Observers joined (on providers of their own), each one's
+// attempt spans are children of its own call span, and a call its
+// provider does not sample makes no attempt spans there, whatever the
+// other provider decides. Before, an attempt's span was started in the
+// attempt's context, whose span is the one the later Observer started
+// inside the first's: the first's attempt spans had the other provider's
+// span as their parent, and were sampled by that span's decision.
+func TestRegressAttemptSpansAreTheirCallsChildren(t *testing.T) {
+	a := server(t, "a")
+	ups := []relay.Upstream{{Name: "a", BaseURL: a.URL}}
+	for _, sampled := range []bool{true, false} {
+		t.Run(map[bool]string{true: "sampled", false: "first-unsampled"}[sampled], func(t *testing.T) {
+			var recs [2]*tracetest.SpanRecorder
+			var hooks []relay.Hooks
+			for i := range recs {
+				_, mp := meterProvider(t)
+				recs[i] = tracetest.NewSpanRecorder()
+				// The second samples every span; the first follows the
+				// parent of a span, but samples no call of its own.
+				sampler := sdktrace.AlwaysSample()
+				if i == 0 && !sampled {
+					sampler = sdktrace.ParentBased(sdktrace.NeverSample())
+				}
+				tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recs[i]), sdktrace.WithSampler(sampler))
+				t.Cleanup(func() { tp.Shutdown(context.Background()) })
+				hooks = append(hooks, relayotel.New(relayotel.WithMeterProvider(mp), relayotel.WithTracerProvider(tp), relayotel.WithUpstreams(ups...)).Hooks())
+			}
+			tr := &http.Transport{}
+			t.Cleanup(tr.CloseIdleConnections)
+			r, err := relay.New(relay.Config{Upstreams: ups, Base: tr, Hooks: relay.JoinHooks(hooks...)})
+			require.NoError(t, err)
+			(&harness{router: r}).chat(t, chatBody("gpt-4.1", false))
+
+			for i, rec := range recs {
+				var call, attempt sdktrace.ReadOnlySpan
+				for _, s := range rec.Ended() {
+					switch s.Name() {
+					case "chat gpt-4.1":
+						call = s
+					case "relay.attempt":
+						attempt = s
+					}
+				}
+				if i == 0 && !sampled {
+					assert.Nil(t, call, "observer 0: its call is not sampled")
+					assert.Nil(t, attempt, "observer 0: no attempt span for a call it does not sample")
+					continue
+				}
+				require.NotNil(t, call, "observer %d", i)
+				require.NotNil(t, attempt, "observer %d", i)
+				assert.Equal(t, call.SpanContext().SpanID(), attempt.Parent().SpanID(), "observer %d: the attempt's parent", i)
+			}
+		})
+	}
+}
