@@ -151,26 +151,20 @@ func (o *Observer) Hooks() relay.Hooks {
 
 // onSpend records a charge to a budget's ledger.
 func (o *Observer) onSpend(e relay.SpendEvent) {
-	ctx := e.Context
-	if ctx == nil {
-		ctx = context.Background()
-	}
+	ctx, _ := o.callContext(e.Context)
 	o.inst.spend.Add(ctx, e.Amount, o.spends.Get(o, [2]string{e.Budget, e.Currency}, newSpendSets)...)
 }
 
 // onStateFallback records a failed shared-state call, and notes it on the
 // request's span.
 func (o *Observer) onStateFallback(e relay.StateFallbackEvent) {
-	ctx := e.Context
-	if ctx == nil {
-		ctx = context.Background()
-	}
+	ctx, c := o.callContext(e.Context)
 	op := e.Op
 	if !stateOps[op] {
 		op = "other"
 	}
 	o.inst.fallbacks.Add(ctx, 1, o.fallbacks.Get(o, op, newFallbackSets)...)
-	if c := o.callOf(e.Context); c != nil && c.span.IsRecording() {
+	if c != nil && c.span.IsRecording() {
 		c.span.AddEvent("relay.state.fallback", trace.WithAttributes(
 			attribute.String("relay.state.operation", op),
 			semconv.ErrorTypeKey.String(errclass.Type(e.Err, 0)),
@@ -236,6 +230,22 @@ func (o *Observer) callOf(ctx context.Context) *call {
 	}
 	c, _ := ctx.Value(callKey{o}).(*call)
 	return c
+}
+
+// callContext returns the context to record a call's metrics in, and the
+// call (nil when ctx is none of this Observer's calls): the call span's
+// context, so that the exemplars name this Observer's span, not one a hook
+// after it started (another Observer's), and the SDK finds the span
+// without passing the contexts wrapped around it; else ctx, or Background
+// when ctx is nil.
+func (o *Observer) callContext(ctx context.Context) (context.Context, *call) {
+	if c := o.callOf(ctx); c != nil {
+		return c.Context, c
+	}
+	if ctx == nil {
+		return context.Background(), nil
+	}
+	return ctx, nil
 }
 
 // onRequest starts the RoundTrip's span, named by the operation until the
@@ -444,12 +454,8 @@ func (o *Observer) onWait(w relay.WaitEvent) {
 	if w.Err != nil {
 		et = errclass.Type(w.Err, 0)
 	}
-	ctx := w.Context
-	if ctx == nil {
-		ctx = context.Background()
-	}
+	ctx, c := o.callContext(w.Context)
 	o.inst.wait.Record(ctx, w.Wait.Seconds(), o.waits.Get(o, waitKey{w.Upstream, w.Reason, et}, newWaitSets)...)
-	c := o.callOf(w.Context)
 	if c == nil {
 		return
 	}
@@ -476,20 +482,9 @@ func (o *Observer) onBreaker(e relay.BreakerEvent) {
 
 // onReport records the call's metrics, completes its span and ends it.
 func (o *Observer) onReport(r *relay.Report) {
-	ctx := r.Context
-	if ctx == nil {
-		ctx = context.Background()
-	}
+	ctx, c := o.callContext(r.Context)
 	et := errclass.Type(r.Err, r.StatusCode)
 	ep := endpointIndex(r.Endpoint)
-	c := o.callOf(r.Context)
-	if c != nil {
-		// The metrics are recorded in the call span's context: their
-		// exemplars name this Observer's span, not one a hook after it
-		// started (another Observer's), and the SDK finds the span without
-		// passing the contexts wrapped around it.
-		ctx = c.Context
-	}
 	if r.Endpoint == "" && c != nil {
 		ep = c.endpoint // a call that failed before it was classified (a body too large)
 	}

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tokenrelay/relay"
 	"github.com/tokenrelay/relay/relayotel"
@@ -257,31 +258,12 @@ func TestRegressExemplarsNameTheirOwnSpan(t *testing.T) {
 			}
 		}
 		require.NotNil(t, call, "observer %d", i)
-		var rm metricdata.ResourceMetrics
-		require.NoError(t, o.reader.Collect(context.Background(), &rm))
 		var named int
-		for _, sm := range rm.ScopeMetrics {
-			for _, m := range sm.Metrics {
-				var ex [][]byte
-				switch d := m.Data.(type) {
-				case metricdata.Histogram[float64]:
-					for _, p := range d.DataPoints {
-						for _, e := range p.Exemplars {
-							ex = append(ex, e.SpanID)
-						}
-					}
-				case metricdata.Histogram[int64]:
-					for _, p := range d.DataPoints {
-						for _, e := range p.Exemplars {
-							ex = append(ex, e.SpanID)
-						}
-					}
-				}
-				for _, id := range ex {
-					want := call.SpanContext().SpanID()
-					assert.Equal(t, want[:], id, "observer %d, %s", i, m.Name)
-					named++
-				}
+		for name, ids := range exemplarSpans(t, o.reader) {
+			for _, id := range ids {
+				want := call.SpanContext().SpanID()
+				assert.Equal(t, want[:], id, "observer %d, %s", i, name)
+				named++
 			}
 		}
 		assert.Equal(t, 4, named, "observer %d: duration, input and output tokens, overhead", i)
@@ -342,4 +324,80 @@ func TestRegressAttemptSpansAreTheirCallsChildren(t *testing.T) {
 			}
 		})
 	}
+}
+
+// With two Observers joined, the first one's exemplars of a call's
+// limiter waits, state fallbacks and budget spend name its own call span,
+// as those of its report do (TestRegressExemplarsNameTheirOwnSpan). Before,
+// they were recorded with the event's context, whose span is the one the
+// later Observer started inside the first's.
+func TestRegressEventExemplarsNameTheirOwnSpan(t *testing.T) {
+	reader, mp := meterProvider(t)
+	tp := sdktrace.NewTracerProvider()
+	other := sdktrace.NewTracerProvider()
+	t.Cleanup(func() {
+		tp.Shutdown(context.Background())
+		other.Shutdown(context.Background())
+	})
+	hooks := relayotel.New(relayotel.WithMeterProvider(mp), relayotel.WithTracerProvider(tp)).Hooks()
+	req, err := http.NewRequest(http.MethodPost, "http://relay.test/v1/chat/completions", nil)
+	require.NoError(t, err)
+	ctx := hooks.OnRequest(context.Background(), req)
+	own := trace.SpanFromContext(ctx).SpanContext().SpanID()
+	inner, span := other.Tracer("other").Start(ctx, "chat") // the later Observer's call span
+	defer span.End()
+	require.NotEqual(t, own, span.SpanContext().SpanID())
+
+	hooks.OnWait(relay.WaitEvent{Context: inner, Upstream: "a", Reason: "rate", Wait: time.Millisecond})
+	hooks.OnStateFallback(relay.StateFallbackEvent{Context: inner, Op: "admit", Err: errors.New("down")})
+	hooks.OnSpend(relay.SpendEvent{Context: inner, Budget: "b", Amount: 1, Currency: "USD"})
+
+	named := map[string]int{}
+	for name, ids := range exemplarSpans(t, reader) {
+		for _, id := range ids {
+			assert.Equal(t, own[:], id, name)
+			named[name]++
+		}
+	}
+	assert.Equal(t, map[string]int{"relay.limiter.wait": 1, "relay.state.fallbacks": 1, "relay.budget.spend": 1}, named)
+}
+
+// exemplarSpans returns the span IDs of the exemplars of the metrics reader
+// collects, by metric name.
+func exemplarSpans(t *testing.T, reader *sdkmetric.ManualReader) map[string][][]byte {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	out := map[string][][]byte{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			var ex []metricdata.Exemplar[float64]
+			var exInt []metricdata.Exemplar[int64]
+			switch d := m.Data.(type) {
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					ex = append(ex, p.Exemplars...)
+				}
+			case metricdata.Sum[float64]:
+				for _, p := range d.DataPoints {
+					ex = append(ex, p.Exemplars...)
+				}
+			case metricdata.Histogram[int64]:
+				for _, p := range d.DataPoints {
+					exInt = append(exInt, p.Exemplars...)
+				}
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					exInt = append(exInt, p.Exemplars...)
+				}
+			}
+			for _, e := range ex {
+				out[m.Name] = append(out[m.Name], e.SpanID)
+			}
+			for _, e := range exInt {
+				out[m.Name] = append(out[m.Name], e.SpanID)
+			}
+		}
+	}
+	return out
 }
