@@ -228,28 +228,7 @@ func TestRegressTwoObserversBreakerState(t *testing.T) {
 // Observer started inside the first's: the first's exemplars named the
 // other provider's span.
 func TestRegressExemplarsNameTheirOwnSpan(t *testing.T) {
-	a := server(t, "a")
-	ups := []relay.Upstream{{Name: "a", BaseURL: a.URL}}
-	type observer struct {
-		reader *sdkmetric.ManualReader
-		rec    *tracetest.SpanRecorder
-	}
-	var obs [2]observer
-	var hooks []relay.Hooks
-	for i := range obs {
-		reader, mp := meterProvider(t)
-		rec := tracetest.NewSpanRecorder()
-		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-		t.Cleanup(func() { tp.Shutdown(context.Background()) })
-		obs[i] = observer{reader, rec}
-		hooks = append(hooks, relayotel.New(relayotel.WithMeterProvider(mp), relayotel.WithTracerProvider(tp), relayotel.WithUpstreams(ups...)).Hooks())
-	}
-	tr := &http.Transport{}
-	t.Cleanup(tr.CloseIdleConnections)
-	r, err := relay.New(relay.Config{Upstreams: ups, Base: tr, Hooks: relay.JoinHooks(hooks...)})
-	require.NoError(t, err)
-	(&harness{router: r}).chat(t, chatBody("gpt-4.1", false))
-
+	obs := chatJoined(t, nil, nil)
 	for i, o := range obs {
 		var call sdktrace.ReadOnlySpan
 		for _, s := range o.rec.Ended() {
@@ -278,34 +257,18 @@ func TestRegressExemplarsNameTheirOwnSpan(t *testing.T) {
 // inside the first's: the first's attempt spans had the other provider's
 // span as their parent, and were sampled by that span's decision.
 func TestRegressAttemptSpansAreTheirCallsChildren(t *testing.T) {
-	a := server(t, "a")
-	ups := []relay.Upstream{{Name: "a", BaseURL: a.URL}}
 	for _, sampled := range []bool{true, false} {
 		t.Run(map[bool]string{true: "sampled", false: "first-unsampled"}[sampled], func(t *testing.T) {
-			var recs [2]*tracetest.SpanRecorder
-			var hooks []relay.Hooks
-			for i := range recs {
-				_, mp := meterProvider(t)
-				recs[i] = tracetest.NewSpanRecorder()
-				// The second samples every span; the first follows the
-				// parent of a span, but samples no call of its own.
-				sampler := sdktrace.AlwaysSample()
-				if i == 0 && !sampled {
-					sampler = sdktrace.ParentBased(sdktrace.NeverSample())
-				}
-				tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recs[i]), sdktrace.WithSampler(sampler))
-				t.Cleanup(func() { tp.Shutdown(context.Background()) })
-				hooks = append(hooks, relayotel.New(relayotel.WithMeterProvider(mp), relayotel.WithTracerProvider(tp), relayotel.WithUpstreams(ups...)).Hooks())
+			// The second samples every span; the first follows the parent
+			// of a span, but samples no call of its own.
+			first := sdktrace.AlwaysSample()
+			if !sampled {
+				first = sdktrace.ParentBased(sdktrace.NeverSample())
 			}
-			tr := &http.Transport{}
-			t.Cleanup(tr.CloseIdleConnections)
-			r, err := relay.New(relay.Config{Upstreams: ups, Base: tr, Hooks: relay.JoinHooks(hooks...)})
-			require.NoError(t, err)
-			(&harness{router: r}).chat(t, chatBody("gpt-4.1", false))
-
-			for i, rec := range recs {
+			obs := chatJoined(t, first, sdktrace.AlwaysSample())
+			for i, o := range obs {
 				var call, attempt sdktrace.ReadOnlySpan
-				for _, s := range rec.Ended() {
+				for _, s := range o.rec.Ended() {
 					switch s.Name() {
 					case "chat gpt-4.1":
 						call = s
@@ -360,6 +323,41 @@ func TestRegressEventExemplarsNameTheirOwnSpan(t *testing.T) {
 		}
 	}
 	assert.Equal(t, map[string]int{"relay.limiter.wait": 1, "relay.state.fallbacks": 1, "relay.budget.spend": 1}, named)
+}
+
+// joinedObserver is what one of the Observers chatJoined joins recorded.
+type joinedObserver struct {
+	reader *sdkmetric.ManualReader
+	rec    *tracetest.SpanRecorder
+}
+
+// chatJoined makes a chat call through a router whose hooks join an
+// Observer per sampler (nil: the SDK's default), in order, each on
+// providers of its own, and returns what each recorded.
+func chatJoined(t *testing.T, samplers ...sdktrace.Sampler) []joinedObserver {
+	t.Helper()
+	a := server(t, "a")
+	ups := []relay.Upstream{{Name: "a", BaseURL: a.URL}}
+	obs := make([]joinedObserver, len(samplers))
+	var hooks []relay.Hooks
+	for i, sampler := range samplers {
+		reader, mp := meterProvider(t)
+		rec := tracetest.NewSpanRecorder()
+		opts := []sdktrace.TracerProviderOption{sdktrace.WithSpanProcessor(rec)}
+		if sampler != nil {
+			opts = append(opts, sdktrace.WithSampler(sampler))
+		}
+		tp := sdktrace.NewTracerProvider(opts...)
+		t.Cleanup(func() { tp.Shutdown(context.Background()) })
+		obs[i] = joinedObserver{reader, rec}
+		hooks = append(hooks, relayotel.New(relayotel.WithMeterProvider(mp), relayotel.WithTracerProvider(tp), relayotel.WithUpstreams(ups...)).Hooks())
+	}
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	r, err := relay.New(relay.Config{Upstreams: ups, Base: tr, Hooks: relay.JoinHooks(hooks...)})
+	require.NoError(t, err)
+	(&harness{router: r}).chat(t, chatBody("gpt-4.1", false))
+	return obs
 }
 
 // exemplarSpans returns the span IDs of the exemplars of the metrics reader
