@@ -28,11 +28,16 @@ import (
 //     more of a request's prompt than that.
 //
 // No request can be answered sooner than its bound, whatever the routing
-// among the upstreams of its model and the order of the requests, so the
-// p99 of the bounds is a lower bound of the p99 of any run that keeps the
-// policy's choice of model (the p99 of the latencies is at least the p99
-// of any smaller values, request by request). Router and loopback
-// overheads are left out, which only lowers the bound.
+// among the upstreams of its model and the order of the requests (unless
+// it is sent again to a path that already served it, where a retry or a
+// hedge would find its own prompt cached; cluster-aware retries elsewhere
+// and does not hedge), so the p99 of the bounds is a lower bound of the
+// p99 of any run that keeps the policy's choice of model and answers every
+// request (the p99 of the latencies is at least the p99 of any smaller
+// values, request by request). A failed request is not answered: it enters
+// a mode's p99 with the time it took to fail, which may be less than its
+// bound, so a run with failures can read under the bound. Router and
+// loopback overheads are left out, which only lowers the bound.
 
 // unloaded is one request's bound.
 type unloaded struct {
