@@ -57,11 +57,7 @@ func (rr *roundRobin) send(ctx context.Context, q *request) error {
 		}
 		rep.Model = up.Models[0]
 	}
-	ep := q.endpoint
-	if ep == "" {
-		ep = relay.EndpointChat
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, up.BaseURL+"/"+ep, strings.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, up.BaseURL+"/"+endpointOf(*q), strings.NewReader(body))
 	if err != nil {
 		rep.Err = err
 		return err

@@ -30,7 +30,7 @@ func TestUnloadedBound(t *testing.T) {
 	fleet := relaytest.NewSimFleet(relaytest.SimConfig{TimeScale: 0.05, CacheBlocks: simCacheBlocks})
 	defer fleet.Close()
 	cfg := fleet.Config()
-	policy := relay.ClusterPolicy{Fast: fast, Cheap: cheap}
+	policy := clusterPolicy(false)(&env{fast: fast, cheap: cheap})
 	w := newWorkload(1, 300)
 	us, err := unloadedTimes(w, cfg, policy)
 	require.NoError(t, err)
@@ -83,9 +83,7 @@ func TestUnloadedBound(t *testing.T) {
 		}
 	}
 	require.Equal(t, us[long].cached, most, "the best case is the longest prefix shared with another request")
-	req, err := http.NewRequest(http.MethodPost, "http://relay.invalid/v1/chat/completions", strings.NewReader(w.reqs[long].body))
-	require.NoError(t, err)
-	d, err := r.Decide(req)
+	d, err := decideBody(r, &w.reqs[long], w.reqs[long].body)
 	require.NoError(t, err)
 	resp, err := http.Post(urls[d.Upstreams[0]]+"/chat/completions", "application/json", strings.NewReader(w.reqs[warm].body))
 	require.NoError(t, err)

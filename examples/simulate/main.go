@@ -842,6 +842,16 @@ func drive(t traffic, snd *sender, fleet *relaytest.SimFleet, done *atomic.Int64
 	return time.Since(start)
 }
 
+// decideBody returns r's decision for a request of the workload to q's
+// endpoint with body (q's own, or one cut from it), sending nothing.
+func decideBody(r *relay.Router, q *request, body string) (relay.Decision, error) {
+	req, err := http.NewRequest(http.MethodPost, "http://relay.invalid/v1/"+endpointOf(*q), strings.NewReader(body))
+	if err != nil {
+		return relay.Decision{}, err
+	}
+	return r.Decide(req)
+}
+
 // send makes one request through rt and reads the answer to its end.
 func send(ctx context.Context, rt *relay.Router, q *request) error {
 	_, err := sendStatus(ctx, rt, q)
@@ -850,12 +860,8 @@ func send(ctx context.Context, rt *relay.Router, q *request) error {
 
 // sendStatus is send, with the answer's status (0 when none came).
 func sendStatus(ctx context.Context, rt *relay.Router, q *request) (int, error) {
-	ep := q.endpoint
-	if ep == "" {
-		ep = relay.EndpointChat
-	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost,
-		"http://relay.invalid/v1/"+ep, strings.NewReader(q.body))
+		"http://relay.invalid/v1/"+endpointOf(*q), strings.NewReader(q.body))
 	if err != nil {
 		return 0, err
 	}

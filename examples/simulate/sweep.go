@@ -5,7 +5,6 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -118,11 +117,7 @@ func sweepRoutes(order []*request, regions []string, seed uint64) ([][]int, erro
 		index[reg] = i
 	}
 	ranked := func(q *request, body string) ([]string, error) {
-		req, err := http.NewRequest(http.MethodPost, "http://sim.invalid/v1/"+endpointOf(*q), strings.NewReader(body))
-		if err != nil {
-			return nil, err
-		}
-		d, err := r.Decide(req)
+		d, err := decideBody(r, q, body)
 		return d.Upstreams, err
 	}
 	rng := rand.New(rand.NewPCG(seed, 0x5ee9))

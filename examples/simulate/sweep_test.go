@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -42,6 +44,27 @@ func TestInterleaved(t *testing.T) {
 			k := indexOf(order, &s[i])
 			assert.Greater(t, k, last, "a session's requests in order")
 			last = k
+		}
+	}
+}
+
+// TestInterleavedIsDrivesOrder: with one worker, so that every answer
+// comes before the next request is taken, drive sends a workload's
+// requests in interleaved's order, the order the sweep replays.
+func TestInterleavedIsDrivesOrder(t *testing.T) {
+	for _, w := range []*workload{chatWorkload(1, 300, 4), agentWorkload(2, 200, 3), newWorkload(1, 50)} {
+		var sent []*request
+		snd := &sender{do: func(_ context.Context, q *request) error { sent = append(sent, q); return nil }}
+		tr := traffic{sessions: w.sessions, conc: 1, users: w.users}
+		if tr.users <= 0 {
+			tr.users = len(tr.sessions)
+		}
+		var done atomic.Int64
+		drive(tr, snd, nil, &done)
+		order := w.interleaved(w.users)
+		require.Len(t, sent, len(order), w.name)
+		for k := range order {
+			require.Same(t, order[k], sent[k], "%s: request %d", w.name, k)
 		}
 	}
 }

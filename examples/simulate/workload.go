@@ -27,6 +27,14 @@ type request struct {
 	priority string        // X-Relay-Priority header value; "": none
 }
 
+// endpointOf is the endpoint a request of the workload is sent to.
+func endpointOf(q request) string {
+	if q.endpoint == "" {
+		return prompt.Chat
+	}
+	return q.endpoint
+}
+
 // workload is the request list, the same in every mode: seeded, or read
 // from a replay file. Its requests are grouped in sessions: a conversation
 // or an agent's loop is one session whose requests go one after another,
