@@ -1,7 +1,9 @@
 // Package bench measures what the observers add to a warm router: the
 // same calls with no observer, relayotel's, relayprom's, and both. It is a
-// module of its own, so that neither observer depends on the other; run it
-// outside the workspace:
+// module of its own, so that neither observer depends on the other. The
+// README's test command runs its tests (TestFloorRecordsAsRelayotel holds
+// the floor to what relayotel records) in the workspace; the figures are
+// measured with its own go.mod, outside it:
 //
 //	cd relayotel/bench && GOWORK=off go test -run '^$' -bench Observed -benchmem
 //
