@@ -61,8 +61,8 @@ const boundFactor = 4
 // code), the segment is cut hard after about size tokens instead, and the
 // next segment continues from there:
 //
-//   - at the first pre-token boundary (whitespace, or a letter followed by
-//     punctuation; see internal/tokens) at which the segment
+//   - at the first pre-token boundary (whitespace, a letter followed by
+//     punctuation, a letter next to a digit; see cutAt) at which the segment
 //     has at least size tokens; such boundaries are tried about every
 //     2×size bytes, so the segment may hold somewhat more than size tokens;
 //   - in a run with no such boundary, at the rune where the count of the
@@ -598,7 +598,7 @@ func units(sh *splitter, minB, maxB int) []unit {
 		if !known {
 			prev, known = tokens.ClassBefore(text, p), true
 		}
-		if p > start && tokens.SafeCut(prev, cur) {
+		if p > start && cutAt(prev, cur) {
 			emit(p, false, 0)
 		} else if p-start >= maxB {
 			emit(p, false, 0)
@@ -613,11 +613,31 @@ func units(sh *splitter, minB, maxB int) []unit {
 }
 
 // safeAt reports whether 0 < p < len(text) is a pre-token boundary the
-// splitter knows: SafeAt's rule, or the end of a line before its
-// indentation (tokens.SafeBeforeIndent), which lets the lines of indented
-// code and pretty-printed JSON be counted once each.
+// splitter knows: cutAt's rule between the runes around p, or the end of a
+// line before its indentation (tokens.SafeBeforeIndent), which lets the
+// lines of indented code and pretty-printed JSON be counted once each.
 func safeAt(text string, p int) bool {
-	return tokens.SafeAt(text, p) || tokens.SafeBeforeIndent(text, p)
+	if p <= 0 || p >= len(text) {
+		return false
+	}
+	cur, _ := tokens.ClassAt(text, p)
+	return cutAt(tokens.ClassBefore(text, p), cur) || tokens.SafeBeforeIndent(text, p)
+}
+
+// cutAt is the splitter's boundary rule between a rune of class prev and
+// the next rune of class cur: tokens.SafeCut's, and a letter next to a
+// number either way (\p{L} then \p{N}, or \p{N} then \p{L}). No
+// alternative of either encoding's regex matches across that: a word's
+// letters take no number, \p{N}{1,3} takes no letter, and the one rune a
+// word may take before its letters is not a number. So a hex string, an ID
+// or a base64 blob without spaces has boundaries every few bytes, and the
+// splitter counts it once instead of cutting every segment of it by a
+// search (TestSplitCutsAddUp). The router's sharder keeps SafeCut's rule
+// alone: its shards, and so its affinity keys, stay as they are.
+func cutAt(prev, cur tokens.Class) bool {
+	return tokens.SafeCut(prev, cur) ||
+		prev == tokens.ClassLetter && cur == tokens.ClassNumber ||
+		prev == tokens.ClassNumber && cur == tokens.ClassLetter
 }
 
 // skipStep is, for the first byte of a valid UTF-8 sequence, its length,

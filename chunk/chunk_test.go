@@ -256,6 +256,48 @@ func TestSafeCutsAreAdditive(t *testing.T) {
 	}
 }
 
+// TestSplitCutsAddUp checks the splitter's own boundary rule (safeAt:
+// SafeAt's, a letter next to a number, a line end before indentation):
+// cutting at every position it accepts keeps the count exact, in both
+// encodings, on the corpus and on random mixes of letters and numbers of
+// several scripts (Latin, Latin-1, CJK, Hangul, Arabic-Indic digits,
+// superscripts, Roman numerals, which are \p{N}), marks, apostrophes and
+// punctuation.
+func TestSplitCutsAddUp(t *testing.T) {
+	texts := []string{}
+	for _, text := range corpus() {
+		texts = append(texts, text[:min(len(text), 20000)])
+	}
+	pieces := []string{"a", "Ab", "xyz", "é", "中文", "한", "1", "12", "123", "4567", "٣٤", "²", "Ⅻ", "\u0301", "'s", "'", "!", "-", " ", "\n", "f00d", "0x", "Z9", "cafe\u0301", "n\u0303o", "\u0301\u0301"}
+	rng := rand.New(rand.NewPCG(11, 12))
+	for range 4000 {
+		var b strings.Builder
+		for range 1 + rng.IntN(16) {
+			b.WriteString(pieces[rng.IntN(len(pieces))])
+		}
+		texts = append(texts, b.String())
+	}
+	letterNumber := 0
+	for _, text := range texts {
+		for _, enc := range []tokens.Encoding{tokens.O200K, tokens.CL100K} {
+			sum, last := 0, 0
+			for p := 1; p < len(text); p++ {
+				if !utf8.RuneStart(text[p]) || !safeAt(text, p) {
+					continue
+				}
+				if !tokens.SafeAt(text, p) && !tokens.SafeBeforeIndent(text, p) {
+					letterNumber++
+				}
+				sum += enc.Count(text[last:p])
+				last = p
+			}
+			sum += enc.Count(text[last:])
+			require.Equal(t, enc.Count(text), sum, "%s %q", enc, text)
+		}
+	}
+	assert.Greater(t, letterNumber, 5000, "the letter-number rule was tried at few positions")
+}
+
 func safePieceSum(enc tokens.Encoding, text string) (sum, cuts int) {
 	last := 0
 	for p := 1; p < len(text); p++ {
@@ -497,7 +539,8 @@ func TestMaxTokenBytes(t *testing.T) {
 // splitter knows, where every segment is cut hard by a search over prefix
 // counts: runs that repeat (one letter, a long word repeated, a digit
 // pattern, newlines) and runs that do not (random-letters: random
-// lowercase letters; random-digits), and indented JSON (json.MarshalIndent)
+// lowercase letters; random-digits), random hexadecimal digits (letters
+// next to digits: boundaries), and indented JSON (json.MarshalIndent)
 // in 16-, 256- and 1024-token segments, whose lines meet at a newline
 // before indentation.
 func BenchmarkSplit1MiB(b *testing.B) {
@@ -513,8 +556,9 @@ func BenchmarkSplit1MiB(b *testing.B) {
 	runs := map[string]string{
 		"random-letters": random("abcdefghijklmnopqrstuvwxyz"),
 		"random-digits":  random("0123456789"),
+		"hex":            random("0123456789abcdef"),
 	}
-	for _, name := range []string{"prose", "code", "cjk", "one-letter", "long-word", "digits", "newlines", "random-letters", "random-digits", "json"} {
+	for _, name := range []string{"prose", "code", "cjk", "one-letter", "long-word", "digits", "newlines", "random-letters", "random-digits", "hex", "json"} {
 		src, ok := runs[name]
 		if !ok {
 			src = corpus()[name]

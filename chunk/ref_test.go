@@ -286,10 +286,10 @@ func refUnits(enc tokens.Encoding, text string, minB, maxB int) []refUnit {
 			if c >= end {
 				break
 			}
-			units = append(units, refUnit{end: c, tokens: enc.Count(text[start:c]), safe: tokens.SafeAt(text, c) || tokens.SafeBeforeIndent(text, c)})
+			units = append(units, refUnit{end: c, tokens: enc.Count(text[start:c]), safe: safeAt(text, c)})
 			start = c
 		}
-		units = append(units, refUnit{end: end, tokens: enc.Count(text[start:end]), sentence: sentence, safe: end == len(text) || tokens.SafeAt(text, end) || tokens.SafeBeforeIndent(text, end)})
+		units = append(units, refUnit{end: end, tokens: enc.Count(text[start:end]), sentence: sentence, safe: end == len(text) || safeAt(text, end)})
 		start = end
 	}
 	prev := tokens.ClassNone
@@ -304,7 +304,7 @@ func refUnits(enc tokens.Encoding, text string, minB, maxB int) []refUnit {
 			}
 		}
 		cur, n := tokens.ClassAt(text, p)
-		if p > start && p-start >= minB && tokens.SafeCut(prev, cur) {
+		if p > start && p-start >= minB && cutAt(prev, cur) {
 			emit(p, false)
 		} else if p-start >= maxB {
 			emit(p, false)
