@@ -101,8 +101,9 @@ const boundFactor = 4
 // repeat), so such a run is counted and searched a few times, not once per
 // segment. In instructions (valgrind), splitting 1 MiB into 16-token
 // segments costs 1.9× counting it on prose, 1.8× on CJK, 1.6× on code,
-// 1.7× on indented JSON (also in 256- and 1024-token segments), and
-// 0.2–1.35× on repeated runs (one letter, a long word, digits, newlines);
+// 1.7× on indented JSON (also in 256- and 1024-token segments), 1.4× on
+// random hex digits (a letter next to a digit is a boundary: cutAt), and
+// 0.2–1.4× on repeated runs (one letter, a long word, digits, newlines);
 // in time (BenchmarkSplit1MiB, six runs on a shared 2-core VM) 2.1–3.5× on
 // prose and code, 1.8–2.8× on CJK. A run that has no boundary and does not
 // repeat (random letters or digits without a space) still costs a search
