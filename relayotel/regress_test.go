@@ -369,33 +369,27 @@ func exemplarSpans(t *testing.T, reader *sdkmetric.ManualReader) map[string][][]
 	out := map[string][][]byte{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			var ex []metricdata.Exemplar[float64]
-			var exInt []metricdata.Exemplar[int64]
 			switch d := m.Data.(type) {
 			case metricdata.Histogram[float64]:
-				for _, p := range d.DataPoints {
-					ex = append(ex, p.Exemplars...)
-				}
+				out[m.Name] = appendExemplarSpans(out[m.Name], d.DataPoints, func(p metricdata.HistogramDataPoint[float64]) []metricdata.Exemplar[float64] { return p.Exemplars })
 			case metricdata.Sum[float64]:
-				for _, p := range d.DataPoints {
-					ex = append(ex, p.Exemplars...)
-				}
+				out[m.Name] = appendExemplarSpans(out[m.Name], d.DataPoints, func(p metricdata.DataPoint[float64]) []metricdata.Exemplar[float64] { return p.Exemplars })
 			case metricdata.Histogram[int64]:
-				for _, p := range d.DataPoints {
-					exInt = append(exInt, p.Exemplars...)
-				}
+				out[m.Name] = appendExemplarSpans(out[m.Name], d.DataPoints, func(p metricdata.HistogramDataPoint[int64]) []metricdata.Exemplar[int64] { return p.Exemplars })
 			case metricdata.Sum[int64]:
-				for _, p := range d.DataPoints {
-					exInt = append(exInt, p.Exemplars...)
-				}
-			}
-			for _, e := range ex {
-				out[m.Name] = append(out[m.Name], e.SpanID)
-			}
-			for _, e := range exInt {
-				out[m.Name] = append(out[m.Name], e.SpanID)
+				out[m.Name] = appendExemplarSpans(out[m.Name], d.DataPoints, func(p metricdata.DataPoint[int64]) []metricdata.Exemplar[int64] { return p.Exemplars })
 			}
 		}
 	}
 	return out
+}
+
+// appendExemplarSpans appends the span IDs of the exemplars of points to ids.
+func appendExemplarSpans[P any, N int64 | float64](ids [][]byte, points []P, exemplars func(P) []metricdata.Exemplar[N]) [][]byte {
+	for _, p := range points {
+		for _, e := range exemplars(p) {
+			ids = append(ids, e.SpanID)
+		}
+	}
+	return ids
 }
