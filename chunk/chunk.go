@@ -62,7 +62,8 @@ const boundFactor = 4
 // next segment continues from there:
 //
 //   - at the first pre-token boundary (whitespace, a letter followed by
-//     punctuation, a letter next to a digit; see cutAt) at which the segment
+//     punctuation, a letter next to a digit, every third digit of a run;
+//     see cutAt and digitCut) at which the segment
 //     has at least size tokens; such boundaries are tried about every
 //     2×size bytes, so the segment may hold somewhat more than size tokens;
 //   - in a run with no such boundary, at the rune where the count of the
@@ -102,12 +103,13 @@ const boundFactor = 4
 // segment. In instructions (valgrind), splitting 1 MiB into 16-token
 // segments costs 1.9× counting it on prose, 1.8× on CJK, 1.6× on code,
 // 1.7× on indented JSON (also in 256- and 1024-token segments), 1.4× on
-// random hex digits (a letter next to a digit is a boundary: cutAt), and
-// 0.2–1.4× on repeated runs (one letter, a long word, digits, newlines);
+// random hex digits (a letter next to a digit is a boundary: cutAt), 2.2×
+// on random digits (every third digit of a run is one: digitCut), and
+// 0.2–2.3× on repeated runs (one letter, a long word, digits, newlines);
 // in time (BenchmarkSplit1MiB, six runs on a shared 2-core VM) 2.1–3.5× on
-// prose and code, 1.8–2.8× on CJK. A run that has no boundary and does not
-// repeat (random letters or digits without a space) still costs a search
-// per segment: 12–13× a count.
+// prose and code, 1.8–2.8× on CJK. A run of letters without a space that
+// does not repeat (random letters) has no boundary at all and still costs
+// a search per segment: 13× a count.
 func Split(text string, size int, model string) []string {
 	if text == "" {
 		return nil
@@ -525,7 +527,9 @@ func units(sh *splitter, minB, maxB int) []unit {
 	prevCut := 0 // the cut of the last unit, -1 when it has none
 	// emit adds the unit that ends at end (a sentence end whose terminators
 	// start at cut, or 0), cut first into pieces of maxB bytes when longer.
-	emit := func(end int, sentence bool, cut int) {
+	// digits tells that end is a boundary inside a run of numbers (see
+	// digitCut).
+	emit := func(end int, sentence bool, cut int, digits bool) {
 		for {
 			u := unit{end: end, sentence: sentence, cut: -1}
 			if end-start > maxB { // long runs: newlines, "!!!!", unbroken words
@@ -533,7 +537,7 @@ func units(sh *splitter, minB, maxB int) []unit {
 					u.end, u.sentence = c, false
 				}
 			}
-			u.safe = u.end == len(text) || safeAt(text, u.end)
+			u.safe = u.end == len(text) || digits && u.end == end || safeAt(text, u.end)
 			switch {
 			case u.safe:
 				u.cut = u.end
@@ -555,6 +559,9 @@ func units(sh *splitter, minB, maxB int) []unit {
 		}
 	}
 	prev, known := tokens.ClassNone, true // known: prev is the class of the rune before p
+	// d is how many numbers (runes) end at p in a run of them, mod 3, -1
+	// when not known; startD is the same at start. Both hold when known.
+	d, startD := 0, 0
 	for p := 0; p < len(text); {
 		if p-start < minB && p < sh.validTo {
 			// No cut within minB bytes of the unit's start: step over valid
@@ -577,8 +584,9 @@ func units(sh *splitter, minB, maxB int) []unit {
 		c := text[p]
 		if c == '.' || c == '\n' || c == '!' || c == '?' || c == '\r' || (c >= 0xD8 && terminatorAt(text, p)) {
 			if q, ok := sentenceEndAt(text, p); ok {
-				emit(q, true, p)
+				emit(q, true, p, false)
 				prev, known = tokens.ClassBefore(text, q), true
+				d, startD = 0, 0 // a sentence end ends in no number
 				p = q
 				continue
 			}
@@ -598,17 +606,32 @@ func units(sh *splitter, minB, maxB int) []unit {
 		cur, n := tokens.ClassAt(text, p)
 		if !known {
 			prev, known = tokens.ClassBefore(text, p), true
+			if d = 0; prev == tokens.ClassNumber {
+				d = numbersBefore(text, start, p, startD)
+			}
 		}
-		if p > start && cutAt(prev, cur) {
-			emit(p, false, 0)
+		digits := digitCut(prev, cur, d)
+		if p > start && (digits || cutAt(prev, cur)) {
+			emit(p, false, 0, digits)
+			startD = d
 		} else if p-start >= maxB {
-			emit(p, false, 0)
+			emit(p, false, 0, false)
+			startD = d
+		}
+		if cur != tokens.ClassNumber {
+			d = 0
+		} else if prev != tokens.ClassNumber {
+			d = 1
+		} else if d >= 0 {
+			if d++; d == 3 {
+				d = 0
+			}
 		}
 		prev = cur
 		p += n
 	}
 	if start < len(text) {
-		emit(len(text), true, 0)
+		emit(len(text), true, 0, false)
 	}
 	return units
 }
@@ -639,6 +662,42 @@ func cutAt(prev, cur tokens.Class) bool {
 	return tokens.SafeCut(prev, cur) ||
 		prev == tokens.ClassLetter && cur == tokens.ClassNumber ||
 		prev == tokens.ClassNumber && cur == tokens.ClassLetter
+}
+
+// digitCut reports whether the offset between a rune of class prev and the
+// next of class cur, with d numbers (runes) of the run before it (mod 3,
+// see units), is a boundary inside a run of numbers: \p{N}{1,3} takes
+// them three at a time from the run's first, which always starts a
+// pre-token (no other alternative of either regex matches a number), so
+// after every third number of a run the text splits the same on either
+// side (TestDigitCutsAddUp). A run of digits without a space (an ID, a
+// long number) then has a boundary every three bytes. Like cutAt's
+// letter-number rule, the sharder does not use it.
+func digitCut(prev, cur tokens.Class, d int) bool {
+	return cur == tokens.ClassNumber && prev == tokens.ClassNumber && d == 0
+}
+
+// numbersBefore returns how many numbers (runes) end at p in a run of
+// them, mod 3, scanning back no further than start; startD is that count
+// at start (-1 when not known), for a run that began before it. The
+// scan is at most the bytes units() stepped over since start, so it
+// costs O(n) over the text.
+func numbersBefore(text string, start, p, startD int) int {
+	n := 0
+	for q := p; q > start; n++ {
+		_, size := utf8.DecodeLastRuneInString(text[start:q])
+		if c, _ := tokens.ClassAt(text, q-size); c != tokens.ClassNumber {
+			return n % 3
+		}
+		q -= size
+	}
+	if tokens.ClassBefore(text, start) != tokens.ClassNumber {
+		return n % 3
+	}
+	if startD < 0 {
+		return -1
+	}
+	return (startD + n) % 3
 }
 
 // skipStep is, for the first byte of a valid UTF-8 sequence, its length,

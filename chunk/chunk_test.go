@@ -298,6 +298,54 @@ func TestSplitCutsAddUp(t *testing.T) {
 	assert.Greater(t, letterNumber, 5000, "the letter-number rule was tried at few positions")
 }
 
+// TestDigitCutsAddUp checks digitCut's rule: cutting a text inside its
+// runs of numbers after every third number of each run (and at every
+// boundary safeAt knows) keeps the count exact in both encodings, on
+// random mixes of ASCII, Arabic-Indic and superscript digits, Roman
+// numerals, letters, marks, spaces and punctuation. The same cuts one
+// number later do change counts, so the test tells the rule from a wrong
+// one.
+func TestDigitCutsAddUp(t *testing.T) {
+	pieces := []string{"0", "12", "345", "6789", "٣٤", "²", "Ⅻ", "a", "Bc", "中", "\u0301", "'s", " ", "\n", ".", "-", "x9"}
+	rng := rand.New(rand.NewPCG(21, 22))
+	sum := func(enc tokens.Encoding, text string, phase int) int {
+		n, last, run := 0, 0, 0
+		for p := 0; p < len(text); {
+			c, size := tokens.ClassAt(text, p)
+			if p > 0 && (c == tokens.ClassNumber && run > 0 && run%3 == phase || safeAt(text, p)) {
+				n += enc.Count(text[last:p])
+				last = p
+			}
+			if c == tokens.ClassNumber {
+				run++
+			} else {
+				run = 0
+			}
+			p += size
+		}
+		return n + enc.Count(text[last:])
+	}
+	wrong, digitCuts := 0, 0
+	for range 4000 {
+		var b strings.Builder
+		for range 1 + rng.IntN(24) {
+			b.WriteString(pieces[rng.IntN(len(pieces))])
+		}
+		text := b.String()
+		for _, enc := range []tokens.Encoding{tokens.O200K, tokens.CL100K} {
+			require.Equal(t, enc.Count(text), sum(enc, text, 0), "%s %q", enc, text)
+			if sum(enc, text, 1) != enc.Count(text) {
+				wrong++
+			}
+		}
+		if strings.Contains(text, "6789") {
+			digitCuts++
+		}
+	}
+	assert.Greater(t, digitCuts, 500, "few runs of more than three digits")
+	assert.Greater(t, wrong, 100, "cuts after the first number of every three should change counts")
+}
+
 func safePieceSum(enc tokens.Encoding, text string) (sum, cuts int) {
 	last := 0
 	for p := 1; p < len(text); p++ {

@@ -280,7 +280,7 @@ func refRuneStartBefore(s string, m, lo, hi int) int {
 func refUnits(enc tokens.Encoding, text string, minB, maxB int) []refUnit {
 	units := make([]refUnit, 0, len(text)/max(minB, 1)+1)
 	start := 0
-	emit := func(end int, sentence bool) {
+	emit := func(end int, sentence, digits bool) {
 		for end-start > maxB { // long runs: newlines, "!!!!", unbroken words
 			c := refRuneStartBefore(text, start+maxB, start, end)
 			if c >= end {
@@ -289,31 +289,39 @@ func refUnits(enc tokens.Encoding, text string, minB, maxB int) []refUnit {
 			units = append(units, refUnit{end: c, tokens: enc.Count(text[start:c]), safe: safeAt(text, c)})
 			start = c
 		}
-		units = append(units, refUnit{end: end, tokens: enc.Count(text[start:end]), sentence: sentence, safe: end == len(text) || safeAt(text, end)})
+		units = append(units, refUnit{end: end, tokens: enc.Count(text[start:end]), sentence: sentence, safe: end == len(text) || digits || safeAt(text, end)})
 		start = end
 	}
 	prev := tokens.ClassNone
+	run := 0 // numbers (runes) in the run that ends at p
 	for p := 0; p < len(text); {
 		c := text[p]
 		if c == '.' || c == '\n' || c == '!' || c == '?' || c == '\r' || (c >= 0xD8 && refMayStartTerminator(c)) {
 			if q, ok := refSentenceEndAt(text, p); ok {
-				emit(q, true)
-				prev = tokens.ClassBefore(text, q)
+				emit(q, true, false)
+				prev, run = tokens.ClassBefore(text, q), 0
 				p = q
 				continue
 			}
 		}
 		cur, n := tokens.ClassAt(text, p)
-		if p > start && p-start >= minB && cutAt(prev, cur) {
-			emit(p, false)
+		// Inside a run of numbers, after every third one from its start.
+		digits := cur == tokens.ClassNumber && run > 0 && run%3 == 0
+		if p > start && p-start >= minB && (digits || cutAt(prev, cur)) {
+			emit(p, false, digits)
 		} else if p-start >= maxB {
-			emit(p, false)
+			emit(p, false, false)
+		}
+		if cur == tokens.ClassNumber {
+			run++
+		} else {
+			run = 0
 		}
 		prev = cur
 		p += n
 	}
 	if start < len(text) {
-		emit(len(text), true)
+		emit(len(text), true, false)
 	}
 	return units
 }
