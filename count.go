@@ -3,8 +3,8 @@ package relay
 import (
 	"cmp"
 	"hash/maphash"
+	"math/bits"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -229,33 +229,60 @@ func (c *counter) count(enc tokens.Encoding, s string) int {
 }
 
 // memo is a bounded, concurrency-safe map from (encoding, kind, string) to
-// a 64-bit word (a count, a shard end, an affinity key). Each shard keeps
-// two generations: when the current one is full it becomes the old one and
-// the previous old one is dropped; a hit in the old generation moves the
-// entry back. So it holds at most entries+2×memoShards entries of 16 bytes
-// in map slots (about 256 KB with the default 8192 entries), whatever the
-// traffic. Entries are keyed by a 64-bit hash of the string, so the memo
-// holds no reference to request bodies. A nil *memo remembers nothing.
+// a 64-bit word (a count, a shard end, an affinity key), keyed by a 64-bit
+// hash of the string, so it holds no reference to request bodies. It is a
+// table allocated once and never grown: sets of memoWays entries, each set
+// one 64-byte cache line (a sequence word and memoWays key and value
+// words), about entries/memoWays sets, so it holds at most entries+2
+// entries, 64 bytes per memoWays of them (about 171 KB with the default
+// 8192 entries), whatever the traffic. A new entry takes a free way of its
+// set, or else replaces one chosen by its key.
+//
+// Reads and writes are lock-free. A writer claims the set by making its
+// sequence odd with a compare-and-swap (and skips the store if another
+// writer holds it: the memo may forget, never mislead), writes the way,
+// then makes the sequence even again; a reader accepts a hit only if the
+// sequence was even and did not change while it read. A nil *memo
+// remembers nothing.
 type memo struct {
-	seed   maphash.Seed
-	per    int
-	shards [memoShards]memoShard
+	seed maphash.Seed
+	sets []memoSet
 }
 
-const memoShards = 16
+const memoWays = 3
 
-type memoShard struct {
-	mu       sync.Mutex
-	cur, old map[uint64]uint64
-	_        [40]byte // keep shards on separate cache lines
+// memoSet is a cache line: seq (odd while a writer holds the set), then
+// the ways' keys and values. A key of 0 is a free way.
+type memoSet struct {
+	seq  atomic.Uint64
+	ways [memoWays]struct{ k, v atomic.Uint64 }
+	_    [64 - 8 - memoWays*16]byte
 }
 
 func newMemo(entries int) *memo {
-	m := &memo{seed: maphash.MakeSeed(), per: max(1, entries/(2*memoShards))}
-	for i := range m.shards {
-		m.shards[i].cur = make(map[uint64]uint64, m.per)
+	return &memo{seed: maphash.MakeSeed(), sets: make([]memoSet, max(1, (entries+memoWays-1)/memoWays))}
+}
+
+// set returns the set of key k (a hash: its high bits pick the set).
+func (m *memo) set(k uint64) *memoSet {
+	i, _ := bits.Mul64(k, uint64(len(m.sets)))
+	return &m.sets[i]
+}
+
+// live is k as stored: never 0, which marks a free way.
+func live(k uint64) uint64 { return k | 1<<47 }
+
+// len returns how many entries the memo holds (for tests).
+func (m *memo) len() int {
+	n := 0
+	for i := range m.sets {
+		for w := range m.sets[i].ways {
+			if m.sets[i].ways[w].k.Load() != 0 {
+				n++
+			}
+		}
 	}
-	return m
+	return n
 }
 
 func (m *memo) key(enc tokens.Encoding, kind uint8, s string) uint64 {
@@ -289,16 +316,19 @@ func (m *memo) getWord(enc tokens.Encoding, kind uint8, s string) (uint64, bool)
 }
 
 func (m *memo) getKey(k uint64) (uint64, bool) {
-	sh := &m.shards[k%memoShards]
-	sh.mu.Lock()
-	v, ok := sh.cur[k]
-	if !ok {
-		if v, ok = sh.old[k]; ok {
-			sh.insert(k, v, m.per)
+	k = live(k)
+	st := m.set(k)
+	seq := st.seq.Load()
+	if seq&1 != 0 {
+		return 0, false // a writer holds the set
+	}
+	for w := range st.ways {
+		if st.ways[w].k.Load() == k {
+			v := st.ways[w].v.Load()
+			return v, st.seq.Load() == seq
 		}
 	}
-	sh.mu.Unlock()
-	return v, ok
+	return 0, false
 }
 
 func (m *memo) putWord(enc tokens.Encoding, kind uint8, s string, v uint64) {
@@ -309,15 +339,20 @@ func (m *memo) putWord(enc tokens.Encoding, kind uint8, s string, v uint64) {
 }
 
 func (m *memo) putKey(k, v uint64) {
-	sh := &m.shards[k%memoShards]
-	sh.mu.Lock()
-	sh.insert(k, v, m.per)
-	sh.mu.Unlock()
-}
-
-func (sh *memoShard) insert(k uint64, v uint64, per int) {
-	if len(sh.cur) >= per {
-		sh.old, sh.cur = sh.cur, make(map[uint64]uint64, per)
+	k = live(k)
+	st := m.set(k)
+	seq := st.seq.Load()
+	if seq&1 != 0 || !st.seq.CompareAndSwap(seq, seq+1) {
+		return // another writer holds the set: skip, as a full cache would
 	}
-	sh.cur[k] = v
+	way := int(k>>20) % memoWays
+	for w := range st.ways {
+		if kw := st.ways[w].k.Load(); kw == k || kw == 0 {
+			way = w
+			break
+		}
+	}
+	st.ways[way].k.Store(k)
+	st.ways[way].v.Store(v)
+	st.seq.Store(seq + 2)
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -63,11 +64,8 @@ func TestMemoBoundedAndResendPaysOnlyNew(t *testing.T) {
 	for i := range 10000 {
 		m.put(tokens.O200K, kindText, fmt.Sprintf("message number %d", i), i)
 	}
-	total := 0
-	for i := range m.shards {
-		total += len(m.shards[i].cur) + len(m.shards[i].old)
-	}
-	assert.LessOrEqual(t, total, 64+memoShards*2)
+	assert.LessOrEqual(t, m.len(), 64+memoWays-1)
+	assert.Greater(t, m.len(), 64/2, "a full memo uses most of its ways")
 
 	// A conversation that resends its history counts only new messages.
 	c := newCounter(1024, 85)
@@ -121,10 +119,35 @@ func TestHeapBoundedOverDistinctPrompts(t *testing.T) {
 	t.Logf("heap after %d distinct prompts: %+.1f MB (%.1f MB in use)", n, float64(growth)/(1<<20), float64(after.HeapAlloc)/(1<<20))
 	assert.Less(t, growth, int64(64<<20))
 	assert.Equal(t, int64(n+1), reports.Load())
-	entries := 0
-	mm := r.(*Router).counter.memo
-	for i := range mm.shards {
-		entries += len(mm.shards[i].cur) + len(mm.shards[i].old)
+	assert.LessOrEqual(t, r.(*Router).counter.memo.len(), 8192+memoWays-1, "the memo holds at most MemoEntries")
+}
+
+// TestMemoConcurrentNeverMisleads has goroutines store and look up keys
+// that crowd a small memo's sets, each key's value a function of the key:
+// a hit must always give that value (a set being rewritten is a miss, never
+// another key's word), and entries stay within the bound.
+func TestMemoConcurrentNeverMisleads(t *testing.T) {
+	m := newMemo(48)
+	val := func(k uint64) uint64 { return k*0x9E3779B97F4A7C15 ^ 0xABCD }
+	var wg sync.WaitGroup
+	var hits, wrong atomic.Int64
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 20000 {
+				k := m.key(tokens.O200K, kindText, fmt.Sprint((i*7+g)%200))
+				if v, ok := m.getKey(k); ok {
+					hits.Add(1)
+					if v != val(live(k)) {
+						wrong.Add(1)
+					}
+				} else {
+					m.putKey(k, val(live(k)))
+				}
+			}
+		})
 	}
-	assert.LessOrEqual(t, entries, 8192+2*memoShards, "the memo holds at most MemoEntries")
+	wg.Wait()
+	assert.Zero(t, wrong.Load(), "hits with another key's value")
+	assert.Greater(t, hits.Load(), int64(1000))
+	assert.LessOrEqual(t, m.len(), 48)
 }
