@@ -466,24 +466,42 @@ func scanShardPieces(enc tokens.Encoding, x *shardText, start, covered int, kn *
 		mark = len(*kn)
 	}
 	sure = true
-	enc.Pieces(t[start:], func(e, cum int) bool {
-		p := start + e
-		if x.more != nil && p+utf8.UTFMax > len(t) {
-			sure = false // the rune at p may be cut short, or the text go on
-			return false
+	// The pieces come in batches of as many as may still be needed, each
+	// holding a token or more: no piece past the shard's end is counted
+	// but for the few that a shard's first safe end after its 16th token
+	// needs.
+	var buf [shardTokens]tokens.Piece
+	lim := len(t) // pieces ending at lim or later end the scan
+	if x.more != nil {
+		lim = len(t) - utf8.UTFMax + 1
+	}
+scan:
+	for i, cum := start, 0; i < len(t); {
+		ps := enc.AppendPieces(buf[:0:max(shardTokens-cum, 1)], t, i, cum)
+		for _, pc := range ps {
+			p, c := int(pc.End), int(pc.Cum)
+			if p >= lim {
+				sure = x.more == nil // else the rune at p may be cut short, or the text go on
+				break scan
+			}
+			if a, b := t[p-1], t[p]; a|b < utf8.RuneSelf {
+				if !tokens.SafeASCII(a, b) { // SafeAt, inline
+					continue
+				}
+			} else if !tokens.SafeAt(t, p) {
+				continue
+			}
+			if kn != nil {
+				*kn = append(*kn, known{p, covered + c})
+			}
+			if c >= shardTokens {
+				end, n, ok = p, c, true
+				break scan
+			}
 		}
-		if p >= len(t) || !tokens.SafeAt(t, p) {
-			return true
-		}
-		if kn != nil {
-			*kn = append(*kn, known{p, covered + cum})
-		}
-		if cum >= shardTokens {
-			end, n, ok = p, cum, true
-			return false
-		}
-		return true
-	})
+		last := ps[len(ps)-1]
+		i, cum = int(last.End), int(last.Cum)
+	}
 	if !ok && x.more != nil {
 		sure = false // the text goes on (an empty one gives no piece end to see it by)
 	}

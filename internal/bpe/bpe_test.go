@@ -3,6 +3,7 @@ package bpe
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -267,30 +268,42 @@ func TestParityCorpora(t *testing.T) {
 	}
 }
 
-// TestPieces: at each pre-token end Pieces reports the count of the text up
-// to it, the ends rise to the text's end, and it stops when asked.
-func TestPieces(t *testing.T) {
+// TestAppendPieces: at each pre-token end AppendPieces reports the count of
+// the text up to it, the ends rise to the text's end, a batch stops when
+// dst is full, and the next one continues from its last piece as one call
+// with room for all would.
+func TestAppendPieces(t *testing.T) {
 	text := "Hello, world! It's 12345 tokens\n\n  東京の天気 😀👍🏽 don't /path ok"
 	for _, e := range []*Encoding{O200K(), CL100K()} {
-		prev, calls := 0, 0
-		e.Pieces(text, func(end, cum int) bool {
-			calls++
-			if end <= prev {
-				t.Fatalf("%s: end %d after %d", e.Name(), end, prev)
+		all := e.AppendPieces(make([]Piece, 0, len(text)), text, 0, 0)
+		prev := 0
+		for _, pc := range all {
+			if int(pc.End) <= prev {
+				t.Fatalf("%s: end %d after %d", e.Name(), pc.End, prev)
 			}
-			if want := e.Count(text[:end]); cum != want {
-				t.Fatalf("%s: cum %d at %d, Count gives %d", e.Name(), cum, end, want)
+			if want := e.Count(text[:pc.End]); int(pc.Cum) != want {
+				t.Fatalf("%s: cum %d at %d, Count gives %d", e.Name(), pc.Cum, pc.End, want)
 			}
-			prev = end
-			return true
-		})
-		if prev != len(text) || calls < 10 {
-			t.Fatalf("%s: last end %d of %d after %d pieces", e.Name(), prev, len(text), calls)
+			prev = int(pc.End)
 		}
-		calls = 0
-		e.Pieces(text, func(int, int) bool { calls++; return calls < 3 })
-		if calls != 3 {
-			t.Fatalf("%s: %d calls after asking to stop at the third", e.Name(), calls)
+		if prev != len(text) || len(all) < 10 {
+			t.Fatalf("%s: last end %d of %d after %d pieces", e.Name(), prev, len(text), len(all))
+		}
+		var batched []Piece
+		i, cum := 0, 0
+		for {
+			ps := e.AppendPieces(make([]Piece, 0, 3), text, i, cum)
+			if len(ps) == 0 {
+				break
+			}
+			if len(ps) < 3 && int(ps[len(ps)-1].End) != len(text) {
+				t.Fatalf("%s: a batch of %d pieces before the text's end", e.Name(), len(ps))
+			}
+			batched = append(batched, ps...)
+			i, cum = int(ps[len(ps)-1].End), int(ps[len(ps)-1].Cum)
+		}
+		if !slices.Equal(batched, all) {
+			t.Fatalf("%s: batches of 3 give %v, one batch %v", e.Name(), batched, all)
 		}
 	}
 }

@@ -109,8 +109,8 @@ func (e *Encoding) CountValid(text string) int {
 }
 
 // count counts valid UTF-8 text. *scp is fetched from the pool on demand.
-// (Its loop is Pieces' with next and countAt written out: calls per piece
-// cost a tenth of the counting.)
+// (Its loop has next and countAt written out: calls per piece cost a
+// tenth of the counting. AppendPieces has the same loop.)
 func (e *Encoding) count(s string, scp **scratch) int {
 	c := e.cls
 	total := 0
@@ -138,49 +138,46 @@ func (e *Encoding) count(s string, scp **scratch) int {
 	return total
 }
 
-// next returns the end of the pre-token that starts at s[i].
-func (e *Encoding) next(s string, i int) int {
-	if e.o200k {
-		return e.cls.nextO200K(s, i)
-	}
-	return e.cls.nextCL100K(s, i)
-}
+// A Piece is the end of a pre-token of a text and the sum of the counts of
+// the pre-tokens up to it.
+type Piece struct{ End, Cum int32 }
 
-// countAt counts the pre-token s[i:j].
-func (e *Encoding) countAt(s string, i, j int, scp **scratch) int {
-	piece := s[i:j]
-	switch {
-	case len(piece) == 1:
-		return 1
-	case len(piece) <= cacheKeyMax:
-		return e.countCached(s, i, j, scp)
-	}
-	if len(piece) > smallPiece && *scp == nil {
-		*scp = e.pool.Get().(*scratch)
-	}
-	return e.countPiece(piece, *scp)
-}
-
-// Pieces calls f with the end of each pre-token of s, in order, and the
-// sum of the counts of the pre-tokens up to it, until f returns false. At
-// a known boundary (tokens.SafeAt) the sum is Count(s[:end]); at other
-// pre-token ends it need not be (for "  1", the first space is a
-// pre-token of its own inside the text, while "  " alone is one). s must
-// be valid UTF-8.
-func (e *Encoding) Pieces(s string, f func(end, cum int) bool) {
+// AppendPieces appends to dst, until it is full (len(dst) == cap(dst)) or
+// the text ends, the pre-tokens of s that follow offset i, a pre-token
+// end (or 0), with cum plus the sum of their counts; a caller continues
+// from the last one's End and Cum. At a known boundary (tokens.SafeAt)
+// the sum from 0 is Count(s[:End]); at other pre-token ends it need not
+// be (for "  1", the first space is a pre-token of its own inside the
+// text, while "  " alone is one). s must be valid UTF-8, and shorter than
+// 2 GiB. (Its loop is count's: a batch, not a call per piece.)
+func (e *Encoding) AppendPieces(dst []Piece, s string, i, cum int) []Piece {
 	var sc *scratch
-	total := 0
-	for i := 0; i < len(s); {
-		j := e.next(s, i)
-		total += e.countAt(s, i, j, &sc)
-		if !f(j, total) {
-			break
+	c := e.cls
+	for i < len(s) && len(dst) < cap(dst) {
+		var j int
+		if e.o200k {
+			j = c.nextO200K(s, i)
+		} else {
+			j = c.nextCL100K(s, i)
 		}
+		switch l := j - i; {
+		case l == 1:
+			cum++
+		case l <= cacheKeyMax:
+			cum += e.countCached(s, i, j, &sc)
+		default:
+			if l > smallPiece && sc == nil {
+				sc = e.pool.Get().(*scratch)
+			}
+			cum += e.countPiece(s[i:j], sc)
+		}
+		dst = append(dst, Piece{int32(j), int32(cum)})
 		i = j
 	}
 	if sc != nil {
 		e.pool.Put(sc)
 	}
+	return dst
 }
 
 // appendReplacingInvalid appends s to dst with every byte that is not part

@@ -51,12 +51,20 @@ func (e Encoding) CountValid(s string) int {
 	return e.bpe().CountValid(s)
 }
 
-// Pieces calls f with the end of each pre-token of s, in order, and the
-// sum of the counts of the pre-tokens up to it, until f returns false; at
-// a known boundary (SafeAt), every one of which is a pre-token end, that
-// is the count of s up to it. s must be valid UTF-8 (Count reads an
-// invalid byte as U+FFFD, which moves the offsets).
-func (e Encoding) Pieces(s string, f func(end, cum int) bool) { e.bpe().Pieces(s, f) }
+// A Piece is the end of a pre-token of a text and the sum of the counts of
+// the pre-tokens up to it (see AppendPieces).
+type Piece = bpe.Piece
+
+// AppendPieces appends to dst, until it is full (len(dst) == cap(dst)) or
+// the text ends, the pre-tokens of s that follow offset i (a pre-token
+// end, or 0), with cum plus the sum of their counts; a caller continues
+// from the last one's End and Cum. At a known boundary (SafeAt), every
+// one of which is a pre-token end, the sum from 0 is the count of s up to
+// it. s must be valid UTF-8 (Count reads an invalid byte as U+FFFD, which
+// moves the offsets).
+func (e Encoding) AppendPieces(dst []Piece, s string, i, cum int) []Piece {
+	return e.bpe().AppendPieces(dst, s, i, cum)
+}
 
 // bpe returns the counter of e (its ranks loaded on first use).
 func (e Encoding) bpe() *bpe.Encoding {
@@ -128,6 +136,29 @@ const (
 var asciiClass = func() (t [utf8.RuneSelf]Class) {
 	for c := range t {
 		t[c] = classOf(rune(c), 1)
+	}
+	return t
+}()
+
+// safeASCII has, for each ASCII byte, the bit of each class c such that
+// SafeCut(the byte's class, c): SafeAt between two ASCII bytes is one
+// lookup.
+var safeASCII = func() (t [256]uint16) {
+	for a := range utf8.RuneSelf {
+		for c := ClassNone; c <= ClassSlash; c++ {
+			if SafeCut(asciiClass[a], c) {
+				t[a] |= 1 << c
+			}
+		}
+	}
+	return t
+}()
+
+// asciiClass8 is asciiClass indexed by any byte (0 above ASCII), so that
+// SafeAt's lookups need no bounds check.
+var asciiClass8 = func() (t [256]uint8) {
+	for c := range utf8.RuneSelf {
+		t[c] = uint8(asciiClass[c])
 	}
 	return t
 }()
@@ -212,6 +243,17 @@ func SafeAt(s string, p int) bool {
 	if p <= 0 || p >= len(s) {
 		return false
 	}
+	if a, b := s[p-1], s[p]; a|b < utf8.RuneSelf {
+		return SafeASCII(a, b)
+	}
+	return safeAtRunes(s, p)
+}
+
+// SafeASCII is SafeAt between two ASCII bytes a and b: one lookup.
+func SafeASCII(a, b byte) bool { return safeASCII[a]>>asciiClass8[b]&1 != 0 }
+
+// safeAtRunes is SafeAt where a rune around p is not ASCII.
+func safeAtRunes(s string, p int) bool {
 	cur, _ := ClassAt(s, p)
 	return SafeCut(ClassBefore(s, p), cur)
 }

@@ -207,3 +207,22 @@ func TestRoleTokens(t *testing.T) {
 		}
 	}
 }
+
+// TestSafeAtASCIIPairs holds SafeAt's one-lookup path between two ASCII
+// bytes to SafeCut of the classes ClassBefore and ClassAt give, for every
+// pair, at the start, middle and end of a text.
+func TestSafeAtASCIIPairs(t *testing.T) {
+	for a := range 128 {
+		for b := range 128 {
+			s := string([]byte{'x', byte(a), byte(b), 'y'})
+			cur, _ := ClassAt(s, 2)
+			want := SafeCut(ClassBefore(s, 2), cur)
+			if got := SafeAt(s, 2); got != want {
+				t.Fatalf("SafeAt(%q, 2) = %v, SafeCut %v", s, got, want)
+			}
+			if SafeAt(s[1:3], 2) || SafeAt(s[1:3], 0) {
+				t.Fatalf("SafeAt at the ends of %q", s[1:3])
+			}
+		}
+	}
+}
