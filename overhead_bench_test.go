@@ -28,6 +28,10 @@ import (
 type overheadBody struct {
 	b     []byte
 	marks []int
+	// texts are the four contents as the API reads them (decoded), with
+	// tmarks the offsets of their numbers: renew rewrites them too.
+	texts  [][]byte
+	tmarks [][]int
 }
 
 func newOverheadBody(tb testing.TB) *overheadBody {
@@ -55,6 +59,23 @@ func newOverheadBody(tb testing.TB) *overheadBody {
 		tb.Fatal(err)
 	}
 	ob := &overheadBody{b: body}
+	var req struct{ Messages []struct{ Content string } }
+	if err := json.Unmarshal(body, &req); err != nil {
+		tb.Fatal(err)
+	}
+	for _, m := range req.Messages {
+		t := []byte(m.Content)
+		var tm []int
+		for at := 0; ; {
+			j := bytes.Index(t[at:], []byte("000000000 "))
+			if j < 0 {
+				break
+			}
+			tm = append(tm, at+j)
+			at += j + 10
+		}
+		ob.texts, ob.tmarks = append(ob.texts, t), append(ob.tmarks, tm)
+	}
 	for at := 0; ; {
 		j := bytes.Index(body[at:], []byte("000000000 "))
 		if j < 0 {
@@ -70,12 +91,36 @@ func newOverheadBody(tb testing.TB) *overheadBody {
 // seen before (for n not used before).
 func (ob *overheadBody) renew(n uint64) {
 	for _, m := range ob.marks {
-		v := n
-		for i := 8; i >= 0; i-- {
-			ob.b[m+i] = byte('0' + v%10)
-			v /= 10
+		putNumber(ob.b, m, n)
+	}
+}
+
+// renewTexts is renew for the decoded contents (texts) alone.
+func (ob *overheadBody) renewTexts(n uint64) {
+	for i, t := range ob.texts {
+		for _, m := range ob.tmarks[i] {
+			putNumber(t, m, n)
 		}
 	}
+}
+
+// putNumber writes n as nine digits at b[m:].
+func putNumber(b []byte, m int, n uint64) {
+	for i := 8; i >= 0; i-- {
+		b[m+i] = byte('0' + n%10)
+		n /= 10
+	}
+}
+
+// countTexts counts the four contents with the counter alone (no memo,
+// no router): what counting a new prompt costs, whoever does it with
+// this counter.
+func (ob *overheadBody) countTexts() int {
+	n := 0
+	for _, t := range ob.texts {
+		n += tokens.O200K.Count(string(t))
+	}
+	return n
 }
 
 // memBase is an http.RoundTripper that reads the request body and answers
@@ -231,14 +276,19 @@ func BenchmarkOverhead(b *testing.B) {
 // with the larger footprint, relay. The
 // metrics are the medians over the rounds of each transport's per-call
 // time minus bare's in the same round (failsafe-ns, warm-ns, new-ns), and
-// warm÷failsafe and new÷failsafe of those medians. ns/op is one round.
+// warm÷failsafe and new÷failsafe of those medians. A fifth row, count,
+// is not a transport: each of its calls is a bare call plus the counter
+// alone (internal/bpe, its piece cache warm, no memo) counting the four
+// contents of a new body, already decoded; count-ns and count÷failsafe
+// are what counting a new prompt costs by itself, a floor under new-ns
+// for any router that counts with this counter. ns/op is one round.
 func BenchmarkOverheadPaired(b *testing.B) {
 	answer := fixture(b, "chat_response_default.json")
 	var reports atomic.Int64
 	rts := overheadTransports(b, memBase(answer), &reports)
 	tokens.O200K.Count("load the encodings before timing")
 	var seq atomic.Uint64
-	rows := []overheadCase{overheadCases[0], overheadCases[2], overheadCases[3], overheadCases[4]}
+	rows := []overheadCase{overheadCases[0], overheadCases[2], overheadCases[3], overheadCases[4], {"count", "bare", false}}
 	for _, par := range []int{1, 16} {
 		b.Run(fmt.Sprintf("goroutines=%d", par), func(b *testing.B) {
 			calls := 256 / par // per goroutine and round
@@ -263,6 +313,13 @@ func BenchmarkOverheadPaired(b *testing.B) {
 								b.Error(err)
 								return
 							}
+							if c.name == "count" {
+								ob.renewTexts(seq.Add(1))
+								if ob.countTexts() == 0 {
+									b.Error("no tokens")
+									return
+								}
+							}
 						}
 					})
 				}
@@ -274,7 +331,7 @@ func BenchmarkOverheadPaired(b *testing.B) {
 			}
 			over := make([][]float64, len(rows))
 			for i := 0; b.Loop(); i++ {
-				var d [4]time.Duration
+				var d [5]time.Duration
 				for k := range rows {
 					j := (i + k) % len(rows)
 					d[j] = round(rows[j])
@@ -291,8 +348,10 @@ func BenchmarkOverheadPaired(b *testing.B) {
 			b.ReportMetric(med[1], "failsafe-ns")
 			b.ReportMetric(med[2], "warm-ns")
 			b.ReportMetric(med[3], "new-ns")
+			b.ReportMetric(med[4], "count-ns")
 			b.ReportMetric(med[2]/med[1], "warm÷failsafe")
 			b.ReportMetric(med[3]/med[1], "new÷failsafe")
+			b.ReportMetric(med[4]/med[1], "count÷failsafe")
 		})
 	}
 }
