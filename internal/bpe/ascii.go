@@ -166,7 +166,8 @@ func (c classifier) punctASCII(s string, i int, slash bool) (int, bool) {
 	return e, true
 }
 
-// nextO200KASCII is nextO200K when the decision needs only ASCII bytes.
+// nextO200KASCII is nextO200KGeneral when the decision needs only ASCII
+// bytes; ok is false when it needs more.
 func (c classifier) nextO200KASCII(s string, i int) (int, bool) {
 	k := asciiClass[s[i]]
 	j := i
@@ -204,7 +205,8 @@ func (c classifier) nextO200KASCII(s string, i int) (int, bool) {
 	return e, true
 }
 
-// nextCL100KASCII is nextCL100K when the decision needs only ASCII bytes.
+// nextCL100KASCII is nextCL100KGeneral when the decision needs only ASCII
+// bytes; ok is false when it needs more.
 func (c classifier) nextCL100KASCII(s string, i int) (int, bool) {
 	k := asciiClass[s[i]]
 	j := i

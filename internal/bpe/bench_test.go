@@ -1,6 +1,7 @@
 package bpe
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 
@@ -153,5 +154,81 @@ func checkCorpusCount(b *testing.B, c benchCorpus, e *Encoding, codec tokenizer.
 		}
 	} else if want := len(reference(b, e.Name()).EncodeOrdinary(c.text)); got != want {
 		b.Fatalf("%s/%s: Count = %d, tiktoken-go = %d", c.name, e.Name(), got, want)
+	}
+}
+
+// promptTexts are the four contents of the chat request the router's
+// BenchmarkOverhead sends (system, user, assistant, user: 1,400, 840, 700
+// and 420 bytes of mixed prose, code, figures and accented and CJK text,
+// in lines of 80 bytes that each start with a nine-digit number), as the
+// API reads them: a cut through a multi-byte rune reads as U+FFFD, as
+// encoding/json writes it.
+func promptTexts() [][]byte {
+	parts := []string{
+		"The quick brown fox jumps over the lazy dog while the router counts every token. ",
+		"func add(a, b int) int { return a + b } // adds two numbers; see issue 1234. ",
+		"Revenue grew 17.5% to 4,321,000 USD in Q3 2026, up from 3,678,000 a year earlier. ",
+		"Überprüfen Sie die Konfiguration: naïve café résumé, 東京 の 天気 は 晴れ です。 ",
+	}
+	var sb strings.Builder
+	for i := 0; sb.Len() < 8<<10; i++ {
+		sb.WriteString(parts[i%len(parts)])
+	}
+	text := sb.String()
+	var out [][]byte
+	for _, r := range [][2]int{{0, 1400}, {2000, 840}, {4000, 700}, {6000, 420}} {
+		s := text[r[0] : r[0]+r[1]]
+		var b []byte
+		for len(s) >= 70 {
+			b = append(b, "000000000 "...)
+			b = append(b, strings.ToValidUTF8(s[:70], "\uFFFD")...)
+			b = append(b, '\n')
+			s = s[70:]
+		}
+		out = append(out, b)
+	}
+	return out
+}
+
+// BenchmarkPromptCount counts a new chat prompt's contents (promptTexts,
+// each line's number rewritten every iteration, so that no line was seen
+// before while its words were: the piece cache warm, as in a router that
+// has run a while) with relay's counter and with tiktoken-go's, the
+// peer, in the same run: what counting costs the router per new request.
+func BenchmarkPromptCount(b *testing.B) {
+	ref := reference(b, "o200k_base")
+	for _, name := range []string{"relay", "tiktoken-go"} {
+		b.Run(name, func(b *testing.B) {
+			texts := promptTexts()
+			count := O200K().Count
+			if name == "tiktoken-go" {
+				count = func(s string) int { return len(ref.EncodeOrdinary(s)) }
+			}
+			n := uint64(0)
+			renew := func() {
+				n++
+				for _, t := range texts {
+					for at := 0; at+10 <= len(t); at += 10 + bytes.IndexByte(t[at+10:], '\n') + 1 {
+						v := n
+						for d := 8; d >= 0; d-- {
+							t[at+d] = byte('0' + v%10)
+							v /= 10
+						}
+					}
+				}
+			}
+			for range 2000 { // the piece cache learns the words
+				renew()
+				for _, t := range texts {
+					count(string(t))
+				}
+			}
+			for b.Loop() {
+				renew()
+				for _, t := range texts {
+					count(string(t))
+				}
+			}
+		})
 	}
 }

@@ -109,29 +109,36 @@ func (e *Encoding) CountValid(text string) int {
 }
 
 // count counts valid UTF-8 text. *scp is fetched from the pool on demand.
-// (Its loop has next and countAt written out: calls per piece cost a
-// tenth of the counting. AppendPieces has the same loop.)
+// Its loop tries the ASCII pre-tokenizer, then the general one, and has
+// countCached's dispatch written out: the calls per piece cost a tenth of the counting, and two
+// fewer took 9 % of the instructions and about 10 % of the time off
+// counting a new chat prompt (BenchmarkPromptCount: 342K -> 312K).
+// Counting through AppendPieces in batches, to keep one loop, cost 4 %.
+// AppendPieces has the same loop.
 func (e *Encoding) count(s string, scp **scratch) int {
 	c := e.cls
 	total := 0
 	for i := 0; i < len(s); {
-		var j int
+		j, ok := 0, false
 		if e.o200k {
-			j = c.nextO200K(s, i)
-		} else {
-			j = c.nextCL100K(s, i)
+			if j, ok = c.nextO200KASCII(s, i); !ok {
+				j = c.nextO200KGeneral(s, i)
+			}
+		} else if j, ok = c.nextCL100KASCII(s, i); !ok {
+			j = c.nextCL100KGeneral(s, i)
 		}
-		piece := s[i:j]
-		switch {
-		case len(piece) == 1:
+		switch l := j - i; {
+		case l == 1:
 			total++
-		case len(piece) <= cacheKeyMax:
+		case l <= 8:
+			total += e.countCached1(s, i, j)
+		case l <= cacheKeyMax:
 			total += e.countCached(s, i, j, scp)
 		default:
-			if len(piece) > smallPiece && *scp == nil {
+			if l > smallPiece && *scp == nil {
 				*scp = e.pool.Get().(*scratch)
 			}
-			total += e.countPiece(piece, *scp)
+			total += e.countPiece(s[i:j], *scp)
 		}
 		i = j
 	}
@@ -154,15 +161,19 @@ func (e *Encoding) AppendPieces(dst []Piece, s string, i, cum int) []Piece {
 	var sc *scratch
 	c := e.cls
 	for i < len(s) && len(dst) < cap(dst) {
-		var j int
+		j, ok := 0, false
 		if e.o200k {
-			j = c.nextO200K(s, i)
-		} else {
-			j = c.nextCL100K(s, i)
+			if j, ok = c.nextO200KASCII(s, i); !ok {
+				j = c.nextO200KGeneral(s, i)
+			}
+		} else if j, ok = c.nextCL100KASCII(s, i); !ok {
+			j = c.nextCL100KGeneral(s, i)
 		}
 		switch l := j - i; {
 		case l == 1:
 			cum++
+		case l <= 8:
+			cum += e.countCached1(s, i, j)
 		case l <= cacheKeyMax:
 			cum += e.countCached(s, i, j, &sc)
 		default:

@@ -84,18 +84,12 @@ func (c classifier) whitespace(s string, i int) int {
 	}
 }
 
-// nextCL100K returns the end of the cl100k_base pre-token starting at i.
+// nextCL100KGeneral returns the end of the cl100k_base pre-token starting
+// at i, for any valid UTF-8 (nextCL100KASCII is the fast path the
+// counting loops try first):
 //
 //	(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
 //	 ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
-func (c classifier) nextCL100K(s string, i int) int {
-	if j, ok := c.nextCL100KASCII(s, i); ok {
-		return j
-	}
-	return c.nextCL100KGeneral(s, i)
-}
-
-// nextCL100KGeneral is nextCL100K for any valid UTF-8.
 func (c classifier) nextCL100KGeneral(s string, i int) int {
 	b := s[i]
 	k, n := c.at(s, i)
@@ -186,19 +180,13 @@ func (c classifier) upperThenLower(s string, p int) (int, bool) {
 	return c.scan(s, q, cW), true
 }
 
-// nextO200K returns the end of the o200k_base pre-token starting at i.
+// nextO200KGeneral returns the end of the o200k_base pre-token starting at
+// i, for any valid UTF-8 (nextO200KASCII is the fast path the counting
+// loops try first):
 //
 //	[^\r\n\p{L}\p{N}]?[U]*[W]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|
 //	[^\r\n\p{L}\p{N}]?[U]+[W]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|
 //	\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
-func (c classifier) nextO200K(s string, i int) int {
-	if j, ok := c.nextO200KASCII(s, i); ok {
-		return j
-	}
-	return c.nextO200KGeneral(s, i)
-}
-
-// nextO200KGeneral is nextO200K for any valid UTF-8.
 func (c classifier) nextO200KGeneral(s string, i int) int {
 	k, n := c.at(s, i)
 	j := i + n
