@@ -182,11 +182,11 @@ var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 func getScratch() *scratch { return scratchPool.Get().(*scratch) }
 
 func (sc *scratch) release() {
-	if sc.rd.Cap()+cap(sc.canon.Buf)+cap(sc.anchor.Buf)+4*cap(sc.canon.At)+16*cap(sc.shards)+cap(sc.dec) > scratchMax {
+	if sc.rd.Cap()+cap(sc.canon.Buf)+cap(sc.anchor.Buf)+4*cap(sc.canon.At)+4*cap(sc.canon.End)+16*cap(sc.shards)+cap(sc.dec) > scratchMax {
 		return
 	}
 	sc.rd.Forget()
-	sc.canon.Buf, sc.canon.At, sc.shards = sc.canon.Buf[:0], sc.canon.At[:0], sc.shards[:0]
+	sc.canon.Buf, sc.canon.At, sc.canon.End, sc.shards = sc.canon.Buf[:0], sc.canon.At[:0], sc.canon.End[:0], sc.shards[:0]
 	sc.known = knownMemo{}
 	sc.anchor.Buf = sc.anchor.Buf[:0]
 	sc.cr = countReader{}

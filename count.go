@@ -79,7 +79,7 @@ func (e *countReader) Str(i int) int {
 	raw := rd.Raw(s)
 	m := e.c.memo
 	if len(raw) < memoMin || m == nil {
-		return e.reuse(i, e.text(s, raw))
+		return e.reuse(i, e.text(i, s, raw))
 	}
 	if s.Seen && e.sc.known.enc == e.enc {
 		return wordCount(s.W)
@@ -94,16 +94,23 @@ func (e *countReader) Str(i int) int {
 			return wordCount(w)
 		}
 	}
-	text := e.text(s, raw)
+	text := e.text(i, s, raw)
 	n := e.reuse(i, text)
 	m.putKey(k, rawWord(n, len(text)))
 	return n
 }
 
-// text returns the decoded string s, whose text as written is raw.
-func (e *countReader) text(s prompt.Str, raw string) string {
+// text returns the decoded Strs[i], s, whose text as written is raw: the
+// bytes the affinity key's canonical prompt decoded it into when all of it
+// is there (a new prompt's first 2 KB, decoded once, not twice), else
+// decoded here.
+func (e *countReader) text(i int, s prompt.Str, raw string) string {
 	if !s.Esc {
 		return raw
+	}
+	if c := &e.sc.canon; i < len(c.End) && i < len(c.At) && c.End[i] >= 0 && c.At[i] >= 0 {
+		b := c.Buf[c.At[i]:c.End[i]]
+		return unsafe.String(unsafe.SliceData(b), len(b))
 	}
 	e.sc.dec = e.sc.rd.AppendStr(e.sc.dec[:0], s)
 	return unsafe.String(unsafe.SliceData(e.sc.dec), len(e.sc.dec))

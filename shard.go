@@ -134,7 +134,7 @@ func (r *Router) prefixKey(enc tokens.Encoding, sc *scratch) uint64 {
 	raw, rawOK := r.rawKey(enc, sc)
 	if rawOK {
 		if v, ok := m.getKey(raw); ok {
-			sc.canon.At = sc.canon.At[:0]
+			sc.canon.At, sc.canon.End = sc.canon.At[:0], sc.canon.End[:0]
 			return v
 		}
 	}

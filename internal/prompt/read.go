@@ -816,14 +816,17 @@ type Canon struct {
 	// At[i] is the offset in Buf at which Strs[i] starts, or -1 when it is
 	// not in Buf (not in the canonical prompt, or past Limit).
 	At []int32
+	// End[i] is the offset in Buf just past Strs[i] when all of it is in
+	// Buf (decoded: Buf[At[i]:End[i]] is what AppendStr gives), else -1.
+	End []int32
 }
 
 // AppendCanonical builds into c.Buf the canonical prompt of the body,
 // stopping once it holds c.Limit bytes, and fills c.At.
 func (r *Reader) AppendCanonical(c *Canon) {
-	c.At = c.At[:0]
+	c.At, c.End = c.At[:0], c.End[:0]
 	for range r.Strs {
-		c.At = append(c.At, -1)
+		c.At, c.End = append(c.At, -1), append(c.End, -1)
 	}
 	b := canonBuilder{r: r, c: c}
 	b.canonical()
@@ -993,14 +996,18 @@ func (b *canonBuilder) str(i int32) {
 		return
 	}
 	s := b.r.Strs[i]
-	if int(i) < len(b.c.At) && !b.noAt {
+	at := int(i) < len(b.c.At) && !b.noAt
+	if at {
 		b.c.At[i] = int32(len(b.c.Buf))
 	}
 	if !s.Esc {
 		b.lit(b.r.Body[s.Start:s.End])
-		return
+	} else {
+		b.c.Buf = jsonscan.AppendUnescaped(b.c.Buf, b.r.Body[s.Start:s.End], b.c.Limit)
 	}
-	b.c.Buf = jsonscan.AppendUnescaped(b.c.Buf, b.r.Body[s.Start:s.End], b.c.Limit)
+	if at && int(i) < len(b.c.End) && len(b.c.Buf) < b.c.Limit { // not cut by Limit
+		b.c.End[i] = int32(len(b.c.Buf))
+	}
 }
 
 func (b *canonBuilder) tools() {

@@ -102,6 +102,12 @@ func checkRead(t *testing.T, r *Reader, body string) {
 				if end := min(int(at)+len(d), len(c.Buf)); !bytes.Equal(c.Buf[at:end], d[:end-int(at)]) {
 					t.Fatalf("%s: At[%d] = %d does not hold %q in %q", ep, i, at, d, c.Buf)
 				}
+				switch end := c.End[i]; {
+				case end >= 0 && !bytes.Equal(c.Buf[at:end], d):
+					t.Fatalf("%s: Buf[At:End] of %d = %q, the string is %q", ep, i, c.Buf[at:end], d)
+				case end < 0 && int(at)+len(d) < limit:
+					t.Fatalf("%s: string %d (%q) is all in Buf (limit %d) but End is -1", ep, i, d, limit)
+				}
 			}
 			a := Canon{Buf: []byte("x"), Limit: limit}
 			r.AppendAnchor(&a)
