@@ -192,8 +192,22 @@ func (c classifier) nextO200KASCII(s string, i int) (int, bool) {
 	default: // \r or \n
 		return c.whitespace(s, i), true
 	}
-	// [U]*[W]+ or [U]+[W]*: uppercase run, then lowercase run.
-	e := skipUpperLower(s, j)
+	// [U]*[W]+ or [U]+[W]*: uppercase run, then lowercase run. A word that
+	// ends within the eight bytes at j is found here (skipUpperLower's
+	// first step, written out: a call less per word); longer ones, or
+	// near the end of s, by skipUpperLower.
+	e := -1
+	if j+8 <= len(s) {
+		x := binary.LittleEndian.Uint64(unsafe.Slice(unsafe.StringData(s[j:]), 8))
+		if notUpper := ^inRange(x, 'A', 'Z') & swarHigh; notUpper != 0 {
+			if notLower := ^inRange(x, 'a', 'z') & swarHigh & (^uint64(0) << (bits.TrailingZeros64(notUpper) &^ 7)); notLower != 0 {
+				e = j + bits.TrailingZeros64(notLower)>>3
+			}
+		}
+	}
+	if e < 0 {
+		e = skipUpperLower(s, j)
+	}
 	if e < len(s) {
 		if s[e] >= 0x80 {
 			return 0, false
