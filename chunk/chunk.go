@@ -101,11 +101,11 @@ const boundFactor = 4
 // bounded memo per call, which turns itself off when a run does not
 // repeat), so such a run is counted and searched a few times, not once per
 // segment. In instructions (valgrind), splitting 1 MiB into 16-token
-// segments costs 1.9× counting it on prose, 1.8× on CJK, 1.6× on code,
-// 1.7× on indented JSON (also in 256- and 1024-token segments), 1.4× on
-// random hex digits (a letter next to a digit is a boundary: cutAt), 2.2×
+// segments costs 2.0× counting it on prose, 1.75× on CJK, 1.7× on code,
+// 1.8× on indented JSON (also in 256- and 1024-token segments), 1.5× on
+// random hex digits (a letter next to a digit is a boundary: cutAt), 2.4×
 // on random digits (every third digit of a run is one: digitCut), and
-// 0.2–2.3× on repeated runs (one letter, a long word, digits, newlines);
+// 0.2–2.4× on repeated runs (one letter, a long word, digits, newlines);
 // in time (BenchmarkSplit1MiB, six runs on a shared 2-core VM) 2.1–3.5× on
 // prose and code, 1.8–2.8× on CJK. A run of letters without a space that
 // does not repeat (random letters) has no boundary at all and still costs
