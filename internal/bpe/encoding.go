@@ -110,11 +110,11 @@ func (e *Encoding) CountValid(text string) int {
 
 // count counts valid UTF-8 text. *scp is fetched from the pool on demand.
 // Its loop tries the ASCII pre-tokenizer, then the general one, and has
-// countCached's dispatch written out: the calls per piece cost a tenth of the counting, and two
-// fewer took 9 % of the instructions and about 10 % of the time off
-// counting a new chat prompt (BenchmarkPromptCount: 342K -> 312K).
-// Counting through AppendPieces in batches, to keep one loop, cost 4 %.
-// AppendPieces has the same loop.
+// countCached's dispatch written out: the calls per piece cost a tenth of
+// the counting, and two fewer took 9 % of the instructions and about 10 %
+// of the time off counting a new chat prompt (BenchmarkPromptCount: 342K
+// -> 312K). AppendPieces has the same loop; counting through it in
+// batches, to keep one loop, cost 4 %.
 func (e *Encoding) count(s string, scp **scratch) int {
 	c := e.cls
 	total := 0
