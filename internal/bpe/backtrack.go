@@ -35,6 +35,27 @@ type trie struct {
 	mask    uint64
 	nodeTok []uint32 // node -> rank of the token ending here, or none
 	used    int
+	// one and two are the nodes of the first two levels, by their bytes
+	// (two[a|b<<8]: none when no token starts with a, b), so that a walk
+	// from every offset (Prefixes) starts without a hash lookup.
+	one [256]uint32
+	two []uint32
+}
+
+// fillRoots fills one and two from the edges.
+func (t *trie) fillRoots() {
+	t.two = make([]uint32, 1<<16)
+	for a := range 256 {
+		n := t.child(0, byte(a))
+		t.one[a] = n
+		for b := range 256 {
+			c := none32
+			if n != none32 {
+				c = t.child(n, byte(b))
+			}
+			t.two[a|b<<8] = c
+		}
+	}
 }
 
 func (t *trie) child(node uint32, b byte) uint32 {
@@ -183,6 +204,7 @@ func buildBacktracker(rt *rankTable) *backtracker {
 			tr.nodeTok[node] = r
 		}
 	}
+	tr.fillRoots()
 	// Split table and pair lookup, in rank order.
 	psize, pshift := pow2Table(V)
 	bt.pairs = pairTable{keys: make([]uint64, psize), vals: make([]uint32, psize), shift: pshift, mask: uint64(psize - 1)}

@@ -33,6 +33,9 @@
 // heap (about 10 ms at worst) and builds the tables only when they add up
 // to more, or when one is longer (or when Warm is called). The whole count
 // is therefore O(n log n) in the worst case and linear for long runs.
+// The same tables give the counts of all the prefixes of a pre-token in
+// one pass (Prefixes, the crate's appendable encoder), for a caller that
+// searches a long run for the byte at which it reaches a count.
 //
 // # Loading
 //

@@ -66,6 +66,26 @@ func (e Encoding) AppendPieces(dst []Piece, s string, i, cum int) []Piece {
 	return e.bpe().AppendPieces(dst, s, i, cum)
 }
 
+// Prefixes counts every prefix of one pre-token in one pass (see
+// bpe.Prefixes).
+type Prefixes = bpe.Prefixes
+
+// Prefixes starts p on the text s, to count its prefixes that are single
+// pre-tokens (OnePiece): Count(s[:m]) is then p.Count(m). n is about how
+// many bytes of s will be asked about; Prefixes refuses (and the caller
+// counts) while the tables it needs are not built and the encoding's
+// budget for merging long pre-tokens without them lasts.
+func (e Encoding) Prefixes(p *Prefixes, s string, n int) bool {
+	return e.bpe().Prefixes(p, s, n)
+}
+
+// OnePiece reports whether the valid UTF-8 text s is a single pre-token.
+func (e Encoding) OnePiece(s string) bool { return e.bpe().OnePiece(s) }
+
+// Warm builds the tables e counts long pre-tokens with (and Prefixes
+// needs) now, instead of when e first needs them: see bpe.Encoding.Warm.
+func (e Encoding) Warm() { e.bpe().Warm() }
+
 // bpe returns the counter of e (its ranks loaded on first use).
 func (e Encoding) bpe() *bpe.Encoding {
 	if e == CL100K {
