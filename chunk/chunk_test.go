@@ -511,7 +511,7 @@ func TestMemoizedMatchesDirect(t *testing.T) {
 			for range 800 {
 				a := rng.IntN(64) * 211 // few starts: pieces are asked again
 				n := 1 + rng.IntN(20*size)
-				require.Equal(t, sh.count(a, a+n), sh.countRun(a, a+n), "%s: count of [%d, %d)", model, a, a+n)
+				require.Equal(t, sh.count(a, a+n), sh.countRun(a, a+n, a%2 == 0), "%s: count of [%d, %d)", model, a, a+n)
 				lo := a + rng.IntN(n)
 				require.Equal(t, sh.search(a, lo, a+n), sh.bisect(a, lo, a+n), "%s/%d: cut of [%d, %d) from %d", model, size, a, a+n, lo)
 			}
@@ -519,6 +519,49 @@ func TestMemoizedMatchesDirect(t *testing.T) {
 			assert.Positive(t, sh.cuts.hits, "%s/%d: the cut memo was never used", model, size)
 		}
 	}
+}
+
+// TestCountSegIsCount: countSeg, which counts the prefixes of a run in one
+// pass where the text from the segment's start is a single pre-token,
+// counts what count does, from starts in texts of runs of letters (mixed
+// case, contractions), digits, spaces, newlines and punctuation, to every
+// rune start; the pass is taken, and where a prefix is more than one
+// pre-token it is not.
+func TestCountSegIsCount(t *testing.T) {
+	tokens.O200K.Warm()
+	tokens.CL100K.Warm()
+	pieces := []string{"abc", "xq", "Zeta", "QR", "'s", "'", " ", "  ", "\n", "!!", "=", "12", "é", "日本", "😀"}
+	rng := rand.New(rand.NewPCG(9, 10))
+	passes := 0
+	for iter := range 400 {
+		var b strings.Builder
+		for b.Len() < 20+rng.IntN(300) {
+			if rng.IntN(3) > 0 {
+				b.WriteString(pieces[rng.IntN(2)]) // mostly lowercase letters: long single pieces
+			} else {
+				b.WriteString(pieces[rng.IntN(len(pieces))])
+			}
+		}
+		text := b.String()
+		model := []string{"gpt-4o", "gpt-4"}[iter%2]
+		sh := splitter{text: text, enc: tokens.ForModel(model), size: 16, bound: 64, validTo: len(text)}
+		for range 4 {
+			s := rng.IntN(len(text))
+			for !utf8.RuneStart(text[s]) {
+				s--
+			}
+			for m := s; m <= len(text); m++ {
+				if m < len(text) && !utf8.RuneStart(text[m]) {
+					continue
+				}
+				require.Equal(t, sh.count(s, m), sh.countSeg(s, m), "%s: %q from %d to %d", model, text, s, m)
+				if sh.preAt == s+1 {
+					passes++
+				}
+			}
+		}
+	}
+	assert.Greater(t, passes, 10000, "the one-pass counts were seldom used")
 }
 
 // TestRunMemo: the memo holds at most memoSize entries, empties itself
