@@ -106,8 +106,9 @@ const boundFactor = 4
 // random hex digits (a letter next to a digit is a boundary: cutAt), 2.4×
 // on random digits (every third digit of a run is one: digitCut), and
 // 0.2–2.4× on repeated runs (one letter, a long word, digits, newlines);
-// in time (BenchmarkSplit1MiB, six runs on a shared 2-core VM) 2.1–3.5× on
-// prose and code, 1.8–2.8× on CJK. A run of letters without a space that
+// in time (BenchmarkSplit1MiB, three runs on a 2-core VM) 2.9–3.3× on
+// prose (a sentence end every 19 bytes), 2.2–2.9× on code, 1.8–1.9× on
+// CJK. A run of letters without a space that
 // does not repeat (random letters) has no boundary at all, and every
 // segment in it is cut by a search; there the text from the segment's
 // start is a single pre-token, whose prefixes are counted in one pass
