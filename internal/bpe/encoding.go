@@ -20,6 +20,9 @@ type Encoding struct {
 	// heapLong counts the bytes of pieces of backtrackPiece bytes or more
 	// merged with the heap while the backtracker is not built.
 	heapLong atomic.Int64
+	// prefixRefused counts the bytes Prefixes refused while the
+	// backtracker was not built (see prefixBudget).
+	prefixRefused atomic.Int64
 
 	cache *pieceCache
 }

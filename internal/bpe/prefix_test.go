@@ -89,20 +89,25 @@ func TestPrefixesOfRuns(t *testing.T) {
 }
 
 // While the backtracker's tables are not built, Prefixes refuses and
-// charges the piece to the budget for long pieces, so that a caller that
-// keeps asking builds them once the budget is spent, and not before.
+// charges the bytes asked about to its budget, so that a caller that
+// keeps asking builds them once the budget is spent, and not before; the
+// budget for long pieces is not touched.
 func TestPrefixesWaitForTheTables(t *testing.T) {
 	e := mustLoad("cl100k_base", false)
 	piece := strings.Repeat("xq", 100)
+	const n = 64 << 10 // charged per refusal
 	var p Prefixes
-	n := 0 // pieces refused
-	for !e.Prefixes(&p, piece, len(piece)) {
-		if n++; n*len(piece) > heapBudget {
-			t.Fatalf("still refused after %d pieces of %d bytes (budget %d)", n, len(piece), heapBudget)
+	refused := 0
+	for !e.Prefixes(&p, piece, n) {
+		if refused++; refused*n > prefixBudget {
+			t.Fatalf("still refused after %d bytes (budget %d)", refused*n, prefixBudget)
 		}
 	}
-	if (n+1)*len(piece) <= heapBudget || e.bt.Load() == nil {
-		t.Fatalf("started after %d pieces of %d bytes (budget %d), tables built %v", n, len(piece), heapBudget, e.bt.Load() != nil)
+	if (refused+1)*n <= prefixBudget || e.bt.Load() == nil {
+		t.Fatalf("started after %d bytes refused (budget %d), tables built %v", refused*n, prefixBudget, e.bt.Load() != nil)
+	}
+	if e.heapLong.Load() != 0 {
+		t.Fatalf("the long pieces' budget was charged %d", e.heapLong.Load())
 	}
 	if got, want := p.Count(len(piece)), e.countPiece(piece, new(scratch)); got != want {
 		t.Fatalf("count %d, want %d", got, want)
