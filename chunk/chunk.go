@@ -613,7 +613,13 @@ func units(sh *splitter, minB, maxB int) []unit {
 			lim := min(start+minB, sh.validTo)
 			q := p
 			for q < lim {
+				// An ASCII byte steps by one, which the CPU can run ahead
+				// of: q does not wait for the table to be read.
 				n := skipStep[text[q]]
+				if n == 1 {
+					q++
+					continue
+				}
 				if n == 0 {
 					break
 				}
