@@ -106,9 +106,9 @@ const boundFactor = 4
 // random hex digits (a letter next to a digit is a boundary: cutAt), 2.4×
 // on random digits (every third digit of a run is one: digitCut), and
 // 0.2–2.4× on repeated runs (one letter, a long word, digits, newlines);
-// in time (BenchmarkSplit1MiB, three runs on a 2-core VM) 2.9–3.3× on
-// prose (a sentence end every 19 bytes), 2.2–2.9× on code, 1.8–1.9× on
-// CJK. A run of letters without a space that
+// in time (BenchmarkSplit1MiB, medians of three runs on a 2-core VM)
+// 2.6× on prose (a sentence end every 19 bytes), 2.0× on code, 2.2× on
+// CJK, 2.8× on the digit pattern. A run of letters without a space that
 // does not repeat (random letters) has no boundary at all, and every
 // segment in it is cut by a search; there the text from the segment's
 // start is a single pre-token, whose prefixes are counted in one pass
