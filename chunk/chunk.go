@@ -113,7 +113,7 @@ const boundFactor = 4
 // segment in it is cut by a search; there the text from the segment's
 // start is a single pre-token, whose prefixes are counted in one pass
 // (tokens.Prefixes, see countSeg) instead of about nine merges from the
-// start: 6× a count in instructions, 2.0–2.7× in time (the count of such
+// start: 6× a count in instructions, 2.2–2.8× in time (the count of such
 // a run misses the CPU caches at every byte, the pass less often).
 func Split(text string, size int, model string) []string {
 	if text == "" {
