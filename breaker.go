@@ -78,14 +78,19 @@ type breaker struct {
 	// out is false while the breaker is closed, so the common case reads one
 	// atomic and takes no lock; otherwise the state is read under mu.
 	out atomic.Bool
+	// quiet is true while the breaker is closed with no failure counted:
+	// an attempt's success then changes nothing (unless the p99 is over
+	// its bound), and is recorded without the lock.
+	quiet atomic.Bool
 
-	// changes counts state changes, as gen does, for readers without mu
-	// (an attempt's latency is kept only if no change came during it).
+	// changes counts state changes: it is the generation of a ticket, and
+	// an outcome of an attempt let through before the last change is
+	// stale and dropped. It is written under mu and read without it (an
+	// attempt's latency is kept only if no change came during it).
 	changes atomic.Uint64
 
 	mu       sync.Mutex
 	state    BreakerState
-	gen      uint64 // bumped on every state change; stale outcomes are dropped
 	fails    int
 	until    time.Time     // end of the open period
 	cooldown time.Duration // the current open period
@@ -100,7 +105,11 @@ type ticket struct {
 
 func (b *breaker) init(name string, s *breakerSettings) {
 	b.name, b.s, b.cooldown = name, s, s.cooldown
+	b.quiet.Store(true)
 }
+
+// settleLocked updates quiet after a change of state or failure count.
+func (b *breaker) settleLocked() { b.quiet.Store(b.state == StateClosed && b.fails == 0) }
 
 // openUntil reports whether the breaker keeps the upstream out of the
 // candidate order at now, and until when. A half-open breaker whose probe is
@@ -130,9 +139,16 @@ func (b *breaker) openUntil(now time.Time) (time.Time, bool) {
 // not nil, is the request asking: a panic in the OnBreaker hook is its
 // (see emit).
 func (b *breaker) allow(now time.Time, forced bool, tr *trip) (ticket, bool) {
+	// Closed: let the attempt through without the lock. The generation is
+	// read first, so a change that comes before out is read makes its
+	// outcome stale (done drops it) rather than counted against the next
+	// state.
+	if g := b.changes.Load(); !b.out.Load() {
+		return ticket{gen: g}, true
+	}
 	b.mu.Lock()
 	var ev *BreakerEvent
-	tk := ticket{gen: b.gen}
+	tk := ticket{gen: b.changes.Load()}
 	ok := true
 	switch b.state {
 	case StateOpen:
@@ -148,8 +164,9 @@ func (b *breaker) allow(now time.Time, forced bool, tr *trip) (ticket, bool) {
 			break
 		}
 		b.probing = true
-		tk = ticket{gen: b.gen, probe: true}
+		tk = ticket{gen: b.changes.Load(), probe: true}
 	}
+	b.settleLocked()
 	b.mu.Unlock()
 	b.emit(ev, tr)
 	return tk, ok
@@ -163,12 +180,25 @@ func (b *breaker) allow(now time.Time, forced bool, tr *trip) (ticket, bool) {
 // open period when this outcome opened the breaker, zero otherwise. tr, when
 // not nil, is the request whose attempt it was (see emit).
 func (b *breaker) done(t ticket, o outcome, hint time.Duration, lat *latencyWindow, now time.Time, tr *trip) (opened time.Time) {
+	// The outcomes that change nothing, without the lock: a neutral one
+	// while closed, and a success while closed with no failure counted
+	// and the p99 within its bound (the locked path checks all of it
+	// again when the bound is passed).
+	if !t.probe && t.gen == b.changes.Load() && !b.out.Load() {
+		switch {
+		case o == outcomeNeutral:
+			return time.Time{}
+		case o == outcomeSuccess && b.quiet.Load() && !b.p99Over(lat):
+			return time.Time{}
+		}
+	}
 	hint = min(hint, b.s.maxCooldown) // an absurd hint does not bench an upstream for years
 	b.mu.Lock()
 	wasOpen := b.state == StateOpen
+	gen := b.changes.Load()
 	var ev *BreakerEvent
 	switch {
-	case t.probe && t.gen == b.gen && b.state == StateHalfOpen:
+	case t.probe && t.gen == gen && b.state == StateHalfOpen:
 		b.probing = false
 		switch o {
 		case outcomeSuccess:
@@ -178,14 +208,13 @@ func (b *breaker) done(t ticket, o outcome, hint time.Duration, lat *latencyWind
 			b.cooldown = min(2*b.cooldown, b.s.maxCooldown)
 			ev = b.openLocked("probe failed", max(b.cooldown, hint), lat, now)
 		}
-	case t.gen == b.gen && b.state == StateClosed:
+	case t.gen == gen && b.state == StateClosed:
 		switch o {
 		case outcomeSuccess:
 			b.fails = 0
-			if b.s.p99 > 0 && lat.count() >= b.s.minSamples {
-				if p := lat.p99(); p > b.s.p99 {
-					ev = b.openLocked(fmt.Sprintf("p99 %s over %s", p.Round(time.Millisecond), b.s.p99), b.cooldown, lat, now)
-				}
+			if b.p99Over(lat) {
+				p := lat.p99()
+				ev = b.openLocked(fmt.Sprintf("p99 %s over %s", p.Round(time.Millisecond), b.s.p99), b.cooldown, lat, now)
 			}
 		case outcomeFailure:
 			b.fails++
@@ -197,9 +226,16 @@ func (b *breaker) done(t ticket, o outcome, hint time.Duration, lat *latencyWind
 	if b.state == StateOpen && !wasOpen {
 		opened = b.until
 	}
+	b.settleLocked()
 	b.mu.Unlock()
 	b.emit(ev, tr)
 	return opened
+}
+
+// p99Over reports whether the latency window has enough samples and its
+// p99 is over the breaker's bound (never when there is no bound).
+func (b *breaker) p99Over(lat *latencyWindow) bool {
+	return b.s.p99 > 0 && lat.count() >= b.s.minSamples && lat.p99() > b.s.p99
 }
 
 // due reports whether the breaker is out of the closed state with its
@@ -221,6 +257,7 @@ func (b *breaker) reset() {
 		b.fails, b.probing, b.cooldown = 0, false, b.s.cooldown
 		ev = b.setLocked(StateClosed, "health probe succeeded")
 	}
+	b.settleLocked()
 	b.mu.Unlock()
 	b.emit(ev, nil) // Probe's caller gets a panic
 }
@@ -236,7 +273,6 @@ func (b *breaker) setLocked(to BreakerState, reason string) *BreakerEvent {
 	from := b.state
 	b.state = to
 	b.out.Store(to != StateClosed)
-	b.gen++
 	b.changes.Add(1)
 	if b.s.onChange == nil {
 		return nil

@@ -291,3 +291,86 @@ func TestCallerDeadlineDoesNotTripBreaker(t *testing.T) {
 	}
 	assert.Equal(t, StateClosed, r.ups[0].br.stateAt(r.s.clock.Now()), "the caller's own deadline is not the upstream's failure")
 }
+
+// A closed breaker lets attempts through and takes their successes without
+// its lock (quiet); a success after a failure, a failure, and a success
+// with the p99 over its bound still take the locked path: the failures
+// that are not consecutive never open it, the ones that are do, and a
+// success whose p99 passes the bound opens it at once.
+func TestBreakerQuietPath(t *testing.T) {
+	g := newBreakerRig(t, BreakerConfig{Failures: 2})
+	for range 5 { // fail, fail, succeed: never three in a row
+		g.call(outcomeFailure, time.Millisecond, 0)
+		assert.False(t, g.u.br.quiet.Load(), "a failure is counted")
+		g.call(outcomeFailure, time.Millisecond, 0)
+		g.call(outcomeSuccess, time.Millisecond, 0)
+		assert.True(t, g.u.br.quiet.Load(), "the success cleared the count")
+	}
+	g.call(outcomeNeutral, time.Millisecond, 0)
+	assert.Equal(t, StateClosed, g.u.br.stateAt(g.clock.Now()))
+	for range 3 {
+		g.call(outcomeFailure, time.Millisecond, 0)
+	}
+	assert.Equal(t, StateOpen, g.u.br.stateAt(g.clock.Now()))
+	assert.False(t, g.u.br.quiet.Load())
+
+	p := newBreakerRig(t, BreakerConfig{P99: 100 * time.Millisecond, MinSamples: 10})
+	for range 9 {
+		p.call(outcomeSuccess, time.Second, 0)
+	}
+	assert.Equal(t, StateClosed, p.u.br.stateAt(p.clock.Now()), "9 samples: below MinSamples")
+	p.call(outcomeSuccess, time.Second, 0)
+	assert.Equal(t, StateOpen, p.u.br.stateAt(p.clock.Now()), "a success whose p99 is over the bound opens it")
+}
+
+// Attempts let through and recorded from many goroutines at once, while
+// the breaker is opened again and again (and so probes and closes), leave
+// it consistent: quiet is exactly "closed with no failure counted", and
+// afterwards consecutive failures open it and a probe's success closes
+// it. Run with -race.
+func TestBreakerConcurrentOutcomes(t *testing.T) {
+	g := newBreakerRig(t, BreakerConfig{Failures: 3, Cooldown: time.Second})
+	b := &g.u.br
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				o := []outcome{outcomeSuccess, outcomeSuccess, outcomeNeutral, outcomeFailure}[(i+w)%4]
+				g.call(o, time.Millisecond, 0)
+			}
+		}()
+	}
+	for range 300 {
+		b.mu.Lock()
+		b.probing = false // a probe in flight is stale from here on
+		b.openLocked("test", time.Second, &g.u.lat, g.clock.Now())
+		b.settleLocked()
+		b.mu.Unlock()
+		g.clock.Advance(2 * time.Second) // its cooldown ends: the next attempt probes
+	}
+	close(stop)
+	wg.Wait()
+	require.GreaterOrEqual(t, b.changes.Load(), uint64(300))
+	b.mu.Lock()
+	assert.Equal(t, b.state == StateClosed && b.fails == 0, b.quiet.Load(), "quiet as the state says")
+	b.mu.Unlock()
+	g.clock.Advance(2 * time.Second)
+	g.call(outcomeSuccess, time.Millisecond, 0) // a probe if open: closes it
+	require.Equal(t, StateClosed, b.stateAt(g.clock.Now()))
+	for range 4 {
+		g.call(outcomeFailure, time.Millisecond, 0)
+	}
+	assert.Equal(t, StateOpen, b.stateAt(g.clock.Now()))
+	g.clock.Advance(2 * time.Second)
+	assert.True(t, g.call(outcomeSuccess, time.Millisecond, 0), "the probe")
+	assert.Equal(t, StateClosed, b.stateAt(g.clock.Now()))
+	assert.True(t, b.quiet.Load())
+}
