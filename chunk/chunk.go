@@ -564,8 +564,9 @@ func runeStartBefore(s string, m, lo, hi int) int {
 func units(sh *splitter, minB, maxB int) []unit {
 	text := sh.text
 	// Sentence ends make units shorter than minB: prose, code and JSON have
-	// one every 15 to 20 bytes.
-	units := make([]unit, 0, len(text)/16+1)
+	// one every 15 to 20 bytes. (Sized ahead up to 4 MiB of text; a longer
+	// one grows the slice.)
+	units := make([]unit, 0, min(len(text)/16, 1<<18)+1)
 	start := 0
 	prevCut := 0 // the cut of the last unit, -1 when it has none
 	// emit adds the unit that ends at end (a sentence end whose terminators
