@@ -114,7 +114,12 @@ const boundFactor = 4
 // start is a single pre-token, whose prefixes are counted in one pass
 // (tokens.Prefixes, see countSeg) instead of about nine merges from the
 // start: 6× a count in instructions, 2.2–2.8× in time (the count of such
-// a run misses the CPU caches at every byte, the pass less often).
+// a run misses the CPU caches at every byte, the pass less often). The
+// pass needs the counter's tables for long runs, built once per process
+// (100–300 ms, 10–20 MB): a process builds them for this only after its
+// searches have spent about that long without them, so a Split of a few
+// hundred KiB of such text may take that much longer once, and every
+// later one is faster (BenchmarkFirstSplit).
 func Split(text string, size int, model string) []string {
 	if text == "" {
 		return nil
