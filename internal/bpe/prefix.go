@@ -20,6 +20,7 @@ package bpe
 // Reset.
 type Prefixes struct {
 	bt   *backtracker
+	long int // the longest token's length: no walk reaches further
 	s    string
 	last []uint32 // last[m]: the last token of the encoding of s[:m], none32 while not found
 	cnt  []int32  // cnt[m]: the count of s[:m], once last[m] is found
@@ -38,7 +39,7 @@ func (e *Encoding) Prefixes(p *Prefixes, s string, n int) bool {
 	if e.bt.Load() == nil && e.prefixRefused.Add(int64(n)) <= prefixBudget {
 		return false
 	}
-	p.bt = e.backtracker()
+	p.bt, p.long = e.backtracker(), e.ranks.maxLen
 	p.s = s
 	p.done = 0
 	p.last = append(p.last[:0], none32) // s[:0]: the start
@@ -64,11 +65,9 @@ func (p *Prefixes) Count(m int) int {
 func (p *Prefixes) walk(q int) {
 	bt, s := p.bt, p.s
 	tr := &bt.trie
-	if reach := min(len(s), q+maxTokenLen); len(p.last) <= reach {
-		for len(p.last) <= reach {
-			p.last = append(p.last, none32)
-			p.cnt = append(p.cnt, 0)
-		}
+	for reach := min(len(s), q+p.long); len(p.last) <= reach; {
+		p.last = append(p.last, none32)
+		p.cnt = append(p.cnt, 0)
 	}
 	prev, c := p.last[q], p.cnt[q]+1
 	// The first two levels by table, then the trie's edges.
@@ -90,16 +89,13 @@ func (p *Prefixes) walk(q int) {
 
 // prefixBudget is how many bytes an encoding refuses to Prefixes before
 // it builds the backtracker's tables for it: a caller counting those
-// prefixes one by one instead (the splitter's searches, about 40 ns a
-// byte) spends about what building the tables takes (100 to 300 ms), so a
+// prefixes one by one instead (the splitter's searches, by an estimate
+// from their time and bytes about 40 ns a byte) spends about what
+// building the tables takes (100 to 300 ms), so a
 // caller that stops short of it never pays for them, and one that goes on
 // pays at most about twice what it would have with them built from the
 // start (ski rental). Long pieces have their own budget (heapBudget).
 const prefixBudget = 4 << 20
-
-// maxTokenLen bounds the length of a token of either encoding, in bytes:
-// the trie is never deeper.
-const maxTokenLen = 256
 
 // OnePiece reports whether the valid UTF-8 text s is a single pre-token,
 // which Count counts as one piece.
