@@ -2,6 +2,7 @@ package bpe
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"unsafe"
@@ -135,6 +136,46 @@ func BenchmarkCorpus(b *testing.B) {
 				for b.Loop() {
 					if _, err := codec.Count(c.text); err != nil {
 						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkCorpusFullCache counts the prose and Go source corpora as a
+// service that has run a while does: its piece cache full, every slot of
+// every set taken by pieces of other texts (4 MiB of random lowercase words
+// of 2 to 20 letters, counted first) that are never counted again. Each
+// corpus is then counted three times before timing, so that the rows read
+// how well a full cache makes room for the pieces now in use (relay, the
+// corpus's own warm row in BenchmarkCorpus, is the same count with a
+// cache that had room).
+func BenchmarkCorpusFullCache(b *testing.B) {
+	rng := rand.New(rand.NewPCG(21, 22))
+	var sb strings.Builder
+	for sb.Len() < 4<<20 {
+		sb.WriteByte(' ')
+		for range 2 + rng.IntN(19) {
+			sb.WriteByte(byte('a' + rng.IntN(26)))
+		}
+	}
+	filler := sb.String()
+	for _, c := range benchCorpora(b)[:2] {
+		for _, enc := range []struct {
+			name  string
+			o200k bool
+		}{{"o200k", true}, {"cl100k", false}} {
+			b.Run(c.name+"/"+enc.name, func(b *testing.B) {
+				e := mustLoad(enc.name+"_base", enc.o200k)
+				e.Count(filler)
+				want := e.Count(c.text)
+				e.Count(c.text)
+				e.Count(c.text)
+				b.SetBytes(int64(len(c.text)))
+				for b.Loop() {
+					if e.Count(c.text) != want {
+						b.Fatal("the count changed")
 					}
 				}
 			})

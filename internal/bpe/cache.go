@@ -26,7 +26,8 @@ import (
 // insert if another writer holds it), stores the key, then publishes a new
 // version with the count; a reader accepts a slot only if its meta word
 // was not busy and did not change while the key was read. A new pre-token
-// takes an empty slot of its set, or else replaces one chosen by its hash.
+// takes an empty slot of its set, or else replaces one chosen by its hash
+// and the set's versions (see put).
 type pieceCache struct {
 	tables [len(cacheGeometry)]cacheTable
 }
@@ -118,15 +119,27 @@ func match(sl []atomic.Uint64, l uint64, word func(int) uint64) (int, bool) {
 }
 
 // put stores count n for the key of length l and hash h, unless another
-// writer holds the slot it would take.
+// writer holds the slot it would take: an empty way of its set, or else
+// the way that the hash and the versions of the set's slots pick. Each
+// store moves a version on, so a key that finds its set full again takes
+// another way than last time: with the hash alone, two keys of a set that
+// it sends to the same way would evict each other every time while keys
+// never counted again held the other ways (a table that is full, as one
+// soon is in a service, would then behave as if it had one way a set).
+// TestCacheMakesRoomInFullSets.
 func (t *cacheTable) put(h, l uint64, word func(int) uint64, n int) {
 	set := t.set(h)
-	way := int(h>>(t.shift-2)) & (t.ways - 1)
+	way, turn := -1, h>>(t.shift-2)
 	for w := range t.ways {
-		if set[w*t.stride].Load()&0xff00 == 0 {
+		m := set[w*t.stride].Load()
+		if m&0xff00 == 0 {
 			way = w
 			break
 		}
+		turn += m >> 17
+	}
+	if way < 0 {
+		way = int(turn) & (t.ways - 1)
 	}
 	sl := set[way*t.stride:][:t.stride]
 	m := sl[0].Load()

@@ -1,6 +1,8 @@
 package bpe
 
 import (
+	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -119,5 +121,97 @@ func TestCacheReset(t *testing.T) {
 	}
 	if got := e.Count(text); got != want {
 		t.Fatalf("after reset: %d, before %d", got, want)
+	}
+}
+
+// holds reports whether table 0 of c holds the piece p (2 to 8 bytes),
+// without counting or storing it.
+func (c *pieceCache) holds(p string) bool {
+	var b [8]byte
+	copy(b[:], p)
+	w := binary.LittleEndian.Uint64(b[:])
+	h := mix(uint64(len(p))*hashMul2, w) * hashMul3
+	t := &c.tables[0]
+	set := t.set(h)
+	for way := 0; way+2 <= len(set); way += 2 {
+		if _, ok := match(set[way:way+2], uint64(len(p)), func(int) uint64 { return w }); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// A full cache makes room for the pieces counted now: after a table is
+// filled with pieces never counted again, a few hot pieces that fit in
+// their sets all end up held, however their hashes fall. A new piece that
+// finds its set full replaces a way picked by its hash and the versions of
+// the set's slots; picked by the hash alone, two hot pieces of a set that
+// pick the same way would evict each other on every pass while the stale
+// pieces of the other ways stayed (the hot set below has such a pair).
+func TestCacheMakesRoomInFullSets(t *testing.T) {
+	e := mustLoad("o200k_base", true)
+	small := cacheGeometry
+	small[0].setBits = 2 // 4 sets of 4 ways
+	e.cache = newPieceCache(small)
+	tb := &e.cache.tables[0]
+	where := func(p string) (set, way int) {
+		var b [8]byte
+		copy(b[:], p)
+		h := mix(uint64(len(p))*hashMul2, binary.LittleEndian.Uint64(b[:])) * hashMul3
+		return int(h >> tb.shift), int(h>>(tb.shift-2)) & (tb.ways - 1)
+	}
+	// Three hot pieces a set, with two of one set on the same way.
+	var hot []string
+	perSet := map[int][]string{}
+	pair := false
+	for n := 0; len(hot) < 12; n++ {
+		p := fmt.Sprintf("h%d", n)
+		s, w := where(p)
+		if len(perSet[s]) == 3 {
+			continue
+		}
+		clash := false
+		for _, q := range perSet[s] {
+			if _, qw := where(q); qw == w {
+				clash = true
+			}
+		}
+		if clash && pair {
+			continue // one clashing pair is enough
+		}
+		pair = pair || clash
+		perSet[s] = append(perSet[s], p)
+		hot = append(hot, p)
+	}
+	if !pair {
+		t.Fatal("no two hot pieces of a set on the same way")
+	}
+	var sc *scratch
+	for n := range 64 { // stale pieces fill every way
+		p := fmt.Sprintf("s%02d", n)
+		e.countCached(p, 0, len(p), &sc)
+	}
+	// The hot pieces, as a text counts them.
+	var text strings.Builder
+	for n := range 40 {
+		text.WriteString(hot[n%len(hot)])
+		text.WriteString(strings.Repeat(";", n%7+1))
+	}
+	s := text.String()
+	for range 20 {
+		for i := 0; i < len(s); {
+			j := i + strings.IndexByte(s[i:], ';')
+			e.countCached(s, i, j, &sc)
+			i = j + strings.IndexFunc(s[j:], func(r rune) bool { return r != ';' })
+			if i < j {
+				break
+			}
+		}
+	}
+	for _, p := range hot {
+		if !e.cache.holds(p) {
+			s, w := where(p)
+			t.Errorf("hot piece %q (set %d, way %d) not held after 20 passes", p, s, w)
+		}
 	}
 }
