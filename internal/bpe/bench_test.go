@@ -145,22 +145,14 @@ func BenchmarkCorpus(b *testing.B) {
 
 // BenchmarkCorpusFullCache counts the prose and Go source corpora as a
 // service that has run a while does: its piece cache full, every slot of
-// every set taken by pieces of other texts (4 MiB of random lowercase words
-// of 2 to 20 letters, counted first) that are never counted again. Each
+// every set taken by pieces of other texts (fullCacheFiller, counted
+// first) that are never counted again. Each
 // corpus is then counted three times before timing, so that the rows read
 // how well a full cache makes room for the pieces now in use (relay, the
 // corpus's own warm row in BenchmarkCorpus, is the same count with a
 // cache that had room).
 func BenchmarkCorpusFullCache(b *testing.B) {
-	rng := rand.New(rand.NewPCG(21, 22))
-	var sb strings.Builder
-	for sb.Len() < 4<<20 {
-		sb.WriteByte(' ')
-		for range 2 + rng.IntN(19) {
-			sb.WriteByte(byte('a' + rng.IntN(26)))
-		}
-	}
-	filler := sb.String()
+	filler := fullCacheFiller()
 	for _, c := range benchCorpora(b)[:2] {
 		for _, enc := range []struct {
 			name  string
@@ -181,6 +173,21 @@ func BenchmarkCorpusFullCache(b *testing.B) {
 			})
 		}
 	}
+}
+
+// fullCacheFiller is 4 MiB of random lowercase words of 2 to 20 letters:
+// counted first, its pieces fill every way of every set of the piece
+// cache's tables of keys up to 8 and 24 bytes.
+func fullCacheFiller() string {
+	rng := rand.New(rand.NewPCG(21, 22))
+	var sb strings.Builder
+	for sb.Len() < 4<<20 {
+		sb.WriteByte(' ')
+		for range 2 + rng.IntN(19) {
+			sb.WriteByte(byte('a' + rng.IntN(26)))
+		}
+	}
+	return sb.String()
 }
 
 // checkCorpusCount fails b unless e counts c exactly.
@@ -237,13 +244,23 @@ func promptTexts() [][]byte {
 // before while its words were: the piece cache warm, as in a router that
 // has run a while) with relay's counter and with tiktoken-go's, the
 // peer, in the same run: what counting costs the router per new request.
+//
+// relay-full is relay with its piece cache full first of other texts'
+// pieces (fullCacheFiller), as a service's soon is: the prompt's pieces
+// then sit in any way of their sets, and each lookup goes through more of
+// them.
 func BenchmarkPromptCount(b *testing.B) {
 	ref := reference(b, "o200k_base")
-	for _, name := range []string{"relay", "tiktoken-go"} {
+	for _, name := range []string{"relay", "relay-full", "tiktoken-go"} {
 		b.Run(name, func(b *testing.B) {
 			texts := promptTexts()
 			count := O200K().Count
-			if name == "tiktoken-go" {
+			switch name {
+			case "relay-full":
+				e := mustLoad("o200k_base", true)
+				e.Count(fullCacheFiller())
+				count = e.Count
+			case "tiktoken-go":
 				count = func(s string) int { return len(ref.EncodeOrdinary(s)) }
 			}
 			n := uint64(0)
