@@ -27,7 +27,9 @@ import (
 // version with the count; a reader accepts a slot only if its meta word
 // was not busy and did not change while the key was read. A new pre-token
 // takes an empty slot of its set, or else replaces one chosen by its hash
-// and the set's versions (see put).
+// and the set's versions (see put); a key found past the first way of its
+// set now and then trades places with the key there (see promote), so
+// that in a full table the keys in use are found at the first compare.
 type pieceCache struct {
 	tables [len(cacheGeometry)]cacheTable
 }
@@ -152,6 +154,44 @@ func (t *cacheTable) put(h, l uint64, word func(int) uint64, n int) {
 	sl[0].Store((m>>17+1)<<17 | l<<8 | uint64(n))
 }
 
+// promoteAt promotes the key found at word a of set, one hit in 16 picked
+// by the key's offset in its text (at). It is not inlined, so that the
+// lookups' path to a key in way 0 stays as short as without it.
+//
+//go:noinline
+func promoteAt(set []atomic.Uint64, a, stride, at int) {
+	if uint64(at)*0x9E3779B97F4A7C15>>60 == 0 {
+		promote(set, a, stride)
+	}
+}
+
+// promote swaps the slot at word a of set (a way past 0) with way 0, so
+// that a key in use is found at the first compare: in a full table keys
+// land in any way, and a lookup that goes past way 0 costs a
+// mispredicted branch or more. Both slots are claimed as put claims one,
+// and published with new versions, so a reader never takes a key of one
+// slot with the count of the other; when another writer holds either, the
+// swap is skipped.
+func promote(set []atomic.Uint64, a, stride int) {
+	x, y := set[:stride], set[a:a+stride]
+	mx := x[0].Load()
+	if mx&cacheBusy != 0 || !x[0].CompareAndSwap(mx, mx|cacheBusy) {
+		return
+	}
+	my := y[0].Load()
+	if my&cacheBusy != 0 || !y[0].CompareAndSwap(my, my|cacheBusy) {
+		x[0].Store((mx>>17+1)<<17 | mx&0xffff)
+		return
+	}
+	for k := 1; k < stride; k++ {
+		kx, ky := x[k].Load(), y[k].Load()
+		x[k].Store(ky)
+		y[k].Store(kx)
+	}
+	y[0].Store((my>>17+1)<<17 | mx&0xffff)
+	x[0].Store((mx>>17+1)<<17 | my&0xffff)
+}
+
 // countCached returns the count of the pre-token s[i:j] of 2 to cacheKeyMax
 // bytes, from the cache or computed and cached.
 func (e *Encoding) countCached(s string, i, j int, scp **scratch) int {
@@ -185,6 +225,9 @@ func (e *Encoding) countCached1(s string, i, j int) int {
 	for way := 0; way+2 <= len(set); way += 2 {
 		m := set[way].Load()
 		if m&(cacheBusy|0xff00) == uint64(l)<<8 && set[way+1].Load() == w && set[way].Load() == m {
+			if way > 0 {
+				promoteAt(set, way, 2, i)
+			}
 			return int(m & 0xff)
 		}
 	}
@@ -206,6 +249,9 @@ func (e *Encoding) countCached3(s string, i, j int) int {
 		m := set[way].Load()
 		if m&(cacheBusy|0xff00) == uint64(l)<<8 && set[way+1].Load() == w0 &&
 			set[way+2].Load() == w1 && set[way+3].Load() == w2 && set[way].Load() == m {
+			if way > 0 {
+				promoteAt(set, way, 4, i)
+			}
 			return int(m & 0xff)
 		}
 	}

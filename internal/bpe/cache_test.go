@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 func TestCacheGeometry(t *testing.T) {
@@ -213,5 +215,46 @@ func TestCacheMakesRoomInFullSets(t *testing.T) {
 			s, w := where(p)
 			t.Errorf("hot piece %q (set %d, way %d) not held after 20 passes", p, s, w)
 		}
+	}
+}
+
+// wayOf returns the way of table 0 that holds the piece p, or -1.
+func (c *pieceCache) wayOf(p string) int {
+	var b [8]byte
+	copy(b[:], p)
+	w := binary.LittleEndian.Uint64(b[:])
+	h := mix(uint64(len(p))*hashMul2, w) * hashMul3
+	set := c.tables[0].set(h)
+	for way := 0; way+2 <= len(set); way += 2 {
+		if _, ok := match(set[way:way+2], uint64(len(p)), func(int) uint64 { return w }); ok {
+			return way / 2
+		}
+	}
+	return -1
+}
+
+// A piece found past way 0 of its set, again and again, moves to way 0,
+// where a lookup finds it at the first compare; the piece it displaces
+// stays in the set, and every count stays exact.
+func TestCachePromotesHitsToWayZero(t *testing.T) {
+	e := mustLoad("o200k_base", true)
+	one := cacheGeometry
+	one[0].setBits = 0 // one set of 4 ways
+	e.cache = newPieceCache(one)
+	var sc *scratch
+	pieces := []string{"ab", "cd", "ef", "gh"}
+	for _, p := range pieces { // they take ways 0 to 3 in turn
+		e.countCached(p, 0, len(p), &sc)
+	}
+	require.Equal(t, 3, e.cache.wayOf("gh"))
+	want := e.countPiece("gh", nil)
+	text := strings.Repeat("gh", 64)
+	for i := 0; i < len(text); i += 2 { // found at 64 offsets
+		require.Equal(t, want, e.countCached(text, i, i+2, &sc))
+	}
+	require.Equal(t, 0, e.cache.wayOf("gh"))
+	for _, p := range pieces {
+		require.GreaterOrEqual(t, e.cache.wayOf(p), 0, "%q left the set", p)
+		require.Equal(t, e.countPiece(p, nil), e.countCached(p, 0, len(p), &sc))
 	}
 }
