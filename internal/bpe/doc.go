@@ -53,7 +53,7 @@
 // Pre-tokens that start with an ASCII byte are split by fast paths (a byte
 // class table, letter runs eight bytes at a time). The count of every
 // pre-token of 2 to 120 bytes is kept in a bounded, lock-free piece cache
-// (pieceCache: 1,792 KiB per encoding, fixed at load), so words, code
+// (pieceCache: 2,304 KiB per encoding, fixed at load), so words, code
 // identifiers and clauses that repeat cost one hash and one table access.
 // The cache stores whole keys: a hit is never another pre-token's count.
 // Pre-tokens seen for the first time are merged with the ranks of byte
