@@ -101,6 +101,9 @@ func keyWord(b []byte, n, l int) uint64 {
 	return binary.LittleEndian.Uint64(b[8*n:]) & (^uint64(0) >> (64 - 8*min(max(l-8*n, 0), 8)))
 }
 
+// hash1 is the hash of a key of one word w, of length l, in table 0.
+func hash1(l int, w uint64) uint64 { return mix(uint64(l)*hashMul2, w) * hashMul3 }
+
 func mix(h, w uint64) uint64 {
 	h = (h ^ w) * hashMul1
 	return h ^ h>>29
@@ -223,7 +226,7 @@ func (e *Encoding) countCached1(s string, i, j int) int {
 		w = binary.LittleEndian.Uint64(buf[:])
 	}
 	w &= ^uint64(0) >> ((64 - 8*uint(l)) & 63) // l is 2 to 8
-	h := mix(uint64(l)*hashMul2, w) * hashMul3
+	h := hash1(l, w)
 	t := &e.cache.tables[0]
 	set := t.set(h)
 	for way := 0; way+2 <= len(set); way += 2 {

@@ -126,21 +126,26 @@ func TestCacheReset(t *testing.T) {
 	}
 }
 
-// holds reports whether table 0 of c holds the piece p (2 to 8 bytes),
-// without counting or storing it.
-func (c *pieceCache) holds(p string) bool {
+// key1 returns the key word and hash of the piece p (2 to 8 bytes) in
+// table 0, as countCached1 takes them.
+func key1(p string) (w, h uint64) {
 	var b [8]byte
 	copy(b[:], p)
-	w := binary.LittleEndian.Uint64(b[:])
-	h := mix(uint64(len(p))*hashMul2, w) * hashMul3
-	t := &c.tables[0]
-	set := t.set(h)
+	w = binary.LittleEndian.Uint64(b[:])
+	return w, hash1(len(p), w)
+}
+
+// wayOf returns the way of table 0 that holds the piece p (2 to 8 bytes),
+// or -1, without counting or storing it.
+func (c *pieceCache) wayOf(p string) int {
+	w, h := key1(p)
+	set := c.tables[0].set(h)
 	for way := 0; way+2 <= len(set); way += 2 {
 		if _, ok := match(set[way:way+2], uint64(len(p)), func(int) uint64 { return w }); ok {
-			return true
+			return way / 2
 		}
 	}
-	return false
+	return -1
 }
 
 // A full cache makes room for the pieces counted now: after a table is
@@ -156,10 +161,8 @@ func TestCacheMakesRoomInFullSets(t *testing.T) {
 	small[0].setBits = 2 // 4 sets of 4 ways
 	e.cache = newPieceCache(small)
 	tb := &e.cache.tables[0]
-	where := func(p string) (set, way int) {
-		var b [8]byte
-		copy(b[:], p)
-		h := mix(uint64(len(p))*hashMul2, binary.LittleEndian.Uint64(b[:])) * hashMul3
+	where := func(p string) (set, way int) { // as the hash alone picks them
+		_, h := key1(p)
 		return int(h >> tb.shift), int(h>>(tb.shift-2)) & (tb.ways - 1)
 	}
 	// Three hot pieces a set, with two of one set on the same way.
@@ -211,26 +214,11 @@ func TestCacheMakesRoomInFullSets(t *testing.T) {
 		}
 	}
 	for _, p := range hot {
-		if !e.cache.holds(p) {
+		if e.cache.wayOf(p) < 0 {
 			s, w := where(p)
 			t.Errorf("hot piece %q (set %d, way %d) not held after 20 passes", p, s, w)
 		}
 	}
-}
-
-// wayOf returns the way of table 0 that holds the piece p, or -1.
-func (c *pieceCache) wayOf(p string) int {
-	var b [8]byte
-	copy(b[:], p)
-	w := binary.LittleEndian.Uint64(b[:])
-	h := mix(uint64(len(p))*hashMul2, w) * hashMul3
-	set := c.tables[0].set(h)
-	for way := 0; way+2 <= len(set); way += 2 {
-		if _, ok := match(set[way:way+2], uint64(len(p)), func(int) uint64 { return w }); ok {
-			return way / 2
-		}
-	}
-	return -1
 }
 
 // A piece found past way 0 of its set, again and again, moves to way 0,
