@@ -418,10 +418,12 @@ func (t *trip) costParts(rep Report) []costPart {
 	for _, l := range t.losers {
 		c := t.listCost(l) * l.factor * perUSD
 		win -= c
-		parts = append(parts, costPart{model: l.model, upstream: l.upstream, cost: c})
+		_, priced := lookupPrice(t.r.s.prices, l.model)
+		parts = append(parts, costPart{model: l.model, upstream: l.upstream, cost: c, unpriced: !priced, usage: l.u, factor: l.factor})
 	}
 	if up := t.att.cand.up; up != nil {
-		parts = append(parts, costPart{model: t.att.cand.model, upstream: up.cfg.Name, cost: max(win, 0)})
+		parts = append(parts, costPart{model: t.att.cand.model, upstream: up.cfg.Name, cost: max(win, 0),
+			unpriced: !rep.Priced, usage: rep.Usage, factor: t.att.factor()})
 	}
 	return parts
 }
