@@ -1014,3 +1014,25 @@ func budgetCovers(b Budget, ups []Upstream, model string) (covers bool) {
 type idleLoad struct{}
 
 func (idleLoad) Busy(string) bool { return false }
+
+// unsendable returns err, the Base's error for a request with header h, as
+// ErrInvalidHeader when h holds a header HTTP cannot carry: the Base
+// refused the request before sending it, and would refuse it again.
+func unsendable(h http.Header, err error) error {
+	for k, vs := range h {
+		if e := headerProblem(k, vs); e != "" {
+			return &invalidHeaderError{problem: e, err: err}
+		}
+	}
+	return err
+}
+
+// invalidHeaderError is ErrInvalidHeader for one header, wrapping the
+// Base's error; its text names the header, never its value.
+type invalidHeaderError struct {
+	problem string
+	err     error
+}
+
+func (e *invalidHeaderError) Error() string   { return "relay: request " + e.problem }
+func (e *invalidHeaderError) Unwrap() []error { return []error{ErrInvalidHeader, e.err} }

@@ -47,6 +47,13 @@ var (
 	ErrUpstreamStatus = errors.New("relay: upstream answered with an error status")
 )
 
+// ErrInvalidHeader: the outgoing request carries a header HTTP cannot
+// send (a name that is not a token, a value with CR, LF, NUL or another
+// control character), so the Base refused it; the header is the caller's,
+// since New refuses such headers and keys in the configuration. The
+// request cannot succeed anywhere: DefaultShouldRetry does not retry it.
+var ErrInvalidHeader = errors.New("relay: request header cannot be sent over HTTP")
+
 // Error describes a failed request. It wraps the cause (a sentinel above, a
 // context error or a transport error).
 type Error struct {

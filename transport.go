@@ -473,6 +473,9 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 	}
 	a.resp, a.err = r.s.base.RoundTrip(out)
 	a.err = r.s.secrets.redactErr(a.err) // (a *url.Error names the upstream URL, key and all)
+	if a.err != nil {
+		a.err = unsendable(out.Header, a.err)
+	}
 	if a.err == nil && a.resp == nil {
 		a.err = errors.New("relay: Base returned no response and no error")
 	}

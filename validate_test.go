@@ -257,3 +257,31 @@ func TestBudgetUnpricedModel(t *testing.T) {
 	require.NoError(t, send(r))
 	assert.Zero(t, r.Spend()[0].Spent)
 }
+
+// TestUnsendableHeaderNotRetried: a caller's header that HTTP cannot carry
+// (a key read with its newline) fails at once, as ErrInvalidHeader, without
+// the retries and backoffs of an error that can never succeed.
+func TestUnsendableHeaderNotRetried(t *testing.T) {
+	srv := relaytest.NewServer()
+	defer srv.Close()
+	clock := newAutoClock()
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	r, reps := newTestRouter(t, Config{Base: base, Clock: clock, Upstreams: []Upstream{
+		{Name: "a", BaseURL: srv.URL}, {Name: "b", BaseURL: srv.URL},
+	}})
+	req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "hi")))
+	req.Header["Authorization"] = []string{"Bearer sk-live-CALLERKEY-42\n"}
+	resp, err := r.RoundTrip(req)
+	if err == nil {
+		resp.Body.Close()
+	}
+	require.ErrorIs(t, err, ErrInvalidHeader)
+	assert.Contains(t, err.Error(), `"Authorization"`)
+	assert.NotContains(t, err.Error(), "CALLERKEY")
+	assert.Empty(t, clock.Waits(), "no backoff")
+	require.Len(t, reps.all(), 1)
+	assert.Equal(t, 1, reps.all()[0].Attempts)
+	assert.Zero(t, srv.Calls())
+	assert.False(t, DefaultShouldRetry(nil, err))
+}
