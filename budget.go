@@ -37,10 +37,12 @@ var ErrBudgetExceeded = errors.New("relay: budget exceeded")
 // A request to a model without a price (none in Config.Prices) is
 // reserved and charged at UnpricedPrice; with UnpricedPrice nil, the budget
 // refuses it (ErrBudgetExceeded), since it could not count its spend. New
-// refuses a budget that covers a model the configuration names (an
-// upstream's Models, a ClusterPolicy's, a Downgrade, ContextFallbacks)
-// without a price while UnpricedPrice is nil, and so it does with an empty
-// non-nil Prices.
+// refuses a budget with UnpricedPrice nil that covers a model the
+// configuration names (an upstream's Models, a ClusterPolicy's, a
+// Downgrade, ContextFallbacks) without a price, and any such budget when
+// Prices is empty but not nil. To tell which of those models a budget
+// covers, New calls its Scope with a request for the model that carries
+// no header, once per upstream serving it (a Scope that panics covers it).
 type Budget struct {
 	// Name identifies the budget in errors, reports and Spend; unique.
 	Name string

@@ -41,4 +41,9 @@
 //
 // A Fleet is a set of named Servers, for tests of routing over several
 // upstreams.
+//
+// Clock is a fake clock to hand to a relay.Router as Config.Clock: the
+// router's limits, breakers, backoffs and hedges then follow Clock.Advance
+// instead of the wall clock, so a test of a policy or a limit runs at once
+// and gives the same result on any machine (see ExampleClock).
 package relaytest
