@@ -14,7 +14,11 @@ import (
 // error), with a message prefixed "relay: ". No error ever contains an API
 // key.
 var (
-	// ErrNoUpstream: no configured upstream serves the requested model.
+	// ErrNoUpstream: no configured upstream serves the requested model, or
+	// the model a Policy routed the request to in its place (the request
+	// is then refused, not sent to a fallback). An upstream with empty
+	// Models serves every model: with one configured, no model's name is
+	// refused so.
 	ErrNoUpstream = errors.New("relay: no upstream serves the model")
 	// ErrBodyTooLarge: the request body exceeds Config.MaxBodyBytes; no
 	// upstream was called.
