@@ -34,7 +34,15 @@ var ErrBudgetExceeded = errors.New("relay: budget exceeded")
 // Limit while every request costs at most its reservation, and exceeds it
 // by at most the excess of those that cost more.
 //
-// Models without a price reserve and spend nothing.
+// A request to a model without a price (none in Config.Prices) is
+// reserved and charged at UnpricedPrice; with UnpricedPrice nil, the budget
+// refuses it (ErrBudgetExceeded), since it could not count its spend. New
+// refuses a budget with UnpricedPrice nil that covers a model the
+// configuration names (an upstream's Models, a ClusterPolicy's, a
+// Downgrade, ContextFallbacks) without a price, and any such budget when
+// Prices is empty but not nil. To tell which of those models a budget
+// covers, New calls its Scope with a request for the model that carries
+// no header, once per upstream serving it (a Scope that panics covers it).
 type Budget struct {
 	// Name identifies the budget in errors, reports and Spend; unique.
 	Name string
@@ -51,6 +59,11 @@ type Budget struct {
 	// reservation does not fit: a cheaper route before a refusal. If that
 	// does not fit either, the request is refused.
 	Downgrade string
+	// UnpricedPrice is the price the budget reserves and charges a request
+	// to a model without a price at (Report.CostUSD stays 0: it is not the
+	// model's price). &Price{} lets such requests through uncounted. If
+	// nil, the budget refuses them.
+	UnpricedPrice *Price
 	// HoldFor bounds how long a reservation holds when its request never
 	// settles it (its replica died, or a shared ledger applied a Reserve
 	// it answered too late): a Ledger stops counting it after that. A
@@ -435,6 +448,7 @@ type reservations struct {
 	list      []held
 	buf       [4]held
 	refused   *budgetSettings
+	unpriced  string // the model without a price the refusing budget could not count, if that was why
 	seenKeys  bool
 	downgrade bool // the request was moved to a budget's Downgrade model
 }
@@ -460,15 +474,16 @@ func (t *trip) reserve(ctx context.Context, c *candidate, now time.Time) bool {
 	if res.list == nil {
 		res.list = res.buf[:0]
 	}
-	need := int64(-1)
 	for i := range bs {
 		b := &bs[i]
 		key, covers := t.scope(b, c.model, c.up.cfg.Name)
 		if !covers {
 			continue
 		}
-		if need < 0 {
-			need = t.worstCase(c)
+		need, ok := t.worstCase(b, c)
+		if !ok {
+			res.refused, res.unpriced = b, c.model // it could not count the request's spend
+			return false
 		}
 		k := BudgetKey{Budget: b.Name, Key: key, Window: b.windowEnd(now)}
 		h := res.find(k)
@@ -498,7 +513,7 @@ func (t *trip) reserve(ctx context.Context, c *candidate, now time.Time) bool {
 			if isNew && !h.uncertain {
 				res.list = res.list[:len(res.list)-1] // nothing held, nothing to settle
 			}
-			res.refused = b
+			res.refused, res.unpriced = b, ""
 			return false
 		}
 	}
@@ -523,13 +538,10 @@ func (t *trip) dropHolds(ctx context.Context, n0 int, c *candidate) {
 		return
 	}
 	keep := res.list[:n0]
-	need := int64(-1)
 	for _, h := range res.list[n0:] {
 		if c != nil {
 			if key, covers := t.scope(h.b, c.model, c.up.cfg.Name); covers && key == h.k.Key {
-				if need < 0 {
-					need = t.worstCase(c)
-				}
+				need, _ := t.worstCase(h.b, c) // (c was admitted: its budgets can count it)
 				if h.amount() > need && (h.local == 0 || h.shared == 0) && !h.uncertain {
 					// Reserving less always fits; a ledger that does not
 					// answer keeps the larger hold, which the settlement ends.
@@ -560,17 +572,31 @@ func (res *reservations) find(k BudgetKey) *held {
 	return nil
 }
 
-// worstCase is the reservation of c: the prompt at the input price plus
-// the max output at the output price, after c's upstream's price factor, in
-// nano-units of the billing currency.
-func (t *trip) worstCase(c *candidate) int64 {
-	p, ok := lookupPrice(t.r.s.prices, c.model)
+// worstCase is the reservation of c in b: the prompt at the input price
+// plus the max output at the output price (b's UnpricedPrice for a model
+// without a price), after c's upstream's price factor, in nano-units of the
+// billing currency. ok is false when the model has no price and b has no
+// UnpricedPrice.
+func (t *trip) worstCase(b *budgetSettings, c *candidate) (need int64, ok bool) {
+	p, ok := b.price(t.r.s.prices, c.model)
 	if !ok {
-		return 0
+		return 0, false
 	}
 	out := t.tokens - t.c.req.PromptTokens
 	usd := (float64(t.c.req.PromptTokens)*p.InputPerMTok + float64(out)*p.OutputPerMTok) / 1e6
-	return nanos(usd * c.up.factor * t.r.s.currency.PerUSD)
+	return nanos(usd * c.up.factor * t.r.s.currency.PerUSD), true
+}
+
+// price is the price b counts model's requests at: the model's own, else
+// b's UnpricedPrice; ok is false when there is neither.
+func (b *budgetSettings) price(prices map[string]Price, model string) (p Price, ok bool) {
+	if p, ok := lookupPrice(prices, model); ok {
+		return p, true
+	}
+	if b.UnpricedPrice == nil {
+		return Price{}, false
+	}
+	return *b.UnpricedPrice, true
 }
 
 // settle replaces the trip's reservations by what it cost: cost (in the
@@ -582,12 +608,12 @@ func (t *trip) settle(parts []costPart) (spends []SpendEvent, late *hookPanic) {
 	var loose []held    // ledgers a part goes to that the trip holds nothing in,
 	var looseCh []int64 // and what they are charged
 	for _, p := range parts {
-		spent := nanos(p.cost)
-		if spent <= 0 {
-			continue
-		}
 		for bi := range t.r.s.budgets {
 			b := &t.r.s.budgets[bi]
+			spent := p.spent(b, t.r.s.currency.PerUSD)
+			if spent <= 0 {
+				continue
+			}
 			key, covers := t.settleScope(b, p.model, p.upstream, &late)
 			if !covers {
 				continue
@@ -632,6 +658,19 @@ func (t *trip) settleScope(b *budgetSettings, model, upstream string, late **hoo
 type costPart struct {
 	model, upstream string
 	cost            float64
+	// For a model without a price (cost 0), what a budget's
+	// UnpricedPrice charges: the usage, and the upstream's price factor.
+	unpriced bool
+	usage    Usage
+	factor   float64
+}
+
+// spent is what p charges b, in nano-units of the billing currency.
+func (p *costPart) spent(b *budgetSettings, perUSD float64) int64 {
+	if !p.unpriced || b.UnpricedPrice == nil {
+		return nanos(p.cost)
+	}
+	return nanos(b.UnpricedPrice.Cost(p.usage) * p.factor * perUSD)
 }
 
 // settleCharge ends h and charges it spent, and appends the event for
@@ -664,7 +703,11 @@ func (t *trip) downgrade(cands *[]candidate) bool {
 
 // budgetError is the error of a request a budget refused.
 func (t *trip) budgetError(model string) error {
-	return &Error{Op: "admit", Budget: t.res.refused.Name, Model: model, Err: ErrBudgetExceeded}
+	err := ErrBudgetExceeded
+	if m := t.res.unpriced; m != "" {
+		err = fmt.Errorf("%w: model %q has no price (Config.Prices) and the budget has no UnpricedPrice", ErrBudgetExceeded, m)
+	}
+	return &Error{Op: "admit", Budget: t.res.refused.Name, Model: model, Err: err}
 }
 
 // Budgets is a policy's view of the budgets covering a request (for the

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/tokenrelay/relay/internal/prompt"
 )
 
 // Config configures a Router. New copies it and checks every field;
@@ -503,10 +505,9 @@ func resolve(c Config) (settings, error) {
 		s.prices = DefaultPrices()
 	}
 	s.buckets.Mid, s.buckets.Long = orDefault(c.Buckets.Mid, 200), orDefault(c.Buckets.Long, 900)
-	switch {
-	case s.buckets.Mid < 0 || s.buckets.Long < 0:
-		bad("Buckets (Mid %d, Long %d) must not be negative", c.Buckets.Mid, c.Buckets.Long)
-	case s.buckets.Long < s.buckets.Mid:
+	notNegative(bad, "Buckets.Mid", c.Buckets.Mid)
+	notNegative(bad, "Buckets.Long", c.Buckets.Long)
+	if s.buckets.Mid >= 0 && s.buckets.Long >= 0 && s.buckets.Long < s.buckets.Mid {
 		bad("Buckets.Long (%d) is below Buckets.Mid (%d)", s.buckets.Long, s.buckets.Mid)
 	}
 	if s.maxBody < 0 {
@@ -548,6 +549,8 @@ func resolve(c Config) (settings, error) {
 		bad("Currency.PerUSD %g must be a finite positive number", c.Currency.PerUSD)
 	}
 	resolveShared(&s, c, bad)
+	checkModelNames(c, bad)
+	checkBudgetPrices(c, s.prices, bad)
 	s.secrets = newSecrets(c.Upstreams)
 	return s, errors.Join(errs...)
 }
@@ -658,6 +661,8 @@ func resolveUpstream(c Upstream) (upstreamSettings, error) {
 	base, err := url.Parse(c.BaseURL)
 	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
 		errs = append(errs, fmt.Sprintf("BaseURL %q must be an absolute http(s) URL", redactURL(c.BaseURL)))
+	} else if e := endpointInBaseURL(base); e != "" {
+		errs = append(errs, e)
 	}
 	if len(c.KeyPrefixes) > 0 {
 		switch {
@@ -674,9 +679,7 @@ func resolveUpstream(c Upstream) (upstreamSettings, error) {
 	if !(c.PriceFactor >= 0) || math.IsInf(c.PriceFactor, 1) {
 		errs = append(errs, fmt.Sprintf("PriceFactor %g is negative or not finite", c.PriceFactor))
 	}
-	if c.RPM < 0 || c.TPM < 0 || c.MaxInFlight < 0 || !(c.Weight >= 0) || math.IsInf(c.Weight, 1) {
-		errs = append(errs, fmt.Sprintf("RPM %d, TPM %d, MaxInFlight %d and Weight %g must not be negative (nor Weight infinite)", c.RPM, c.TPM, c.MaxInFlight, c.Weight))
-	}
+	errs = append(errs, upstreamProblems(c)...)
 	tags, tagErrs := resolveTags(c.BodyTags)
 	errs = append(errs, tagErrs...)
 	if len(c.BodyTags) > maxBodyTags {
@@ -750,3 +753,286 @@ func offOr[T int | float64 | time.Duration](v, def T) T {
 	}
 	return orDefault(v, def)
 }
+
+// endpointInBaseURL explains a BaseURL that ends in an endpoint's path
+// ("…/v1/chat/completions" would be sent to
+// "…/v1/chat/completions/chat/completions"); "" when it does not.
+func endpointInBaseURL(base *url.URL) string {
+	ep := prompt.Endpoint(base.Path)
+	if ep == "" {
+		return ""
+	}
+	root := *base
+	root.Path = strings.TrimSuffix(strings.TrimSuffix(base.Path, "/"), "/"+ep)
+	root.RawPath = ""
+	return fmt.Sprintf("BaseURL %q ends in the endpoint %q: give the API root (%q); the router appends the endpoint",
+		redactURL(base.String()), "/"+ep, redactURL(root.String()))
+}
+
+// upstreamProblems lists what is wrong with an upstream's numbers, key
+// and headers, naming each field and bad value (never a key or a header
+// value, which may be secrets).
+func upstreamProblems(c Upstream) []string {
+	var errs []string
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"RPM", c.RPM}, {"TPM", c.TPM}, {"MaxInFlight", c.MaxInFlight}} {
+		if f.v < 0 {
+			errs = append(errs, fmt.Sprintf("%s %d is negative", f.name, f.v))
+		}
+	}
+	if !(c.Weight >= 0) || math.IsInf(c.Weight, 1) {
+		errs = append(errs, fmt.Sprintf("Weight %g is negative or not finite", c.Weight))
+	}
+	if e := apiKeyProblem(c.APIKey); e != "" {
+		errs = append(errs, e)
+	}
+	for _, k := range slices.Sorted(maps.Keys(c.Header)) {
+		if e := headerProblem(k, c.Header[k]); e != "" {
+			errs = append(errs, e)
+		}
+	}
+	return errs
+}
+
+// apiKeyProblem explains an APIKey that no request can carry as it is
+// meant to, or "" when it is fine: the router sends "Bearer " + APIKey, so
+// a key that starts with "Bearer " would be sent as "Bearer Bearer …", and
+// white space or a control character (a newline left by a file or an
+// environment variable) makes every request fail. The key itself is never
+// named.
+func apiKeyProblem(key string) string {
+	switch {
+	case key == "":
+		return ""
+	case len(key) >= len("bearer ") && strings.EqualFold(key[:len("bearer ")], "bearer "):
+		return `APIKey starts with "Bearer ": give the key alone; the router adds "Bearer "`
+	case strings.TrimSpace(key) != key:
+		return "APIKey has leading or trailing white space (a newline read with the key?)"
+	case strings.ContainsFunc(key, func(r rune) bool { return r <= ' ' || r == 0x7f }):
+		return "APIKey contains white space or a control character"
+	}
+	return ""
+}
+
+// headerProblem explains an Upstream.Header entry that HTTP cannot carry:
+// a name that is not a token, or a value with a control character (CR, LF,
+// NUL...). The value is never named: it may be a key.
+func headerProblem(name string, values []string) string {
+	if !validHeaderName(name) {
+		return fmt.Sprintf("Header name %q is not a valid HTTP header name", name)
+	}
+	for _, v := range values {
+		if !validHeaderValue(v) {
+			return fmt.Sprintf("Header %q has a value with a control character (CR, LF, NUL...)", name)
+		}
+	}
+	return ""
+}
+
+// validHeaderName reports whether name is an HTTP token (RFC 9110), as
+// net/http requires of a header name.
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// validHeaderValue reports whether v can be sent as a header value: no
+// control character but horizontal tab (net/http refuses the others).
+func validHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// namedModel is a model name the configuration gives, and the field that
+// gives it.
+type namedModel struct{ field, model string }
+
+// namedModels lists the models the configuration routes to besides the
+// requested ones: a ClusterPolicy's, the budgets' Downgrade models and
+// ContextFallbacks.
+func namedModels(c Config) []namedModel {
+	var out []namedModel
+	add := func(field, model string) {
+		if model != "" {
+			out = append(out, namedModel{field, model})
+		}
+	}
+	var p *ClusterPolicy
+	switch v := c.Policy.(type) {
+	case ClusterPolicy:
+		p = &v
+	case *ClusterPolicy:
+		p = v
+	}
+	if p != nil {
+		add("Policy (ClusterPolicy).Fast", p.Fast)
+		add("Policy (ClusterPolicy).Cheap", p.Cheap)
+		for i, m := range p.Fallbacks {
+			add(fmt.Sprintf("Policy (ClusterPolicy).Fallbacks[%d]", i), m)
+		}
+	}
+	for i, b := range c.Budgets {
+		add(fmt.Sprintf("Budgets[%d] (%q).Downgrade", i, b.Name), b.Downgrade)
+	}
+	for i, m := range c.ContextFallbacks {
+		add(fmt.Sprintf("ContextFallbacks[%d]", i), m)
+	}
+	return out
+}
+
+// servedModels is the set of models the upstreams list, or nil when one
+// of them lists none (it serves every model).
+func servedModels(ups []Upstream) map[string]bool {
+	served := map[string]bool{}
+	for _, u := range ups {
+		if len(u.Models) == 0 {
+			return nil
+		}
+		for _, m := range u.Models {
+			served[m] = true
+		}
+	}
+	return served
+}
+
+// checkModelNames refuses a model the configuration routes to that no
+// upstream serves, when every upstream lists its Models (a typo would
+// otherwise route to nothing, and a ClusterPolicy would quietly fall back
+// to the requested model).
+func checkModelNames(c Config, bad func(string, ...any)) {
+	served := servedModels(c.Upstreams)
+	if len(c.Upstreams) == 0 || served == nil {
+		return
+	}
+	for _, n := range namedModels(c) {
+		if !served[n.model] {
+			bad("%s %q is served by no upstream (none lists it in Models; an upstream with no Models would serve every model)", n.field, n.model)
+		}
+	}
+}
+
+// checkBudgetPrices refuses a budget that would let spend through
+// uncounted: one without an UnpricedPrice that covers a model the
+// configuration names (an upstream's Models, namedModels) without a
+// price, or any budget without one when Prices is empty. It checks the
+// UnpricedPrice of the others.
+func checkBudgetPrices(c Config, prices map[string]Price, bad func(string, ...any)) {
+	if len(c.Budgets) == 0 {
+		return
+	}
+	var unpriced []string // named models without a price, in order, once each
+	seen := map[string]bool{}
+	consider := func(m string) {
+		if !seen[m] {
+			seen[m] = true
+			if _, ok := lookupPrice(prices, m); !ok {
+				unpriced = append(unpriced, m)
+			}
+		}
+	}
+	for _, u := range c.Upstreams {
+		for _, m := range u.Models {
+			consider(m)
+		}
+	}
+	for _, n := range namedModels(c) {
+		consider(n.model)
+	}
+	for i, b := range c.Budgets {
+		if p := b.UnpricedPrice; p != nil {
+			if e := priceProblem(*p); e != "" {
+				bad("Budgets[%d] (%q).UnpricedPrice %s", i, b.Name, e)
+			}
+			continue
+		}
+		if len(prices) == 0 {
+			bad("Budgets[%d] (%q) can count no spend: Prices is empty; give the models' prices, or set Budget.UnpricedPrice", i, b.Name)
+			continue
+		}
+		for _, m := range unpriced {
+			if budgetCovers(b, c.Upstreams, m) {
+				bad("Budgets[%d] (%q) covers model %q, which has no price in Prices: add its price, or set Budget.UnpricedPrice (&Price{} lets it through uncounted)", i, b.Name, m)
+			}
+		}
+	}
+}
+
+// priceProblem explains a price that cannot be charged (negative, NaN or
+// infinite), or "" when it is fine.
+func priceProblem(p Price) string {
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"InputPerMTok", p.InputPerMTok}, {"CachedInputPerMTok", p.CachedInputPerMTok}, {"OutputPerMTok", p.OutputPerMTok}} {
+		if !(f.v >= 0) || math.IsInf(f.v, 1) {
+			return fmt.Sprintf("%s %g is negative or not finite", f.name, f.v)
+		}
+	}
+	return ""
+}
+
+// budgetCovers reports whether b's Scope covers a request for model on an
+// upstream that serves it, asked with a request that carries no header. A
+// Scope that panics on such a request counts as covering it.
+func budgetCovers(b Budget, ups []Upstream, model string) (covers bool) {
+	if b.Scope == nil {
+		return true
+	}
+	defer func() {
+		if recover() != nil {
+			covers = true
+		}
+	}()
+	q := Request{Endpoint: EndpointChat, Model: model, Header: http.Header{}, Load: idleLoad{}, Budget: noBudgets{}}
+	for _, u := range ups {
+		if len(u.Models) > 0 && !slices.Contains(u.Models, model) {
+			continue
+		}
+		if _, ok := b.Scope(q, model, u.Name); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// idleLoad is the Load of the requests New asks a Scope about: nothing
+// is busy.
+type idleLoad struct{}
+
+func (idleLoad) Busy(string) bool { return false }
+
+// unsendable returns err, the Base's error for a request with header h, as
+// ErrInvalidHeader when h holds a header HTTP cannot carry: the Base
+// refused the request before sending it, and would refuse it again.
+func unsendable(h http.Header, err error) error {
+	for k, vs := range h {
+		if e := headerProblem(k, vs); e != "" {
+			return &invalidHeaderError{problem: e, err: err}
+		}
+	}
+	return err
+}
+
+// invalidHeaderError is ErrInvalidHeader for one header, wrapping the
+// Base's error; its text names the header, never its value.
+type invalidHeaderError struct {
+	problem string
+	err     error
+}
+
+func (e *invalidHeaderError) Error() string   { return "relay: request " + e.problem }
+func (e *invalidHeaderError) Unwrap() []error { return []error{ErrInvalidHeader, e.err} }

@@ -23,13 +23,13 @@ func TestNewValidates(t *testing.T) {
 		{"no name", Config{Upstreams: []Upstream{{BaseURL: "https://x"}}}, "has no Name"},
 		{"bad url", Config{Upstreams: []Upstream{{Name: "eu", BaseURL: "api.example.com"}}}, `upstream "eu": BaseURL`},
 		{"duplicate", Config{Upstreams: []Upstream{ok, ok}}, `"a" is configured twice`},
-		{"negative rpm", Config{Upstreams: []Upstream{{Name: "a", BaseURL: "https://x", RPM: -1}}}, "must not be negative"},
+		{"negative rpm", Config{Upstreams: []Upstream{{Name: "a", BaseURL: "https://x", RPM: -1}}}, `upstream "a": RPM -1 is negative`},
 		{"negative factor", Config{Upstreams: []Upstream{{Name: "a", BaseURL: "https://x", PriceFactor: -1}}}, "PriceFactor"},
 		{"buckets", Config{Upstreams: []Upstream{ok}, Buckets: Buckets{Mid: 500, Long: 100}}, "Buckets.Long"},
 		{"body", Config{Upstreams: []Upstream{ok}, MaxBodyBytes: -1}, "MaxBodyBytes"},
 		{"retry", Config{Upstreams: []Upstream{ok}, Retry: RetryConfig{MaxAttempts: -1}}, "Retry.MaxAttempts -1 is negative"},
 		// Each error names the setting and its value.
-		{"negative buckets", Config{Upstreams: []Upstream{ok}, Buckets: Buckets{Mid: -3}}, "Buckets (Mid -3, Long 0)"},
+		{"negative buckets", Config{Upstreams: []Upstream{ok}, Buckets: Buckets{Mid: -3}}, "Buckets.Mid -3 is negative"},
 		{"retry interval", Config{Upstreams: []Upstream{ok}, Retry: RetryConfig{MaxInterval: -time.Second}}, "Retry.MaxInterval -1s is negative"},
 		{"retry multiplier", Config{Upstreams: []Upstream{ok}, Retry: RetryConfig{Multiplier: -1.5}}, "Retry.Multiplier -1.5 is negative"},
 		{"hedge delay", Config{Upstreams: []Upstream{ok}, Hedge: HedgeConfig{Delay: -time.Millisecond}}, "Hedge.Delay -1ms is negative"},
@@ -142,7 +142,7 @@ func TestNewReportsEveryProblem(t *testing.T) {
 	for _, want := range []string{
 		`upstream "ftp": BaseURL "ftp://x" must be an absolute http(s) URL`,
 		`upstream "hs": APIKey is empty`,
-		`upstream "neg": PriceFactor -1 is negative or not finite; RPM -5, TPM 0, MaxInFlight 0 and Weight 0 must not be negative (nor Weight infinite)`,
+		`upstream "neg": PriceFactor -1 is negative or not finite; RPM -5 is negative`,
 		`upstream "pw": BaseURL "gopher://redacted@x" must be an absolute http(s) URL`,
 		"Jitter 2 is over 1",
 		"LoadFactor 0.5 must be at least 1",
@@ -152,6 +152,7 @@ func TestNewReportsEveryProblem(t *testing.T) {
 	}
 	assert.NotContains(t, msg, "s3cret-pass")
 	assert.NotContains(t, msg, "sk-secret-key-1")
+	assert.NotContains(t, msg, "TPM", "only the fields that are wrong are named")
 	for _, line := range strings.Split(msg, "\n") {
 		assert.True(t, strings.HasPrefix(line, "relay: "), line)
 	}

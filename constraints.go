@@ -182,6 +182,9 @@ func (t *trip) decide(body []byte, random bool) ([]candidate, error) {
 		t.c.req.Budget = &t.view
 	}
 	t.route = r.s.route(t.c.req)
+	if err := r.s.checkRoute(&t.c.req, t.route); err != nil {
+		return nil, err
+	}
 	t.key = r.keyOf(&t.c)
 	return t.plan(random)
 }

@@ -14,7 +14,11 @@ import (
 // error), with a message prefixed "relay: ". No error ever contains an API
 // key.
 var (
-	// ErrNoUpstream: no configured upstream serves the requested model.
+	// ErrNoUpstream: no configured upstream serves the requested model, or
+	// the model a Policy routed the request to in its place (the request
+	// is then refused, not sent to a fallback). An upstream with empty
+	// Models serves every model: with one configured, no model's name is
+	// refused so.
 	ErrNoUpstream = errors.New("relay: no upstream serves the model")
 	// ErrBodyTooLarge: the request body exceeds Config.MaxBodyBytes; no
 	// upstream was called.
@@ -46,6 +50,13 @@ var (
 	// this error only appears in Report.Err.
 	ErrUpstreamStatus = errors.New("relay: upstream answered with an error status")
 )
+
+// ErrInvalidHeader: the outgoing request carries a header HTTP cannot
+// send (a name that is not a token, a value with CR, LF, NUL or another
+// control character), so the Base refused it; the header is the caller's,
+// since New refuses such headers and keys in the configuration. The
+// request cannot succeed anywhere: DefaultShouldRetry does not retry it.
+var ErrInvalidHeader = errors.New("relay: request header cannot be sent over HTTP")
 
 // Error describes a failed request. It wraps the cause (a sentinel above, a
 // context error or a transport error).

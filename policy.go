@@ -3,6 +3,7 @@ package relay
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 )
@@ -89,6 +90,29 @@ func (s *settings) route(q Request) Route {
 		rt.Priority = q.Priority
 	}
 	return rt
+}
+
+// checkRoute refuses a route to a model the policy chose in place of the
+// requested one when no upstream serves it (every upstream lists its
+// Models, and none lists it): a misspelt name fails the request, naming
+// it, instead of being quietly served by a fallback. The route's
+// fallbacks that no upstream serves are skipped, as when they are down.
+func (s *settings) checkRoute(q *Request, rt Route) error {
+	if q.Endpoint == "" || rt.Model == q.Model || s.serves(rt.Model) {
+		return nil
+	}
+	return &Error{Op: "route", Model: rt.Model,
+		Err: fmt.Errorf("%w: the policy routed %q to %q, which no upstream lists in Models", ErrNoUpstream, q.Model, rt.Model)}
+}
+
+// serves reports whether some upstream serves model.
+func (s *settings) serves(model string) bool {
+	for i := range s.upstreams {
+		if m := s.upstreams[i].models; m == nil || m[model] {
+			return true
+		}
+	}
+	return false
 }
 
 // ClusterPolicy is the ready-made cluster-aware policy. Prompts whose token

@@ -55,6 +55,7 @@ func TestDecide(t *testing.T) {
 			{Name: "flash", BaseURL: "http://127.0.0.1:1/v1", Models: []string{"gemini-2.5-flash"}},
 			{Name: "codex-us", BaseURL: "http://127.0.0.1:2/v1", Models: []string{"gpt-5.5-codex"}},
 			{Name: "codex-eu", BaseURL: "http://127.0.0.1:3/v1", Models: []string{"gpt-5.5-codex"}},
+			{Name: "deepseek", BaseURL: "http://127.0.0.1:4/v1", Models: []string{"deepseek-v3.2"}},
 		},
 		Policy:   ClusterPolicy{Fast: "gemini-2.5-flash", Cheap: "deepseek-v3.2"},
 		Strategy: StrategyPriority,

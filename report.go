@@ -17,6 +17,12 @@ import (
 // Report describes one finished RoundTrip. OnReport gets exactly one per
 // RoundTrip.
 type Report struct {
+	// RequestID identifies the request: the caller's X-Relay-Request-Id
+	// or X-Request-Id header when it has a usable one (1 to 128 visible
+	// ASCII characters), else one the Router made, unique across a fleet.
+	// The response carries it in X-Relay-Request-Id.
+	RequestID string
+
 	RequestedModel string // as the caller asked
 	Model          string // the model that answered (or was routed to)
 	Upstream       string // the upstream that answered; "" when none was reached
@@ -47,9 +53,9 @@ type Report struct {
 	Stream        bool          // the request asked for a stream
 	Err           error         // nil on success
 
-	// Context is the request's context, so a hook can tell which call a
-	// report belongs to (e.g. a request ID kept in a context value). It may
-	// be done by the time the report is made.
+	// Context is the request's context, so a hook can reach what the
+	// caller kept in it (a trace, a user). It may be done by the time the
+	// report is made.
 	Context context.Context
 }
 
@@ -132,6 +138,7 @@ func (t *trip) notify(spends []SpendEvent, rep Report) {
 func (t *trip) report(end bodyEnd) Report {
 	s := &t.r.s
 	rep := Report{
+		RequestID:      t.id,
 		RequestedModel: t.c.req.Model,
 		Model:          t.model(),
 		Upstream:       t.upstreamName(),
@@ -418,10 +425,12 @@ func (t *trip) costParts(rep Report) []costPart {
 	for _, l := range t.losers {
 		c := t.listCost(l) * l.factor * perUSD
 		win -= c
-		parts = append(parts, costPart{model: l.model, upstream: l.upstream, cost: c})
+		_, priced := lookupPrice(t.r.s.prices, l.model)
+		parts = append(parts, costPart{model: l.model, upstream: l.upstream, cost: c, unpriced: !priced, usage: l.u, factor: l.factor})
 	}
 	if up := t.att.cand.up; up != nil {
-		parts = append(parts, costPart{model: t.att.cand.model, upstream: up.cfg.Name, cost: max(win, 0)})
+		parts = append(parts, costPart{model: t.att.cand.model, upstream: up.cfg.Name, cost: max(win, 0),
+			unpriced: !rep.Priced, usage: rep.Usage, factor: t.att.factor()})
 	}
 	return parts
 }

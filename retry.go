@@ -15,11 +15,12 @@ import (
 // DefaultShouldRetry retries what can succeed: connection errors (refused,
 // reset, EOF before headers, per-attempt timeouts), 408, 409, 429, 500, 502,
 // 503, 504, and any response carrying "x-should-retry: true". It never
-// retries "x-should-retry: false", other 4xx, or a cancelled request. Wrap
+// retries "x-should-retry: false", other 4xx, a cancelled request, or a
+// request that cannot be sent (ErrBodyTooLarge, ErrInvalidHeader). Wrap
 // it in RetryConfig.ShouldRetry to change what is retried.
 func DefaultShouldRetry(resp *http.Response, err error) bool {
 	if err != nil {
-		return !errors.Is(err, context.Canceled) && !errors.Is(err, ErrBodyTooLarge)
+		return !errors.Is(err, context.Canceled) && !errors.Is(err, ErrBodyTooLarge) && !errors.Is(err, ErrInvalidHeader)
 	}
 	if resp == nil {
 		return false

@@ -44,6 +44,7 @@ type Router struct {
 	fallbackLedger Ledger
 
 	stateCount stateCounters
+	ids        requestIDs
 }
 
 var _ http.RoundTripper = (*Router)(nil)
@@ -61,6 +62,7 @@ func New(cfg Config) (*Router, error) {
 		r.fallbackLedger = NewLocalLedger()
 	}
 	r.counter = newCounter(s.memoEntries, s.imageTokens)
+	r.ids.init()
 	r.hedges.deposit = s.hedge.deposit
 	r.hedges.bal.Store(hedgeReserve) // the reserve is there from the start: it orders hedges, it does not delay the first
 	for _, us := range s.upstreams {

@@ -112,7 +112,7 @@ func (t *trip) roundTrip(req *http.Request) (*http.Response, error) {
 }
 
 func newTrip(r *Router, req *http.Request) *trip {
-	t := &trip{r: r, req: req, ctx: req.Context(), start: r.s.clock.Now()}
+	t := &trip{r: r, req: req, ctx: req.Context(), start: r.s.clock.Now(), id: r.ids.of(req.Header)}
 	t.votes.Store(1) // the body's end
 	if h := r.s.hooks.OnRequest; h != nil {
 		if ctx := h(t.ctx, req); ctx != nil {
@@ -178,6 +178,7 @@ func readRest(buf []byte, src io.Reader, max int64) ([]byte, error) {
 type trip struct {
 	r      *Router
 	req    *http.Request
+	id     string          // the request's ID (Report.RequestID)
 	ctx    context.Context // the request's (as Hooks.OnRequest left it)
 	start  time.Time
 	body   []byte
@@ -189,13 +190,11 @@ type trip struct {
 
 	require    []string      // tags every candidate must carry
 	constraint string        // the constraint that changed the route, if one did
-	widened    bool          // retried on a larger window once
 	why        string        // why the last attempt did not answer, for Hooks.OnAttempt
 	backoff    time.Duration // the wait before the next attempt
 
 	att      attempt       // the answering attempt, once there is one
 	attempts int           // upstream calls made, hedges included
-	hedged   bool          // a hedge was sent
 	outside  time.Duration // time spent in upstream calls and waits
 	overhead time.Duration // the router's own time, set when RoundTrip returns
 	// Usage of the hedges' losing attempts that completed too (one a
@@ -206,6 +205,9 @@ type trip struct {
 	res     reservations // what it holds in budgets
 	view    budgetView   // Request.Budget
 	done    atomic.Bool  // the body is done (finish ran)
+	// (the bools sit beside done, in its padding: the trip stays in its size class)
+	widened bool         // retried on a larger window once
+	hedged  bool         // a hedge was sent
 	end     bodyEnd      // how it ended, for the report
 	votes   atomic.Int32 // parties the report still waits for (see vote)
 
@@ -473,6 +475,9 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 	}
 	a.resp, a.err = r.s.base.RoundTrip(out)
 	a.err = r.s.secrets.redactErr(a.err) // (a *url.Error names the upstream URL, key and all)
+	if a.err != nil {
+		a.err = unsendable(out.Header, a.err)
+	}
 	if a.err == nil && a.resp == nil {
 		a.err = errors.New("relay: Base returned no response and no error")
 	}
@@ -687,10 +692,11 @@ func (t *trip) finalize(a attempt) (*http.Response, error) {
 	decompress(resp)
 	// The header names are canonical: set them without Set's
 	// canonicalization, and in one allocation.
-	vs := []string{t.model(), t.upstreamName(), strconv.Itoa(t.c.req.PromptTokens)}
+	vs := []string{t.model(), t.upstreamName(), strconv.Itoa(t.c.req.PromptTokens), t.id}
 	resp.Header[HeaderModel] = vs[0:1:1]
 	resp.Header[HeaderUpstream] = vs[1:2:2]
 	resp.Header[HeaderPromptTokens] = vs[2:3:3]
+	resp.Header[HeaderRequestID] = vs[3:4:4]
 	switch {
 	case a.stream != nil:
 		resp.Body = a.stream

@@ -105,7 +105,8 @@
 // limit is "_OTHER"; until a model has been learned, its calls refused
 // before reaching an upstream (by a budget, open circuits) are "_OTHER"
 // too. Spans keep the names as asked.
-// WithModelLimit(0) records only the named models, as relayprom does.
+// relayprom learns models the same way, with the same default of 32.
+// WithModelLimit(0) records only the named models.
 //
 // # Several routers
 //

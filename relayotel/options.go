@@ -99,8 +99,8 @@ func WithModels(names ...string) Option {
 // is learned only when it is the one sent upstream (not when a Policy
 // replaced it). A name no upstream serves, one an upstream does not know
 // (404) and one of a call that reached no upstream are not learned, and
-// once n are learned, no more are. Default: 32. 0 learns none: the
-// metrics record only the named models, as relayprom does.
+// once n are learned, no more are. Default: 32, as relayprom's. 0 learns
+// none: the metrics record only the named models.
 func WithModelLimit(n int) Option {
 	return func(c *config) { c.limit = n }
 }

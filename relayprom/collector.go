@@ -11,6 +11,7 @@ import (
 	"github.com/tokenrelay/relay"
 	"github.com/tokenrelay/relay/internal/errclass"
 	"github.com/tokenrelay/relay/internal/labelcache"
+	"github.com/tokenrelay/relay/internal/modelset"
 )
 
 // Bucket boundaries: durationBuckets are the ones the OpenTelemetry GenAI
@@ -37,22 +38,28 @@ func WithUpstreams(ups ...relay.Upstream) Option {
 	return func(c *Collector) {
 		for _, u := range ups {
 			c.upstreams[u.Name] = true
-			for _, m := range u.Models {
-				c.models[m] = true
-			}
+			c.named = append(c.named, u.Models...)
 		}
 	}
 }
 
 // WithModels gives more model names that label the metrics as themselves:
 // the models your Policy routes to and its fallbacks, the models callers
-// ask for.
+// ask for. Models not given are learned (see WithModelLimit).
 func WithModels(models ...string) Option {
-	return func(c *Collector) {
-		for _, m := range models {
-			c.models[m] = true
-		}
-	}
+	return func(c *Collector) { c.named = append(c.named, models...) }
+}
+
+// WithModelLimit sets how many models not given (WithModels,
+// WithUpstreams) the Collector learns, each the first time a call shows it
+// to be real: an upstream was called with it and did not refuse the call
+// as a client error (a 4xx other than 429). A name no upstream serves, one
+// an upstream does not know (404) and one of a call that reached no
+// upstream are not learned, and once n are learned, no more are: any
+// other model is "other". Default: 32, as relayotel's. 0 learns none: the
+// metrics label only the models given.
+func WithModelLimit(n int) Option {
+	return func(c *Collector) { c.modelLimit = n }
 }
 
 // WithBuckets gives bucket labels your Policy sets (Route.Bucket) beyond
@@ -79,7 +86,10 @@ func WithBudgets(budgets ...relay.Budget) Option {
 // hooks Hooks returns. It is safe for concurrent use; one Collector may
 // serve several routers. Register it once (prometheus.MustRegister).
 type Collector struct {
-	upstreams, models, buckets, budgets map[string]bool // read-only after New
+	upstreams, buckets, budgets map[string]bool // read-only after New
+	models                      modelset.Set    // the models given, and those learned
+	named                       []string        // the models given, until New
+	modelLimit                  int
 
 	requests    *prometheus.CounterVec
 	errors      *prometheus.CounterVec
@@ -153,14 +163,16 @@ func (c *Collector) countAttempt(u *upstreamLabel, outcome string) {
 // New returns a Collector.
 func New(opts ...Option) *Collector {
 	c := &Collector{
-		upstreams: map[string]bool{},
-		models:    map[string]bool{},
-		buckets:   map[string]bool{relay.BucketShort: true, relay.BucketMid: true, relay.BucketLong: true},
-		budgets:   map[string]bool{},
+		upstreams:  map[string]bool{},
+		modelLimit: modelset.DefaultLimit,
+		buckets:    map[string]bool{relay.BucketShort: true, relay.BucketMid: true, relay.BucketLong: true},
+		budgets:    map[string]bool{},
 	}
 	for _, opt := range opts {
 		opt(c)
 	}
+	c.models.Init(c.named, c.modelLimit)
+	c.named = nil
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
 		c.all = append(c.all, v)
@@ -249,7 +261,19 @@ func (c *Collector) onStateFallback(e relay.StateFallbackEvent) {
 }
 
 func (c *Collector) upstream(name string) string { return c.label(c.upstreams, name) }
-func (c *Collector) model(name string) string    { return c.label(c.models, name) }
+
+// model is the label of a call's model: itself when given or learned
+// (learn: the call shows it to be real), "other" when not, "none" when
+// there is none.
+func (c *Collector) model(name string, learn bool) string {
+	switch {
+	case name == "":
+		return none
+	case c.models.Bound(name, learn):
+		return name
+	}
+	return other
+}
 
 func (c *Collector) label(set map[string]bool, v string) string {
 	switch {
@@ -380,7 +404,7 @@ func newError(c *Collector, k [3]string) prometheus.Counter {
 }
 
 func (c *Collector) onReport(r *relay.Report) {
-	up, model := c.upstream(r.Upstream), c.model(r.Model)
+	up, model := c.upstream(r.Upstream), c.model(r.Model, modelset.Vouched(r.Attempts, r.StatusCode))
 	m := c.reports.Get(c, reportKey{up, model, c.label(c.buckets, r.Bucket), statusClass(r.StatusCode)}, newReport)
 	m.requests.Inc()
 	if et := errclass.Type(r.Err, r.StatusCode); et != "" {

@@ -165,11 +165,11 @@ func TestLimiterWait(t *testing.T) {
 }
 
 // TestCardinality: upstreams, models and buckets not given to New are
-// "other"; a missing model is "none".
+// "other" (with no model learned); a missing model is "none".
 func TestCardinality(t *testing.T) {
 	known, unknown := server(t, "known"), server(t, "unknown")
 	h := &harness{c: relayprom.New(relayprom.WithUpstreams(relay.Upstream{Name: "known", Models: []string{"gpt-4o-mini"}}),
-		relayprom.WithModels("gpt-4o"), relayprom.WithBuckets("vip"))}
+		relayprom.WithModels("gpt-4o"), relayprom.WithBuckets("vip"), relayprom.WithModelLimit(0))}
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)
 	r, err := relay.New(relay.Config{
@@ -365,4 +365,44 @@ relay_attempts_total{outcome="5xx",upstream="other"} 1
 ` + helpRetries + `relay_retries_total{reason="5xx",upstream="other"} 1
 `
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(expected), "relay_attempts_total", "relay_retries_total"))
+}
+
+// TestModelsLearnedByDefault: with no model given, the models a service
+// uses label its metrics by name, as relayotel's do: each one an upstream
+// answered, up to 32; a name an upstream does not know (404) or no
+// upstream was called with stays "other".
+func TestModelsLearnedByDefault(t *testing.T) {
+	srv := server(t, "a")
+	h := &harness{c: relayprom.New(relayprom.WithUpstreams(relay.Upstream{Name: "a"}))}
+	r, err := relay.New(relay.Config{Upstreams: []relay.Upstream{
+		{Name: "a", BaseURL: srv.URL, Models: []string{"gpt-4.1", "made-up"}},
+	}, Hooks: h.c.Hooks(), Retry: relay.RetryConfig{MaxAttempts: 1}})
+	require.NoError(t, err)
+	t.Cleanup(r.CloseIdleConnections)
+	h.router = r
+	h.chat(t, chatBody("gpt-4.1", false))
+	srv.Script(relaytest.Fault{Status: http.StatusNotFound})
+	h.chat(t, chatBody("made-up", false))
+	_, err = h.do(t, http.MethodPost, "chat/completions", chatBody("served-by-none", false))
+	require.ErrorIs(t, err, relay.ErrNoUpstream)
+	h.compare(t, helpRequests+`relay_requests_total{bucket="short",model="gpt-4.1",status="2xx",upstream="a"} 1
+relay_requests_total{bucket="short",model="other",status="4xx",upstream="a"} 1
+relay_requests_total{bucket="short",model="other",status="none",upstream="none"} 1
+`, "relay_requests_total")
+
+	// The 33rd model is "other".
+	c := relayprom.New()
+	hooks := c.Hooks()
+	for i := range 33 {
+		hooks.OnReport(relay.Report{Model: fmt.Sprintf("m%02d", i), Upstream: "a", Bucket: "short", Attempts: 1, StatusCode: 200})
+	}
+	h = &harness{c: c}
+	h.compare(t, helpRequests+`relay_requests_total{bucket="short",model="other",status="2xx",upstream="other"} 1
+`+func() string {
+		var b strings.Builder
+		for i := range 32 {
+			fmt.Fprintf(&b, "relay_requests_total{bucket=\"short\",model=\"m%02d\",status=\"2xx\",upstream=\"other\"} 1\n", i)
+		}
+		return b.String()
+	}(), "relay_requests_total")
 }

@@ -30,10 +30,16 @@
 //
 // # Cardinality
 //
-// Every label has a bounded set of values. Upstreams and models are the ones
-// given to New (WithUpstreams, WithModels), and so are budgets
-// (WithBudgets); buckets are "short", "mid", "long" and those given with
-// WithBuckets. Any other value is "other", and
+// Every label has a bounded set of values. Upstreams are the ones given to
+// New (WithUpstreams), and so are budgets (WithBudgets); buckets are
+// "short", "mid", "long" and those given with WithBuckets. Models are those
+// given (WithModels, and the Models of the upstreams given), and up to 32
+// more (WithModelLimit) that the Collector learns, each the first time a
+// call shows it to be real (an upstream was called with it and did not
+// refuse it as a client error), as relayotel does: with nothing
+// configured, the models a service uses label its metrics by name, while a
+// made-up name no upstream serves, or one an upstream does not know (404),
+// is "other". Any other value is "other", and
 // a missing one (no upstream reached, no model in the request) is "none".
 // Outcomes, reasons and error types are the fixed classifications below;
 // the only open-ended part, an HTTP status code, is at most three digits.

@@ -11,8 +11,9 @@ import (
 	"github.com/tokenrelay/relay/relayprom"
 )
 
-// The collector labels metrics with the upstreams and models it is given
-// (anything else is "other").
+// The collector labels metrics with the upstreams and models it is given,
+// and up to 32 more models it learns from calls (anything else is
+// "other").
 func Example() {
 	upstreams := []relay.Upstream{
 		{Name: "us-east", BaseURL: "https://us.example.com/v1", APIKey: os.Getenv("US_KEY")},

@@ -2,9 +2,10 @@
 // of code that talks to OpenAI-style upstreams (the relay router, SDK
 // clients, gateways).
 //
-// A Server answers POST /chat/completions, /responses, /completions and
-// /embeddings and GET /models (recognised by path suffix, so any prefix
-// works) with bodies shaped like the real API's, streams server-sent events
+// A Server answers POST /v1/chat/completions, /v1/responses,
+// /v1/completions and /v1/embeddings and GET /v1/models and
+// /v1/models/{id} (recognised by their exact path, as the real API does, so
+// a BaseURL that misses "/v1" or already ends in an endpoint gets a 404) with bodies shaped like the real API's, streams server-sent events
 // for "stream": true, and computes usage from the request: prompt tokens are
 // counted with tiktoken's o200k_base (chat: OpenAI's published per-message
 // formula), completion tokens come from WithCompletionTokens bounded by the
@@ -40,4 +41,9 @@
 //
 // A Fleet is a set of named Servers, for tests of routing over several
 // upstreams.
+//
+// Clock is a fake clock to hand to a relay.Router as Config.Clock: the
+// router's limits, breakers, backoffs and hedges then follow Clock.Advance
+// instead of the wall clock, so a test of a policy or a limit runs at once
+// and gives the same result on any machine (see ExampleClock).
 package relaytest

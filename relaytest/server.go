@@ -198,8 +198,10 @@ type Recorded struct {
 // answered. A Server is safe for concurrent use by multiple goroutines.
 type Server struct {
 	// URL is the base URL of the API, ending in "/v1", such as
-	// "http://127.0.0.1:1234/v1". Endpoints are recognised by path suffix,
-	// so any prefix works.
+	// "http://127.0.0.1:1234/v1". Endpoints are recognised by their exact
+	// path, as the real API does: "/v1/chat/completions" is one, but
+	// "/v1/chat/completions/chat/completions" (a BaseURL that already named
+	// the endpoint) or "/openai/chat/completions" is answered 404.
 	URL string
 
 	ts        *httptest.Server
@@ -317,17 +319,28 @@ func (s *Server) record(rec Recorded) Fault {
 	return s.def
 }
 
-// endpointOf recognises an endpoint by method and path suffix.
+// apiRoot is the path of the API root, the path of Server.URL.
+const apiRoot = "/v1/"
+
+// endpointOf recognises an endpoint by method and exact path, as the real
+// API does: "/v1/chat/completions", not "/v1/chat/completions/" nor a
+// BaseURL's mistake such as "/v1/chat/completions/chat/completions".
 func endpointOf(method, path string) string {
-	path = strings.TrimSuffix(path, "/")
+	rest, ok := strings.CutPrefix(path, apiRoot)
+	if !ok {
+		return ""
+	}
 	switch method {
 	case http.MethodPost:
-		return prompt.Endpoint(path)
+		switch rest {
+		case epChat, epResponses, epCompletions, epEmbeddings:
+			return rest
+		}
 	case http.MethodGet:
-		if strings.HasSuffix(path, "/models") {
+		if rest == epModels {
 			return epModels
 		}
-		if i := strings.LastIndex(path, "/models/"); i >= 0 && !strings.Contains(path[i+len("/models/"):], "/") {
+		if id, ok := strings.CutPrefix(rest, "models/"); ok && id != "" && !strings.Contains(id, "/") {
 			return epModel
 		}
 	}

@@ -71,7 +71,7 @@ func TestChatMaxTokensCachedReasoning(t *testing.T) {
 	s := newServer(t, WithReply("One two three four five six."), WithCompletionTokens(20))
 	s.Script(Fault{CachedTokens: 4, ReasoningTokens: 2}, Fault{CachedTokens: 1000, ReasoningTokens: 1000}, Fault{NoUsage: true})
 
-	_, body := post(t, s, "/v1/chat/completions",
+	_, body := post(t, s, "/chat/completions",
 		`{"model":"o3","max_completion_tokens":5,"messages":[{"role":"user","content":"Hello"}]}`)
 	j := gjson.ParseBytes(body)
 	assert.Equal(t, "length", j.Get("choices.0.finish_reason").Str)
@@ -419,4 +419,49 @@ func TestConcurrent(t *testing.T) {
 	wg.Wait()
 	assert.Equal(t, workers*per, s.Calls())
 	assert.Equal(t, map[int]int{200: workers * per / 2, 429: 54, 500: 53, 503: 53}, got)
+}
+
+// TestEndpointsMatchExactly: the server answers only the API's exact paths,
+// so a BaseURL that already ends in an endpoint, or misses "/v1", fails
+// the user's test as it would fail against the real API.
+func TestEndpointsMatchExactly(t *testing.T) {
+	s := newServer(t)
+	root := strings.TrimSuffix(s.URL, "/v1")
+	cases := []struct {
+		method, path string
+		endpoint     string // "": answered 404
+	}{
+		{http.MethodPost, "/v1/chat/completions", epChat},
+		{http.MethodPost, "/v1/responses", epResponses},
+		{http.MethodPost, "/v1/completions", epCompletions},
+		{http.MethodPost, "/v1/embeddings", epEmbeddings},
+		{http.MethodGet, "/v1/models", epModels},
+		{http.MethodGet, "/v1/models/gpt-4o", epModel},
+		{http.MethodPost, "/v1/chat/completions/chat/completions", ""},
+		{http.MethodPost, "/v1/v1/chat/completions", ""},
+		{http.MethodPost, "/chat/completions", ""},
+		{http.MethodPost, "/openai/v1/chat/completions", ""},
+		{http.MethodPost, "/v1/chat/completions/", ""},
+		{http.MethodGet, "/v1/models/", ""},
+		{http.MethodGet, "/v1/models/a/b", ""},
+		{http.MethodGet, "/v1/chat/completions", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.method+" "+c.path, func(t *testing.T) {
+			s.Reset()
+			req, _ := http.NewRequest(c.method, root+c.path, strings.NewReader(chatHello))
+			resp, err := s.Client().Do(req)
+			require.NoError(t, err)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			require.Len(t, s.Requests(), 1)
+			assert.Equal(t, c.endpoint, s.Requests()[0].Endpoint)
+			if c.endpoint == "" {
+				assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+				assert.Contains(t, gjson.GetBytes(body, "error.message").Str, "Invalid URL ("+c.method+" "+c.path+")")
+			} else {
+				assert.Equal(t, http.StatusOK, resp.StatusCode)
+			}
+		})
+	}
 }
