@@ -549,6 +549,7 @@ func resolve(c Config) (settings, error) {
 	}
 	resolveShared(&s, c, bad)
 	s.secrets = newSecrets(c.Upstreams)
+	checkWritten(c, bad)
 	return s, errors.Join(errs...)
 }
 

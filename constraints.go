@@ -175,6 +175,9 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // the deterministic ranking, for Decide).
 func (t *trip) decide(body []byte, random bool) ([]candidate, error) {
 	r, req := t.r, t.req
+	if err := checkURL(req.URL); err != nil {
+		return nil, err
+	}
 	t.body = body
 	t.c = r.classify(req.Method, req.URL.Path, req.Header, body)
 	if len(r.s.budgets) > 0 {

@@ -19,6 +19,12 @@ var (
 	// ErrBodyTooLarge: the request body exceeds Config.MaxBodyBytes; no
 	// upstream was called.
 	ErrBodyTooLarge = errors.New("relay: request body too large")
+	// ErrBadPath: the request's URL could reach outside the upstream's
+	// BaseURL, where its key would go too: its path has a "." or ".."
+	// segment (percent-encoded or not, between "/", "\" or their
+	// encodings), or its query holds a space, '#' or a control character.
+	// No upstream was called.
+	ErrBadPath = errors.New("relay: request path could leave the upstream's BaseURL")
 	// ErrRateLimited: every candidate upstream's limiter refused the request
 	// within Config.Limits.MaxWait; no upstream was called.
 	ErrRateLimited = errors.New("relay: rate limited by every upstream")
