@@ -184,7 +184,13 @@ func (t *trip) decide(body []byte, random bool) ([]candidate, error) {
 		t.view = budgetView{r: r, q: &t.c.req, ctx: t.ctx}
 		t.c.req.Budget = &t.view
 	}
+	if err := nameErr(`the body's "model"`, t.c.req.Model); err != nil {
+		return nil, err // (before the policy sees it)
+	}
 	t.route = r.s.route(t.c.req)
+	if err := checkRoute(&t.route); err != nil {
+		return nil, err
+	}
 	t.key = r.keyOf(&t.c)
 	return t.plan(random)
 }

@@ -25,6 +25,11 @@ var (
 	// encodings), or its query holds a space, '#' or a control character.
 	// No upstream was called.
 	ErrBadPath = errors.New("relay: request path could leave the upstream's BaseURL")
+	// ErrBadName: a model name (the body's "model", a Route's Model or
+	// Fallbacks) or a Route's Bucket holds a control character (CR, LF,
+	// NUL...); the router would write it into a response header
+	// (X-Relay-Model) or a report. No upstream was called.
+	ErrBadName = errors.New("relay: name holds a control character")
 	// ErrRateLimited: every candidate upstream's limiter refused the request
 	// within Config.Limits.MaxWait; no upstream was called.
 	ErrRateLimited = errors.New("relay: rate limited by every upstream")

@@ -5,8 +5,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -313,8 +315,9 @@ func lastMember[T jsonscan.Text](obj T, key string) T {
 
 // What the router writes is checked before it is written. A key never
 // leaves its BaseURL: a request path that a server could resolve outside
-// the BaseURL's path is refused (checkURL), and so is a probe path that
-// could (checkWritten).
+// the BaseURL's path is refused (checkURL). No header value the router
+// writes carries a control character: the names that go into headers are
+// checked per request (nameErr, checkRoute) and in New (checkWritten).
 
 // maxDecodes is how many times dotSegments percent-decodes a path (a proxy
 // and the server behind it may each decode once) before it refuses one
@@ -433,10 +436,82 @@ func hasCtl(s string) bool {
 	return false
 }
 
+// nameErr refuses a name the router writes into a header or a report
+// that holds a control character (ErrBadName), naming its field: the
+// model sent goes into the X-Relay-Model response header, the bucket into
+// reports and the observers' labels.
+func nameErr(field, v string) error {
+	if !hasCtl(v) {
+		return nil
+	}
+	return &Error{Op: "route", Err: fmt.Errorf("%w: %s %q", ErrBadName, field, v)}
+}
+
+// checkRoute refuses a Policy's route whose models or bucket hold a
+// control character (ErrBadName).
+func checkRoute(rt *Route) error {
+	if err := nameErr("Route.Model", rt.Model); err != nil {
+		return err
+	}
+	if err := nameErr("Route.Bucket", rt.Bucket); err != nil {
+		return err
+	}
+	for i, m := range rt.Fallbacks {
+		if hasCtl(m) {
+			return nameErr(fmt.Sprintf("Route.Fallbacks[%d]", i), m)
+		}
+	}
+	return nil
+}
+
 // checkWritten checks, for New, the configured values the router writes
-// into requests: Breaker.ProbePath (a path under each BaseURL).
+// into requests and response headers: upstream names (X-Relay-Upstream),
+// API keys (Authorization), extra headers, the models of ContextFallbacks
+// and budget downgrades (X-Relay-Model), and Breaker.ProbePath (a path
+// under each BaseURL). No message contains a key or a header value.
 func checkWritten(c Config, bad func(string, ...any)) {
+	for _, u := range c.Upstreams {
+		if hasCtl(u.Name) {
+			bad("upstream %q: Name has a control character", u.Name)
+		}
+		if hasCtl(u.APIKey) {
+			bad("upstream %q: APIKey has a control character", u.Name)
+		}
+		for _, k := range slices.Sorted(maps.Keys(u.Header)) {
+			if !headerName(k) {
+				bad("upstream %q: Header name %q is not a valid header field name", u.Name, k)
+			}
+			if slices.ContainsFunc(u.Header[k], func(v string) bool { return hasCtl(strings.ReplaceAll(v, "\t", " ")) }) {
+				bad("upstream %q: Header %q has a value with a control character", u.Name, k)
+			}
+		}
+	}
+	for i, m := range c.ContextFallbacks {
+		if hasCtl(m) {
+			bad("ContextFallbacks[%d] %q has a control character", i, m)
+		}
+	}
+	for _, b := range c.Budgets {
+		if hasCtl(b.Downgrade) {
+			bad("budget %q: Downgrade %q has a control character", b.Name, b.Downgrade)
+		}
+	}
 	if path, query, _ := strings.Cut(c.Breaker.ProbePath, "?"); dotSegments(path) || hasCtl(path) || !queryText(query) {
 		bad("Breaker.ProbePath %q could leave the BaseURL: it has a dot segment, a control character, or a query with a space or '#'", c.Breaker.ProbePath)
 	}
+}
+
+// headerName reports whether k is a valid header field name (an RFC 9110
+// token).
+func headerName(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }
