@@ -32,7 +32,8 @@ type Config struct {
 
 	// Prices maps model names to list prices. If nil, DefaultPrices() is
 	// used. Names resolve with provider prefixes and date suffixes removed
-	// (see LoadPrices).
+	// (see LoadPrices). New refuses a price that is negative, NaN,
+	// infinite or above MaxPricePerMTok (see Price).
 	Prices map[string]Price
 
 	// Base sends the requests. If nil, http.DefaultTransport is used.
@@ -502,6 +503,7 @@ func resolve(c Config) (settings, error) {
 	if s.prices == nil {
 		s.prices = DefaultPrices()
 	}
+	checkPrices(s.prices, bad)
 	s.buckets.Mid, s.buckets.Long = orDefault(c.Buckets.Mid, 200), orDefault(c.Buckets.Long, 900)
 	switch {
 	case s.buckets.Mid < 0 || s.buckets.Long < 0:
