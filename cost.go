@@ -151,6 +151,37 @@ func (u Usage) normalized() Usage {
 	return u
 }
 
+// billable is the usage a request is charged for (its costs, its
+// budgets): u, but when the request set max tokens and u has more
+// completion tokens than it allowed (max tokens times its choices: "n", or
+// a completions request's "best_of" when larger, as every one is billed),
+// the completion tokens over that bound, reasoning included, are not
+// charged: an upstream billing more than the request allowed is broken.
+// capped reports it. Without max tokens, u is charged as it is, each count
+// clamped to maxUsageTokens.
+func (t *trip) billable(u Usage) (_ Usage, capped bool) {
+	q := &t.c.req
+	u = u.normalized()
+	if q.MaxTokens <= 0 {
+		return u, false
+	}
+	n := int64(max(t.c.choices, 1))
+	if int64(u.CompletionTokens) <= int64(q.MaxTokens)*n {
+		return u, false
+	}
+	if q.Endpoint == EndpointCompletions {
+		// (read only for a usage over the bound: rare)
+		n = max(n, min(gjson.GetBytes(t.body, "best_of").Int(), maxChoices))
+	}
+	bound := int(min(int64(q.MaxTokens)*n, maxUsageTokens))
+	if u.CompletionTokens <= bound {
+		return u, false
+	}
+	u.CompletionTokens = bound
+	u.ReasoningTokens = min(u.ReasoningTokens, bound)
+	return u, true
+}
+
 // defaultPrices is the built-in price table, in USD per 1M tokens, with
 // each model's context window (input and output tokens, as LiteLLM's
 // catalog lists them; gpt-5.5-codex's as gpt-5's). Every row
