@@ -28,7 +28,9 @@ var ErrBudgetExceeded = errors.New("relay: budget exceeded")
 // factor); a request whose reservation does not fit in what is left does not
 // go out. When the request's report is made, the reservation is replaced by
 // the actual cost (a refund, or a top-up when the upstream billed more than
-// the worst case); a request that got no usage costs nothing. A retried or
+// the worst case, as when it counted more prompt tokens than the router;
+// completion tokens over the request's max tokens are not charged, see
+// Report.UsageCapped); a request that got no usage costs nothing. A retried or
 // hedged request reserves once (topped up if a later attempt's route costs
 // more). So, however many requests run at once, settled spend never exceeds
 // Limit while every request costs at most its reservation, and exceeds it

@@ -34,7 +34,8 @@ type Config struct {
 
 	// Prices maps model names to list prices. If nil, DefaultPrices() is
 	// used. Names resolve with provider prefixes and date suffixes removed
-	// (see LoadPrices).
+	// (see LoadPrices). New refuses a price that is negative, NaN,
+	// infinite or above MaxPricePerMTok (see Price).
 	Prices map[string]Price
 
 	// Base sends the requests. If nil, http.DefaultTransport is used.
@@ -504,6 +505,7 @@ func resolve(c Config) (settings, error) {
 	if s.prices == nil {
 		s.prices = DefaultPrices()
 	}
+	checkPrices(s.prices, bad)
 	s.buckets.Mid, s.buckets.Long = orDefault(c.Buckets.Mid, 200), orDefault(c.Buckets.Long, 900)
 	notNegative(bad, "Buckets.Mid", c.Buckets.Mid)
 	notNegative(bad, "Buckets.Long", c.Buckets.Long)
@@ -552,6 +554,7 @@ func resolve(c Config) (settings, error) {
 	checkModelNames(c, bad)
 	checkBudgetPrices(c, s.prices, bad)
 	s.secrets = newSecrets(c.Upstreams)
+	checkWritten(c, bad)
 	return s, errors.Join(errs...)
 }
 

@@ -175,13 +175,22 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // the deterministic ranking, for Decide).
 func (t *trip) decide(body []byte, random bool) ([]candidate, error) {
 	r, req := t.r, t.req
+	if err := checkURL(req.URL); err != nil {
+		return nil, err
+	}
 	t.body = body
 	t.c = r.classify(req.Method, req.URL.Path, req.Header, body)
 	if len(r.s.budgets) > 0 {
 		t.view = budgetView{r: r, q: &t.c.req, ctx: t.ctx}
 		t.c.req.Budget = &t.view
 	}
+	if err := nameErr(`the body's "model"`, t.c.req.Model); err != nil {
+		return nil, err // (before the policy sees it)
+	}
 	t.route = r.s.route(t.c.req)
+	if err := checkRouteNames(&t.route); err != nil {
+		return nil, err
+	}
 	if err := r.s.checkRoute(&t.c.req, t.route); err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"unsafe"
@@ -27,6 +28,11 @@ import (
 // LiteLLM's catalog gives it: the most prompt tokens it takes and the most
 // output tokens a request may ask for; 0 is unknown (not checked). The
 // router never sends a request to a model whose window it does not fit.
+//
+// New and LoadPrices refuse a price that is negative, NaN, infinite or
+// above MaxPricePerMTok, and a negative window, naming the model, the
+// field and the value: such a price would make costs negative, NaN or
+// infinite, and a budget that is never charged.
 type Price struct {
 	InputPerMTok, CachedInputPerMTok, OutputPerMTok float64
 	MaxInputTokens, MaxOutputTokens                 int
@@ -74,6 +80,43 @@ func (p Price) Cost(u Usage) float64 {
 	return micro / 1e6
 }
 
+// MaxPricePerMTok is the highest price New and LoadPrices accept, in USD
+// per 1M tokens (a million dollars a token): far above any model's, and
+// low enough that no request's cost can overflow to infinity.
+const MaxPricePerMTok = 1e12
+
+// validPrice reports whether v is a price: a number from 0 to
+// MaxPricePerMTok (NaN is not).
+func validPrice(v float64) bool { return v >= 0 && v <= MaxPricePerMTok }
+
+// checkPrices reports, for New, each price of the table that is not
+// validPrice and each negative window, naming the model, the field and the
+// value, in model order.
+func checkPrices(prices map[string]Price, bad func(string, ...any)) {
+	var models []string
+	for m, p := range prices {
+		if !validPrice(p.InputPerMTok) || !validPrice(p.CachedInputPerMTok) || !validPrice(p.OutputPerMTok) ||
+			p.MaxInputTokens < 0 || p.MaxOutputTokens < 0 {
+			models = append(models, m)
+		}
+	}
+	slices.Sort(models)
+	for _, m := range models {
+		p := prices[m]
+		for _, f := range [...]struct {
+			name string
+			v    float64
+		}{{"InputPerMTok", p.InputPerMTok}, {"CachedInputPerMTok", p.CachedInputPerMTok}, {"OutputPerMTok", p.OutputPerMTok}} {
+			if !validPrice(f.v) {
+				bad("Prices[%q].%s %g is not a price from 0 to %g USD per 1M tokens", m, f.name, f.v, float64(MaxPricePerMTok))
+			}
+		}
+		if p.MaxInputTokens < 0 || p.MaxOutputTokens < 0 {
+			bad("Prices[%q]: MaxInputTokens %d and MaxOutputTokens %d must not be negative", m, p.MaxInputTokens, p.MaxOutputTokens)
+		}
+	}
+}
+
 // maxUsageTokens caps every parsed or priced token count. Counts beyond it are
 // not plausible for one request (268,435,456 tokens); the cap keeps the
 // normalising sums from overflowing int, even where int has 32 bits.
@@ -106,6 +149,37 @@ func (u Usage) normalized() Usage {
 		u.CompletionTokens += u.ReasoningTokens
 	}
 	return u
+}
+
+// billable is the usage a request is charged for (its costs, its
+// budgets): u, but when the request set max tokens and u has more
+// completion tokens than it allowed (max tokens times its choices: "n", or
+// a completions request's "best_of" when larger, as every one is billed),
+// the completion tokens over that bound, reasoning included, are not
+// charged: an upstream billing more than the request allowed is broken.
+// capped reports it. Without max tokens, u is charged as it is, each count
+// clamped to maxUsageTokens.
+func (t *trip) billable(u Usage) (_ Usage, capped bool) {
+	q := &t.c.req
+	u = u.normalized()
+	if q.MaxTokens <= 0 {
+		return u, false
+	}
+	n := int64(max(t.c.choices, 1))
+	if int64(u.CompletionTokens) <= int64(q.MaxTokens)*n {
+		return u, false
+	}
+	if q.Endpoint == EndpointCompletions {
+		// (read only for a usage over the bound: rare)
+		n = max(n, min(gjson.GetBytes(t.body, "best_of").Int(), maxChoices))
+	}
+	bound := int(min(int64(q.MaxTokens)*n, maxUsageTokens))
+	if u.CompletionTokens <= bound {
+		return u, false
+	}
+	u.CompletionTokens = bound
+	u.ReasoningTokens = min(u.ReasoningTokens, bound)
+	return u, true
 }
 
 // defaultPrices is the built-in price table, in USD per 1M tokens, with
@@ -175,10 +249,12 @@ func DefaultPrices() map[string]Price {
 // cache_read_input_token_cost, converted to USD per 1M tokens and rounded to
 // 1e-9 (so 2e-06 becomes exactly 2). A missing cache_read_input_token_cost
 // defaults to the input price; a missing input or output price is 0. A field
-// that is not a finite, non-negative number (the catalog's "sample_spec" entry
-// documents fields with strings) is treated as missing. Entries that are not
-// objects, have neither an input nor an output price, or are named
-// "sample_spec" are skipped.
+// that is not a number (the catalog's "sample_spec" entry documents fields
+// with strings) is treated as missing; a number that is negative, too large
+// to be finite, or above MaxPricePerMTok once scaled is an error naming the
+// model, the field and the value. Entries that are not objects, have
+// neither an input nor an output price, or are named "sample_spec" are
+// skipped.
 //
 // The context window comes from max_input_tokens and max_output_tokens,
 // each defaulting to the legacy max_tokens as the catalog documents; a
@@ -186,8 +262,9 @@ func DefaultPrices() map[string]Price {
 // else in an entry (litellm_provider, mode, batch and priority prices) is
 // ignored.
 //
-// Malformed JSON, a top-level value that is not an object, a read error, or a
-// catalog without a single priced entry is an error.
+// Malformed JSON, a top-level value that is not an object, a read error, a
+// price that is not one, or a catalog without a single priced entry is an
+// error.
 func LoadPrices(r io.Reader) (map[string]Price, error) {
 	if r == nil {
 		return nil, errors.New("relay: LoadPrices: nil reader")
@@ -204,17 +281,25 @@ func LoadPrices(r io.Reader) (map[string]Price, error) {
 		return nil, errors.New("relay: price catalog must be a JSON object of model name to prices")
 	}
 	prices := make(map[string]Price)
+	var errs []error
 	root.ForEach(func(key, entry gjson.Result) bool {
 		name := key.String()
 		if name == "" || name == "sample_spec" || !entry.IsObject() {
 			return true
 		}
-		in, okIn := catalogPrice(entry, "input_cost_per_token")
-		out, okOut := catalogPrice(entry, "output_cost_per_token")
+		price := func(field string) (float64, bool) {
+			v, ok, err := catalogPrice(entry, field)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("relay: price catalog: model %q: %w", name, err))
+			}
+			return v, ok
+		}
+		in, okIn := price("input_cost_per_token")
+		out, okOut := price("output_cost_per_token")
+		cached, okCached := price("cache_read_input_token_cost")
 		if !okIn && !okOut {
 			return true
 		}
-		cached, okCached := catalogPrice(entry, "cache_read_input_token_cost")
 		if !okCached {
 			cached = in
 		}
@@ -224,6 +309,9 @@ func LoadPrices(r io.Reader) (map[string]Price, error) {
 			MaxOutputTokens: cmp.Or(catalogTokens(entry, "max_output_tokens"), legacy)}
 		return true
 	})
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
 	if len(prices) == 0 {
 		return nil, errors.New("relay: price catalog has no entry with per-token prices")
 	}
@@ -242,17 +330,18 @@ func catalogTokens(entry gjson.Result, field string) int {
 
 // catalogPrice reads a per-token price field of a catalog entry and returns
 // it per 1M tokens, rounded to 1e-9 to drop the float noise of the scaling.
-// ok is false when the field is absent or not a finite, non-negative number.
-func catalogPrice(entry gjson.Result, field string) (perMTok float64, ok bool) {
+// ok is false when the field is absent or not a number; err is set when it
+// is a number but not a price (negative, infinite, above MaxPricePerMTok).
+func catalogPrice(entry gjson.Result, field string) (perMTok float64, ok bool, err error) {
 	v := entry.Get(field)
 	if v.Type != gjson.Number {
-		return 0, false
+		return 0, false, nil
 	}
 	scaled := math.Round(v.Num*1e15) / 1e9 // per token → per 1M, rounded to 1e-9
-	if math.IsNaN(scaled) || math.IsInf(scaled, 0) || scaled < 0 {
-		return 0, false
+	if !(v.Num >= 0) || !validPrice(scaled) {
+		return 0, false, fmt.Errorf("%s %s is not a price from 0 to %g USD per token", field, v.Raw, MaxPricePerMTok/1e6)
 	}
-	return scaled, true
+	return scaled, true, nil
 }
 
 // lookupPrice finds the price of model in prices. Resolution order, first

@@ -23,6 +23,17 @@ var (
 	// ErrBodyTooLarge: the request body exceeds Config.MaxBodyBytes; no
 	// upstream was called.
 	ErrBodyTooLarge = errors.New("relay: request body too large")
+	// ErrBadPath: the request's URL could reach outside the upstream's
+	// BaseURL, where its key would go too: its path has a "." or ".."
+	// segment (percent-encoded or not, between "/", "\" or their
+	// encodings), or its query holds a space, '#' or a control character.
+	// No upstream was called.
+	ErrBadPath = errors.New("relay: request path could leave the upstream's BaseURL")
+	// ErrBadName: a model name (the body's "model", a Route's Model or
+	// Fallbacks) or a Route's Bucket holds a control character (CR, LF,
+	// NUL...); the router would write it into a response header
+	// (X-Relay-Model) or a report. No upstream was called.
+	ErrBadName = errors.New("relay: name holds a control character")
 	// ErrRateLimited: every candidate upstream's limiter refused the request
 	// within Config.Limits.MaxWait; no upstream was called.
 	ErrRateLimited = errors.New("relay: rate limited by every upstream")

@@ -53,6 +53,12 @@ type Report struct {
 	Stream        bool          // the request asked for a stream
 	Err           error         // nil on success
 
+	// UsageCapped: the upstream reported more completion tokens, in Usage
+	// or HedgeUsage, than the request allowed (its max tokens times its
+	// choices). That usage is taken for a broken upstream's: the costs and
+	// budgets charge the bound, while Usage keeps the reported figures.
+	UsageCapped bool
+
 	// Context is the request's context, so a hook can reach what the
 	// caller kept in it (a trace, a user). It may be done by the time the
 	// report is made.
@@ -174,13 +180,16 @@ func (t *trip) report(end bodyEnd) Report {
 	rep.Priced = priced // the model has a price, whatever the status
 	if end.haveUsage {
 		rep.Usage = end.usage
+		var billed Usage
+		billed, rep.UsageCapped = t.billable(end.usage)
 		if priced {
-			rep.ListCostUSD = p.Cost(end.usage)
+			rep.ListCostUSD = p.Cost(billed)
 			rep.CostUSD = rep.ListCostUSD * t.att.factor()
 		}
 	}
 	for _, l := range t.losers { // billed whatever the answer that won
-		c := t.listCost(l)
+		c, capped := t.listCost(l)
+		rep.UsageCapped = rep.UsageCapped || capped
 		rep.ListCostUSD += c
 		rep.CostUSD += c * l.factor
 	}
@@ -423,7 +432,8 @@ func (t *trip) costParts(rep Report) []costPart {
 	win := rep.Cost
 	var parts []costPart
 	for _, l := range t.losers {
-		c := t.listCost(l) * l.factor * perUSD
+		c, _ := t.listCost(l)
+		c *= l.factor * perUSD
 		win -= c
 		_, priced := lookupPrice(t.r.s.prices, l.model)
 		parts = append(parts, costPart{model: l.model, upstream: l.upstream, cost: c, unpriced: !priced, usage: l.u, factor: l.factor})
@@ -435,12 +445,14 @@ func (t *trip) costParts(rep Report) []costPart {
 	return parts
 }
 
-// listCost is what a hedge's losing attempt cost at list price; 0 for a
-// model without a price.
-func (t *trip) listCost(l loserUsage) float64 {
+// listCost is what a hedge's losing attempt cost at list price, for its
+// billable usage (capped reports its usage over the request's bound); 0
+// for a model without a price.
+func (t *trip) listCost(l loserUsage) (cost float64, capped bool) {
+	u, capped := t.billable(l.u)
 	p, ok := lookupPrice(t.r.s.prices, l.model)
 	if !ok {
-		return 0
+		return 0, capped
 	}
-	return p.Cost(l.u)
+	return p.Cost(u), capped
 }

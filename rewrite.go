@@ -3,8 +3,12 @@ package relay
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"maps"
 	"net/http"
+	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -136,13 +140,14 @@ func (t *trip) pathFor() string {
 	return afterV1(t.req.URL.Path)
 }
 
-// afterV1 is what follows a path's "/v1/" (or the whole path, without its
-// leading slash, when it has none).
+// afterV1 is what follows a path's "/v1/" (or the whole path when it has
+// none), without leading slashes: appended to a BaseURL without a path, it
+// must not start with "//", which a server may read as another host.
 func afterV1(p string) string {
 	if i := strings.Index(p, "/v1/"); i >= 0 {
-		return p[i+len("/v1/"):]
+		p = p[i+len("/v1/"):]
 	}
-	return strings.TrimPrefix(p, "/")
+	return strings.TrimLeft(p, "/")
 }
 
 // outBody is the body of one attempt, and whether the router added
@@ -306,4 +311,207 @@ func lastMember[T jsonscan.Text](obj T, key string) T {
 		return true
 	})
 	return v
+}
+
+// What the router writes is checked before it is written. A key never
+// leaves its BaseURL: a request path that a server could resolve outside
+// the BaseURL's path is refused (checkURL). No header value the router
+// writes carries a control character: the names that go into headers are
+// checked per request (nameErr, checkRouteNames) and in New (checkWritten).
+
+// maxDecodes is how many times dotSegments percent-decodes a path (a proxy
+// and the server behind it may each decode once) before it refuses one
+// that still decodes further.
+const maxDecodes = 3
+
+// checkURL refuses a request URL that could take the upstream's key
+// outside its BaseURL (ErrBadPath): a "." or ".." segment in its path,
+// however spelled (see dotSegments), in the decoded, raw or opaque form;
+// or a query with a byte that could end the request line's target.
+func checkURL(u *url.URL) error {
+	for _, p := range [...]string{u.Path, u.RawPath, u.Opaque} {
+		if dotSegments(p) {
+			return &Error{Op: "read request", Err: fmt.Errorf("%w: path %q has a dot segment", ErrBadPath, p)}
+		}
+	}
+	if !queryText(u.RawQuery) {
+		return &Error{Op: "read request", Err: fmt.Errorf("%w: query %q has a space, '#' or a control character", ErrBadPath, u.RawQuery)}
+	}
+	return nil
+}
+
+// dotSegments reports whether a server could read path p as having a "."
+// or ".." segment: segments end at '/' and '\', a segment's parameters
+// (";...", which some servers strip) do not count, and p is read again
+// percent-decoded, up to maxDecodes times; a path that still decodes
+// further is refused as well.
+func dotSegments(p string) bool {
+	for range maxDecodes + 1 {
+		if hasDotSegment(p) {
+			return true
+		}
+		q := percentDecode(p)
+		if q == p {
+			return false
+		}
+		p = q
+	}
+	return true
+}
+
+// hasDotSegment reports whether p, split at '/' and '\', has a segment
+// that is "." or "..", parameters aside.
+func hasDotSegment(p string) bool {
+	if strings.IndexByte(p, '.') < 0 {
+		return false
+	}
+	for p != "" {
+		seg := p
+		if i := strings.IndexAny(p, `/\`); i >= 0 {
+			seg, p = p[:i], p[i+1:]
+		} else {
+			p = ""
+		}
+		if i := strings.IndexByte(seg, ';'); i >= 0 {
+			seg = seg[:i]
+		}
+		if seg == "." || seg == ".." {
+			return true
+		}
+	}
+	return false
+}
+
+// percentDecode decodes every valid %XX of s (case-insensitive) and keeps
+// any other '%' as it is, as a lenient server does.
+func percentDecode(s string) string {
+	if strings.IndexByte(s, '%') < 0 {
+		return s
+	}
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		if s[i] == '%' && i+2 < len(s) && isHex(s[i+1]) && isHex(s[i+2]) {
+			b = append(b, unHex(s[i+1])<<4|unHex(s[i+2]))
+			i += 2
+			continue
+		}
+		b = append(b, s[i])
+	}
+	return string(b)
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func unHex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c <= 'F':
+		return c - 'A' + 10
+	}
+	return c - 'a' + 10
+}
+
+// queryText reports whether q can go after the '?' of a request target as
+// it is: no space, no '#', no control character.
+func queryText(q string) bool {
+	for i := 0; i < len(q); i++ {
+		if c := q[i]; c <= ' ' || c == 0x7f || c == '#' {
+			return false
+		}
+	}
+	return true
+}
+
+// hasCtl reports whether s has a control character: a byte below 0x20
+// (CR, LF, NUL, tab...) or DEL.
+func hasCtl(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < ' ' || s[i] == 0x7f {
+			return true
+		}
+	}
+	return false
+}
+
+// nameErr refuses a name the router writes into a header or a report
+// that holds a control character (ErrBadName), naming its field: the
+// model sent goes into the X-Relay-Model response header, the bucket into
+// reports and the observers' labels.
+func nameErr(field, v string) error {
+	if !hasCtl(v) {
+		return nil
+	}
+	return &Error{Op: "route", Err: fmt.Errorf("%w: %s %q", ErrBadName, field, v)}
+}
+
+// checkRouteNames refuses a Policy's route whose models or bucket hold a
+// control character (ErrBadName).
+func checkRouteNames(rt *Route) error {
+	if err := nameErr("Route.Model", rt.Model); err != nil {
+		return err
+	}
+	if err := nameErr("Route.Bucket", rt.Bucket); err != nil {
+		return err
+	}
+	for i, m := range rt.Fallbacks {
+		if hasCtl(m) {
+			return nameErr(fmt.Sprintf("Route.Fallbacks[%d]", i), m)
+		}
+	}
+	return nil
+}
+
+// checkWritten checks, for New, the configured values the router writes
+// into requests and response headers: upstream names (X-Relay-Upstream),
+// API keys (Authorization), extra headers, the models of ContextFallbacks
+// and budget downgrades (X-Relay-Model), and Breaker.ProbePath (a path
+// under each BaseURL). No message contains a key or a header value.
+func checkWritten(c Config, bad func(string, ...any)) {
+	for _, u := range c.Upstreams {
+		if hasCtl(u.Name) {
+			bad("upstream %q: Name has a control character", u.Name)
+		}
+		if hasCtl(u.APIKey) {
+			bad("upstream %q: APIKey has a control character", u.Name)
+		}
+		for _, k := range slices.Sorted(maps.Keys(u.Header)) {
+			if !headerName(k) {
+				bad("upstream %q: Header name %q is not a valid header field name", u.Name, k)
+			}
+			if slices.ContainsFunc(u.Header[k], func(v string) bool { return hasCtl(strings.ReplaceAll(v, "\t", " ")) }) {
+				bad("upstream %q: Header %q has a value with a control character", u.Name, k)
+			}
+		}
+	}
+	for i, m := range c.ContextFallbacks {
+		if hasCtl(m) {
+			bad("ContextFallbacks[%d] %q has a control character", i, m)
+		}
+	}
+	for _, b := range c.Budgets {
+		if hasCtl(b.Downgrade) {
+			bad("budget %q: Downgrade %q has a control character", b.Name, b.Downgrade)
+		}
+	}
+	if path, query, _ := strings.Cut(c.Breaker.ProbePath, "?"); dotSegments(path) || hasCtl(path) || !queryText(query) {
+		bad("Breaker.ProbePath %q could leave the BaseURL: it has a dot segment, a control character, or a query with a space or '#'", c.Breaker.ProbePath)
+	}
+}
+
+// headerName reports whether k is a valid header field name (an RFC 9110
+// token).
+func headerName(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }
