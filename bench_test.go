@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/tokenrelay/relay/internal/corpus"
 	"github.com/tokenrelay/relay/internal/tokens"
 )
 
@@ -120,28 +121,38 @@ func BenchmarkCount(b *testing.B) {
 
 // benchPrompt returns n bytes of mixed prose, code and numbers that need no
 // JSON escaping.
-func benchPrompt(n int) string {
-	parts := []string{
-		"The quick brown fox jumps over the lazy dog while the router counts every token. ",
-		"func add(a, b int) int { return a + b } // adds two numbers; see issue 1234. ",
-		"Revenue grew 17.5% to 4,321,000 USD in Q3 2026, up from 3,678,000 a year earlier. ",
-		"Überprüfen Sie die Konfiguration: naïve café résumé, 東京 の 天気 は 晴れ です。 ",
+func benchPrompt(n int) string { return corpus.Prompt(n) }
+
+// overheadBody is the request of the overhead benchmarks (module interop):
+// corpus.Chat, its body as b.
+type overheadBody struct {
+	*corpus.Chat
+	b []byte
+}
+
+func newOverheadBody(testing.TB) *overheadBody {
+	c := corpus.NewChat()
+	return &overheadBody{c, c.B}
+}
+
+func (ob *overheadBody) renew(n uint64) { ob.Renew(n) }
+
+// overheadRouter is the router of the overhead benchmarks (module interop)
+// over base: two upstreams, the defaults (affinity, retries, breakers), and
+// RPM/TPM limits that never limit.
+func overheadRouter(tb testing.TB, base http.RoundTripper, reports *atomic.Int64) *Router {
+	r, err := New(Config{
+		Upstreams: []Upstream{
+			{Name: "a", BaseURL: "http://a.mem/v1", APIKey: "sk-bench", RPM: 1 << 40, TPM: 1 << 50},
+			{Name: "b", BaseURL: "http://b.mem/v1", APIKey: "sk-bench", RPM: 1 << 40, TPM: 1 << 50},
+		},
+		Base:     base,
+		OnReport: func(Report) { reports.Add(1) },
+	})
+	if err != nil {
+		tb.Fatal(err)
 	}
-	var sb strings.Builder
-	for i := 0; sb.Len() < n; i++ {
-		sb.WriteString(parts[i%len(parts)])
-	}
-	s := sb.String()
-	for len(s) > n { // cut on a rune boundary
-		s = s[:n]
-		for len(s) > 0 && s[len(s)-1]&0xC0 == 0x80 {
-			s = s[:len(s)-1]
-		}
-		if len(s) > 0 && s[len(s)-1] >= 0xC0 {
-			s = s[:len(s)-1]
-		}
-	}
-	return s
+	return r
 }
 
 // BenchmarkAcquire measures what the router adds per request before it

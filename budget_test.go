@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -14,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/openai/openai-go/v3"
-	goopenai "github.com/sashabaranov/go-openai"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -307,33 +304,6 @@ func TestBudgetScopesAndDowngrade(t *testing.T) {
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	assert.Equal(t, "cheap", decide().Route.Model, "past half the budget, long prompts go to Cheap")
-}
-
-// TestBudgetRefusalThroughSDKs: a refusal is ErrBudgetExceeded through
-// go-openai and openai-go, with no upstream call.
-func TestBudgetRefusalThroughSDKs(t *testing.T) {
-	up := newRecorder(t, 200, fixture(t, "chat_response_default.json"))
-	r, reps := newTestRouter(t, Config{Prices: budgetPrices, Upstreams: []Upstream{{Name: "a", BaseURL: up.URL}},
-		Budgets: []Budget{{Name: "tiny", Limit: 0.5, Window: Window{Every: time.Hour}}}})
-	cfg := goopenai.DefaultConfig("")
-	cfg.HTTPClient = &http.Client{Transport: r}
-	_, err := goopenai.NewClientWithConfig(cfg).CreateChatCompletion(context.Background(), goopenai.ChatCompletionRequest{
-		Model: "m", Messages: []goopenai.ChatCompletionMessage{{Role: "user", Content: "hi"}}})
-	require.ErrorIs(t, err, ErrBudgetExceeded)
-	var rerr *Error
-	require.True(t, errors.As(err, &rerr))
-	assert.Equal(t, "tiny", rerr.Budget)
-	assert.Contains(t, err.Error(), "budget tiny")
-
-	client := openAIGoClient(r)
-	_, err = client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
-		Model: "m", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
-	require.ErrorIs(t, err, ErrBudgetExceeded)
-	assert.Empty(t, up.got(), "no upstream call")
-	for _, rep := range reps.all() {
-		assert.Equal(t, "tiny", rep.Budget)
-		assert.ErrorIs(t, rep.Err, ErrBudgetExceeded)
-	}
 }
 
 // TestBudgetCurrency: costs and budgets in the billing currency: a relay

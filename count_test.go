@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tokenrelay/relay/internal/corpus"
 	"github.com/tokenrelay/relay/internal/tokens"
 )
 
@@ -96,7 +97,7 @@ func TestMemoBoundedAndResendPaysOnlyNew(t *testing.T) {
 func TestHeapBoundedOverDistinctPrompts(t *testing.T) {
 	answer := fixture(t, "chat_response_default.json")
 	var reports atomic.Int64
-	r := overheadTransports(t, memBase(answer), &reports)["relay"]
+	r := overheadRouter(t, corpus.MemBase(answer), &reports)
 	ob := newOverheadBody(t)
 	send := func(i int) {
 		ob.renew(uint64(i))
@@ -120,7 +121,7 @@ func TestHeapBoundedOverDistinctPrompts(t *testing.T) {
 	t.Logf("heap after %d distinct prompts: %+.1f MB (%.1f MB in use)", n, float64(growth)/(1<<20), float64(after.HeapAlloc)/(1<<20))
 	assert.Less(t, growth, int64(64<<20))
 	assert.Equal(t, int64(n+1), reports.Load())
-	assert.LessOrEqual(t, r.(*Router).counter.memo.len(), 8192+memoWays-1, "the memo holds at most MemoEntries")
+	assert.LessOrEqual(t, r.counter.memo.len(), 8192+memoWays-1, "the memo holds at most MemoEntries")
 }
 
 // TestMemoConcurrentNeverMisleads has goroutines store and look up keys

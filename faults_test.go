@@ -1,13 +1,10 @@
 package relay
 
 import (
-	"context"
-	"fmt"
 	"net/http"
 	"testing"
 	"time"
 
-	goopenai "github.com/sashabaranov/go-openai"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -83,33 +80,4 @@ func TestFaultMatrix(t *testing.T) {
 			}
 		})
 	}
-}
-
-func TestGoOpenAIRetriesAndFailover(t *testing.T) {
-	srvs := newServers(t, 2)
-	srvs[0].Script(relaytest.Fault{Status: 429, Header: http.Header{"Retry-After-Ms": {"5"}}})
-	srvs[1].Script(relaytest.Fault{Status: 503})
-	r, reps, _ := retryRouter(t, Config{}, srvs...)
-	cfg := goopenai.DefaultConfig("sk-caller")
-	cfg.BaseURL = "http://relay.invalid/v1"
-	cfg.HTTPClient = &http.Client{Transport: r}
-	client := goopenai.NewClientWithConfig(cfg)
-	resp, err := client.CreateChatCompletion(context.Background(), goopenai.ChatCompletionRequest{
-		Model: "gpt-4.1", Messages: []goopenai.ChatCompletionMessage{{Role: "user", Content: "hi"}},
-	})
-	require.NoError(t, err)
-	assert.Equal(t, "u0", resp.Header().Get(HeaderUpstream))
-	assert.Equal(t, 3, reps.all()[0].Attempts)
-
-	// When every attempt is rate limited, go-openai gets the 429 as its APIError.
-	for _, s := range srvs {
-		s.SetDefault(relaytest.Fault{Status: 429})
-	}
-	_, err = client.CreateChatCompletion(context.Background(), goopenai.ChatCompletionRequest{
-		Model: "gpt-4.1", Messages: []goopenai.ChatCompletionMessage{{Role: "user", Content: "hi"}},
-	})
-	var apiErr *goopenai.APIError
-	require.ErrorAs(t, err, &apiErr)
-	assert.Equal(t, 429, apiErr.HTTPStatusCode)
-	assert.Equal(t, "rate_limit_exceeded", fmt.Sprint(apiErr.Code))
 }

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -14,8 +13,6 @@ import (
 	"testing/iotest"
 	"time"
 
-	"github.com/openai/openai-go/v3"
-	goopenai "github.com/sashabaranov/go-openai"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -250,56 +247,6 @@ func allocatedBySecondRead(t *testing.T, r http.RoundTripper, path, req, want st
 	require.NoError(t, err)
 	assert.True(t, want == got.String(), "%d bytes read, want %d", got.Len(), len(want))
 	return after.TotalAlloc - before.TotalAlloc
-}
-
-// TestGoOpenAIStreamMultiLineUsageChunk: a go-openai caller that did not ask
-// for usage reads its stream through the router when the upstream prints the
-// usage chunk the router asked for over several data lines: the chunk is
-// removed, go-openai (which parses each data line alone) reads the content
-// and a clean end, and the report has the usage. (The chunk reached
-// go-openai, whose Recv failed on "{".)
-func TestGoOpenAIStreamMultiLineUsageChunk(t *testing.T) {
-	up := newSSEUpstream(t, []byte(event(chatHi)+event(chatStop)+usageSplit+"data: [DONE]\n\n"))
-	r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL + "/v1"}}})
-	s, err := goOpenAIClient(r).CreateChatCompletionStream(context.Background(), goopenai.ChatCompletionRequest{
-		Model: "gpt-4.1", Stream: true, Messages: []goopenai.ChatCompletionMessage{{Role: "user", Content: "Say hi"}},
-	})
-	require.NoError(t, err)
-	text, err := recvAll(s)
-	require.NoError(t, err)
-	assert.Equal(t, "Hi", text)
-	rep := reps.all()[0]
-	assert.NoError(t, rep.Err)
-	assert.Equal(t, Usage{PromptTokens: 5, CompletionTokens: 6}, rep.Usage)
-}
-
-// TestOpenAIGoStreamMultiLineData: openai-go joins an event's data lines;
-// the router now reads the same events, so the usage it reports is the
-// usage openai-go's caller gets. (The report estimated it.)
-func TestOpenAIGoStreamMultiLineData(t *testing.T) {
-	up := newSSEUpstream(t, []byte(event(chatHi)+finishSplit+usageSplit+"data: [DONE]\n\n"))
-	r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL + "/v1"}}})
-	client := openAIGoClient(r)
-	s := client.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{
-		Model:         "gpt-4.1",
-		Messages:      []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Say hi")},
-		StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
-	})
-	defer s.Close()
-	var acc openai.ChatCompletionAccumulator
-	for s.Next() {
-		acc.AddChunk(s.Current())
-	}
-	require.NoError(t, s.Err())
-	require.Len(t, acc.Choices, 1)
-	assert.Equal(t, "Hi", acc.Choices[0].Message.Content)
-	assert.Equal(t, "stop", acc.Choices[0].FinishReason)
-	rep := reps.all()[0]
-	assert.NoError(t, rep.Err)
-	assert.False(t, rep.Usage.Estimated)
-	assert.Equal(t, int(acc.Usage.PromptTokens), rep.Usage.PromptTokens)
-	assert.Equal(t, int(acc.Usage.CompletionTokens), rep.Usage.CompletionTokens)
-	assert.Equal(t, Usage{PromptTokens: 5, CompletionTokens: 6}, rep.Usage)
 }
 
 // noBlankLines is a chat stream whose upstream sends no blank line between

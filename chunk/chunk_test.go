@@ -1,8 +1,6 @@
 package chunk
 
 import (
-	"bytes"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -11,11 +9,11 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/pkoukk/tiktoken-go-loader/assets"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/tokenrelay/relay/internal/bpe"
 	"github.com/tokenrelay/relay/internal/tokens"
 )
 
@@ -607,20 +605,12 @@ func TestValidPrefix(t *testing.T) {
 
 // TestMaxTokenBytes checks maxTokenBytes against both vocabularies.
 func TestMaxTokenBytes(t *testing.T) {
-	for _, name := range []string{"o200k_base", "cl100k_base"} {
-		data, err := assets.Assets.ReadFile(name + ".tiktoken")
-		require.NoError(t, err)
+	for _, e := range []*bpe.Encoding{bpe.O200K(), bpe.CL100K()} {
 		longest := 0
-		for line := range bytes.Lines(data) {
-			tok, _, ok := bytes.Cut(line, []byte(" "))
-			if !ok {
-				continue
-			}
-			b, err := base64.StdEncoding.DecodeString(string(tok))
-			require.NoError(t, err)
-			longest = max(longest, len(b))
+		for _, tok := range e.Tokens() {
+			longest = max(longest, len(tok))
 		}
-		assert.Equal(t, maxTokenBytes, longest, name)
+		assert.Equal(t, maxTokenBytes, longest, e.Name())
 	}
 }
 

@@ -10,7 +10,7 @@ require (
 	github.com/stretchr/testify v1.12.1
 	github.com/tidwall/gjson v1.20.2
 	github.com/tidwall/sjson v1.2.9
-	github.com/tokenrelay/relay v0.0.0
+	github.com/tokenrelay/relay v0.1.0
 	go.uber.org/goleak v1.3.0
 )
 
@@ -40,14 +40,8 @@ require (
 	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
 	github.com/tidwall/match v1.1.1 // indirect
 	github.com/tidwall/pretty v1.3.0 // indirect
-	github.com/tokenrelay/relay/redisstate v0.0.0
-	github.com/tokenrelay/relay/relayprom v0.0.0
+	github.com/tokenrelay/relay/redisstate v0.1.0
+	github.com/tokenrelay/relay/relayprom v0.1.0
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/time v0.16.0
 )
-
-replace github.com/tokenrelay/relay => ../
-
-replace github.com/tokenrelay/relay/relayprom => ../relayprom
-
-replace github.com/tokenrelay/relay/redisstate => ../redisstate

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/tokenrelay/relay/internal/corpus"
 )
 
 // The ASCII fast paths agree with the general scanners at every position
@@ -12,12 +14,12 @@ import (
 func TestASCIIFastPathsAgree(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	const alphabet = " \t\n\r\v\f aAzZ09'sStTlLdDmMrReEvV.,!?/-_\"(){}<>|\\@#"
-	inputs := append([]string{}, handCorpus...)
+	inputs := append([]string{}, corpus.HandWritten...)
 	for range 20000 {
 		var sb strings.Builder
 		for range 1 + rng.IntN(24) {
 			if rng.IntN(8) == 0 {
-				sb.WriteRune(runePool[rng.IntN(len(runePool))])
+				sb.WriteRune(corpus.RunePool[rng.IntN(len(corpus.RunePool))])
 			} else {
 				sb.WriteByte(alphabet[rng.IntN(len(alphabet))])
 			}

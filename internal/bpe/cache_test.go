@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tokenrelay/relay/internal/corpus"
 )
 
 func TestCacheGeometry(t *testing.T) {
@@ -110,7 +112,7 @@ func TestCacheConcurrent(t *testing.T) {
 // After reset, the cache answers nothing until it is filled again.
 func TestCacheReset(t *testing.T) {
 	e := mustLoad("cl100k_base", false)
-	text := proseCorpus(t, 64<<10)
+	text := corpus.Prose(64 << 10)
 	want := e.Count(text)
 	e.cache.reset()
 	for n := range e.cache.tables {

@@ -8,13 +8,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tokenrelay/relay/internal/corpus"
 )
 
 // coldTexts are the texts of BenchmarkFirstCount: a 4 KiB prompt of
 // English prose, and the same with a 4 KiB run of one letter (a pre-token
 // long enough for the backtracking encoder).
 func coldTexts(tb testing.TB) map[string]string {
-	prose := proseCorpus(tb, 4<<10)
+	prose := corpus.Prose(4 << 10)
 	return map[string]string{
 		"prompt":    prose,
 		"longpiece": prose + " " + strings.Repeat("x", 4<<10),

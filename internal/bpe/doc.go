@@ -19,7 +19,8 @@
 // invalid UTF-8: like tiktoken-go (which converts the text to runes), every
 // byte that is not part of a valid UTF-8 sequence is treated as U+FFFD both
 // for splitting and for byte-pair encoding. This is checked by differential
-// tests and a fuzz target against github.com/pkoukk/tiktoken-go.
+// tests and a fuzz target against github.com/pkoukk/tiktoken-go (in the
+// module github.com/tokenrelay/relay/interop, package tiktoken).
 //
 // # Complexity
 //
@@ -41,7 +42,8 @@
 //
 // The vocabularies are embedded in the package in a compact form generated
 // from the assets of github.com/pkoukk/tiktoken-go-loader (go generate;
-// a test checks that regenerating gives the same bytes): token bytes are
+// a test of the module interop checks that regenerating gives the same
+// bytes): token bytes are
 // used in place and the open-addressing rank table is filled in one nearly
 // sequential pass, on memory advised to use huge pages where the system
 // allows. The first count with an encoding therefore costs a few

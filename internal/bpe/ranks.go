@@ -9,15 +9,15 @@ import (
 )
 
 // The vocabularies, in a compact form generated from the .tiktoken files of
-// github.com/pkoukk/tiktoken-go-loader (go generate; TestRanksFiles checks
-// that regenerating gives the same bytes): the magic "bpe2", the number of
+// github.com/pkoukk/tiktoken-go-loader (go generate; TestRanksFiles, in the
+// module interop, checks that regenerating gives the same bytes): the magic "bpe2", the number of
 // ranks and the number of tokens as little-endian uint32s, then for each
 // token its length (a byte), its rank (three bytes, little-endian) and its
 // bytes, in the order of their home slots in the rank table. Loading needs
 // no decoding and no sorting: token bytes are used in place, and the table,
 // far larger than the CPU caches, is filled in one nearly sequential pass.
 //
-//go:generate env BPE_UPDATE_RANKS=1 go test -run ^TestRanksFiles$ .
+//go:generate env BPE_UPDATE_RANKS=1 go test -run ^TestRanksFiles$ ../../interop/tiktoken
 var (
 	//go:embed cl100k_base.ranks
 	cl100kRanks string

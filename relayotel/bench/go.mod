@@ -5,9 +5,9 @@ go 1.26.0
 require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/stretchr/testify v1.12.1
-	github.com/tokenrelay/relay v0.0.0
-	github.com/tokenrelay/relay/relayotel v0.0.0
-	github.com/tokenrelay/relay/relayprom v0.0.0
+	github.com/tokenrelay/relay v0.1.0
+	github.com/tokenrelay/relay/relayotel v0.1.0
+	github.com/tokenrelay/relay/relayprom v0.1.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0
@@ -37,10 +37,4 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
-)
-
-replace (
-	github.com/tokenrelay/relay => ../../
-	github.com/tokenrelay/relay/relayotel => ../
-	github.com/tokenrelay/relay/relayprom => ../../relayprom
 )

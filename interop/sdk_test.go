@@ -1,4 +1,4 @@
-package relay
+package interop
 
 import (
 	"context"
@@ -18,7 +18,9 @@ import (
 	goopenai "github.com/sashabaranov/go-openai"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
 
+	. "github.com/tokenrelay/relay"
 	"github.com/tokenrelay/relay/relaytest"
 )
 
@@ -132,7 +134,7 @@ func recvAll(s *goopenai.ChatCompletionStream) (string, error) {
 func TestGoOpenAIStreamThroughRouter(t *testing.T) {
 	srv := relaytest.NewServer()
 	defer srv.Close()
-	clk := newFakeClock()
+	clk := newTestClock()
 	r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: srv.URL}}, Clock: clk})
 	client := goOpenAIClient(r)
 	req := goopenai.ChatCompletionRequest{
@@ -333,7 +335,7 @@ var deadlineCases = []struct {
 	run  func(t *testing.T, call func(context.Context, http.RoundTripper) error) error
 }{
 	{"1ns deadline before headers", func(t *testing.T, call func(context.Context, http.RoundTripper) error) error {
-		up := newGatedUpstream(t) // never answers
+		up := newSilentUpstream(t)
 		r, _ := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL}}})
 		ctx, cancel := context.WithTimeout(context.Background(), time.Nanosecond)
 		defer cancel()
@@ -342,7 +344,7 @@ var deadlineCases = []struct {
 	{"deadline passes during backoff", func(t *testing.T, call func(context.Context, http.RoundTripper) error) error {
 		srvs := newServers(t, 1)
 		srvs[0].SetDefault(relaytest.Fault{Status: 503})
-		clock := newFakeClock()
+		clock := newTestClock()
 		r, reps := newTestRouter(t, Config{Clock: clock, Upstreams: []Upstream{{Name: "a", BaseURL: srvs[0].URL}}})
 		ctx := newPassingDeadline()
 		defer ctx.pass()
@@ -356,7 +358,7 @@ var deadlineCases = []struct {
 	}},
 	{"deadline passes during limiter wait", func(t *testing.T, call func(context.Context, http.RoundTripper) error) error {
 		srvs := newServers(t, 1)
-		clock := newFakeClock()
+		clock := newTestClock()
 		r, reps := newTestRouter(t, Config{
 			Clock:     clock,
 			Upstreams: []Upstream{{Name: "a", BaseURL: srvs[0].URL, RPM: 1}},
@@ -378,7 +380,7 @@ var deadlineCases = []struct {
 		// The wait (a minute) is within MaxWait but past the deadline (30 s):
 		// the router refuses at once rather than wait for nothing.
 		srvs := newServers(t, 1)
-		clock := newFakeClock()
+		clock := newTestClock()
 		clock.now = time.Now() // the context's deadline is on the real clock
 		r, reps := newTestRouter(t, Config{
 			Clock:     clock,
@@ -396,9 +398,13 @@ var deadlineCases = []struct {
 		return err
 	}},
 	{"deadline passes during hedge", func(t *testing.T, call func(context.Context, http.RoundTripper) error) error {
-		a, b := newGatedUpstream(t), newGatedUpstream(t) // neither answers
-		r, reps, clock := hedgeRouter(t, HedgeConfig{Delay: time.Second, Budget: 1}, a.URL, b.URL)
-		r.hedges.bal.Store(hedgeBudgetCap)
+		a, b := newSilentUpstream(t), newSilentUpstream(t)
+		clock := newTestClock()
+		r, reps := newTestRouter(t, Config{ // with a budget of 1, the first request may hedge
+			Clock:     clock,
+			Hedge:     HedgeConfig{Delay: time.Second, Budget: 1},
+			Upstreams: []Upstream{{Name: "a", BaseURL: a.URL}, {Name: "b", BaseURL: b.URL}},
+		})
 		ctx := newPassingDeadline()
 		defer ctx.pass()
 		errc := callAsync(ctx, r, call)
@@ -474,7 +480,7 @@ func TestGoOpenAIStreamEndsAfterFinishReason(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			up := newSSEUpstream(t, []byte(c.body))
-			r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL + "/v1"}}})
+			r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL}}})
 			client := goOpenAIClient(r)
 			ctx := context.Background()
 			var (
@@ -542,7 +548,7 @@ func TestOpenAIGoChatStreamEndsAfterFinishReason(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			up := newSSEUpstream(t, []byte(c.body))
-			r, _ := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL + "/v1"}}})
+			r, _ := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL}}})
 			client := openAIGoClient(r)
 			s := client.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{
 				Model:    "gpt-4.1",
@@ -578,7 +584,7 @@ func TestOpenAIGoResponsesStreamEndsAtCompleted(t *testing.T) {
 		var b strings.Builder
 		for _, d := range data {
 			if withEvent {
-				b.WriteString("event: " + string(firstType([]byte(d))) + "\n")
+				b.WriteString("event: " + gjson.Get(d, "type").String() + "\n")
 			}
 			b.WriteString("data: " + d + "\n\n")
 		}
@@ -595,7 +601,7 @@ func TestOpenAIGoResponsesStreamEndsAtCompleted(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			up := newSSEUpstream(t, []byte(c.body))
-			r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL + "/v1"}}})
+			r, reps := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL}}})
 			client := openAIGoClient(r)
 			s := client.Responses.NewStreaming(context.Background(), responsesParams("Say hi"))
 			defer s.Close()

@@ -1,4 +1,4 @@
-package relay
+package interop
 
 import (
 	"github.com/openai/openai-go/v3"

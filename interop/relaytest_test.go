@@ -1,4 +1,4 @@
-package relaytest
+package interop
 
 import (
 	"context"
@@ -11,24 +11,29 @@ import (
 	openai "github.com/sashabaranov/go-openai"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tokenrelay/relay/relaytest"
 )
 
-func goOpenAIClient(s *Server) *openai.Client {
+// fakeClient is a go-openai client of the fake server s, with no router.
+func fakeClient(s *relaytest.Server) *openai.Client {
 	cfg := openai.DefaultConfig("sk-test")
 	cfg.BaseURL = s.URL
 	cfg.HTTPClient = s.Client()
 	return openai.NewClientWithConfig(cfg)
 }
 
-var goOpenAIRequest = openai.ChatCompletionRequest{
+var fakeRequest = openai.ChatCompletionRequest{
 	Model:    openai.GPT4o,
 	Messages: []openai.ChatCompletionMessage{{Role: openai.ChatMessageRoleUser, Content: "Hello"}},
 }
 
+// TestGoOpenAIChat: go-openai reads the fake server's chat answer and its
+// errors, without a router.
 func TestGoOpenAIChat(t *testing.T) {
-	s := newServer(t, WithName("eu"))
-	c := goOpenAIClient(s)
-	resp, err := c.CreateChatCompletion(context.Background(), goOpenAIRequest)
+	s := newFakeServer(t, relaytest.WithName("eu"))
+	c := fakeClient(s)
+	resp, err := c.CreateChatCompletion(context.Background(), fakeRequest)
 	require.NoError(t, err)
 	assert.Equal(t, "gpt-4o", resp.Model)
 	require.Len(t, resp.Choices, 1)
@@ -37,22 +42,24 @@ func TestGoOpenAIChat(t *testing.T) {
 	assert.Equal(t, 8, resp.Usage.PromptTokens)
 	assert.Equal(t, 8, resp.Usage.CompletionTokens)
 	assert.Equal(t, 16, resp.Usage.TotalTokens)
-	assert.Equal(t, "eu", resp.Header().Get(NameHeader))
+	assert.Equal(t, "eu", resp.Header().Get(relaytest.NameHeader))
 	assert.Equal(t, "Bearer sk-test", s.Requests()[0].Header.Get("Authorization"))
 
-	s.Script(Fault{Status: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {"1"}}})
-	_, err = c.CreateChatCompletion(context.Background(), goOpenAIRequest)
+	s.Script(relaytest.Fault{Status: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {"1"}}})
+	_, err = c.CreateChatCompletion(context.Background(), fakeRequest)
 	var apiErr *openai.APIError
 	require.True(t, errors.As(err, &apiErr), "err = %v", err)
 	assert.Equal(t, http.StatusTooManyRequests, apiErr.HTTPStatusCode)
 	assert.Equal(t, "rate_limit_exceeded", apiErr.Code)
 }
 
+// TestGoOpenAIChatStream: go-openai reads the fake server's chat streams:
+// with usage, with event lines, and with an error inside.
 func TestGoOpenAIChatStream(t *testing.T) {
-	s := newServer(t)
-	s.Script(Fault{CachedTokens: 2}, Fault{EventLines: true}, Fault{ErrorEvent: true})
-	c := goOpenAIClient(s)
-	req := goOpenAIRequest
+	s := newFakeServer(t)
+	s.Script(relaytest.Fault{CachedTokens: 2}, relaytest.Fault{EventLines: true}, relaytest.Fault{ErrorEvent: true})
+	c := fakeClient(s)
+	req := fakeRequest
 	req.Stream = true
 	req.StreamOptions = &openai.StreamOptions{IncludeUsage: true}
 

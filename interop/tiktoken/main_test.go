@@ -1,4 +1,4 @@
-package bpe
+package tiktoken
 
 import (
 	"sync"
@@ -7,6 +7,8 @@ import (
 	"github.com/pkoukk/tiktoken-go"
 	tiktoken_loader "github.com/pkoukk/tiktoken-go-loader"
 	"go.uber.org/goleak"
+
+	. "github.com/tokenrelay/relay/internal/bpe"
 )
 
 func TestMain(m *testing.M) {

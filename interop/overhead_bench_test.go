@@ -1,8 +1,7 @@
-package relay
+package interop
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,123 +18,20 @@ import (
 	"github.com/failsafe-go/failsafe-go/ratelimiter"
 	"github.com/hashicorp/go-retryablehttp"
 
+	. "github.com/tokenrelay/relay"
+	"github.com/tokenrelay/relay/internal/corpus"
 	"github.com/tokenrelay/relay/internal/tokens"
 )
-
-// overheadBody is a 4 KB chat request of four messages (system, user,
-// assistant, user) whose contents are lines of 80 bytes, each starting
-// with a nine-digit number, so that a request can be made new throughout
-// by rewriting the numbers in place. marks are the offsets of the numbers.
-type overheadBody struct {
-	b     []byte
-	marks []int
-	// texts are the four contents as the API reads them (decoded), with
-	// tmarks the offsets of their numbers: renew rewrites them too.
-	texts  [][]byte
-	tmarks [][]int
-}
-
-func newOverheadBody(tb testing.TB) *overheadBody {
-	text := benchPrompt(8 << 10)
-	msg := func(role string, from, n int) map[string]string {
-		// Newlines make the contents carry JSON escapes, as real prompts do.
-		s := text[from : from+n]
-		var b []byte
-		for len(s) >= 70 {
-			b = append(b, "000000000 "...)
-			b = append(b, s[:70]...)
-			b = append(b, '\n')
-			s = s[70:]
-		}
-		return map[string]string{"role": role, "content": string(b)}
-	}
-	body, err := json.Marshal(map[string]any{
-		"model": "gpt-4.1",
-		"messages": []map[string]string{
-			msg("system", 0, 1400), msg("user", 2000, 840), msg("assistant", 4000, 700), msg("user", 6000, 420),
-		},
-		"max_tokens": 256,
-	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ob := &overheadBody{b: body}
-	var req struct{ Messages []struct{ Content string } }
-	if err := json.Unmarshal(body, &req); err != nil {
-		tb.Fatal(err)
-	}
-	for _, m := range req.Messages {
-		t := []byte(m.Content)
-		var tm []int
-		for at := 0; ; {
-			j := bytes.Index(t[at:], []byte("000000000 "))
-			if j < 0 {
-				break
-			}
-			tm = append(tm, at+j)
-			at += j + 10
-		}
-		ob.texts, ob.tmarks = append(ob.texts, t), append(ob.tmarks, tm)
-	}
-	for at := 0; ; {
-		j := bytes.Index(body[at:], []byte("000000000 "))
-		if j < 0 {
-			break
-		}
-		ob.marks = append(ob.marks, at+j)
-		at += j + 10
-	}
-	return ob
-}
-
-// renew writes n into every line, so that no line of any message has been
-// seen before (for n not used before).
-func (ob *overheadBody) renew(n uint64) {
-	for _, m := range ob.marks {
-		putNumber(ob.b, m, n)
-	}
-}
-
-// renewTexts is renew for the decoded contents (texts) alone.
-func (ob *overheadBody) renewTexts(n uint64) {
-	for i, t := range ob.texts {
-		for _, m := range ob.tmarks[i] {
-			putNumber(t, m, n)
-		}
-	}
-}
-
-// putNumber writes n as nine digits at b[m:].
-func putNumber(b []byte, m int, n uint64) {
-	for i := 8; i >= 0; i-- {
-		b[m+i] = byte('0' + n%10)
-		n /= 10
-	}
-}
 
 // countTexts counts the four contents with the counter alone (no memo,
 // no router): what counting a new prompt costs, whoever does it with
 // this counter.
-func (ob *overheadBody) countTexts() int {
+func countTexts(ob *corpus.Chat) int {
 	n := 0
-	for _, t := range ob.texts {
+	for _, t := range ob.Texts {
 		n += tokens.O200K.Count(unsafe.String(unsafe.SliceData(t), len(t))) // no copy: the counter alone
 	}
 	return n
-}
-
-// memBase is an http.RoundTripper that reads the request body and answers
-// from memory with a fixed chat completion: each benchmark row's cost is
-// then the transport's own CPU cost, without sockets.
-func memBase(answer []byte) http.RoundTripper {
-	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
-		if req.Body != nil {
-			io.Copy(io.Discard, req.Body)
-			req.Body.Close()
-		}
-		return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"application/json"}},
-			Body: io.NopCloser(bytes.NewReader(answer)), ContentLength: int64(len(answer)), Request: req}, nil
-	})
 }
 
 // overheadTransports returns the transports BenchmarkOverhead compares, each
@@ -189,8 +85,8 @@ var overheadCases = []overheadCase{
 }
 
 // BenchmarkOverhead puts the router beside its peers: the same 4 KB
-// four-message chat request (newOverheadBody) sent through each transport
-// over the same in-memory Base (memBase), so that each row minus "bare" is
+// four-message chat request (corpus.Chat) sent through each transport
+// over the same in-memory Base (corpus.MemBase), so that each row minus "bare" is
 // what the transport itself costs per request in CPU and allocations.
 //
 //   - bare: the in-memory Base alone.
@@ -211,7 +107,7 @@ var overheadCases = []overheadCase{
 func BenchmarkOverhead(b *testing.B) {
 	answer := fixture(b, "chat_response_default.json")
 	var reports atomic.Int64
-	rts := overheadTransports(b, memBase(answer), &reports)
+	rts := overheadTransports(b, corpus.MemBase(answer), &reports)
 	tokens.O200K.Count("load the encodings before timing")
 	var seq atomic.Uint64 // numbers of new requests, unique across rows and runs
 	send := func(b testing.TB, rt http.RoundTripper, body []byte) {
@@ -226,18 +122,18 @@ func BenchmarkOverhead(b *testing.B) {
 	for _, c := range overheadCases {
 		rt := rts[c.rt]
 		b.Run(c.name, func(b *testing.B) {
-			ob := newOverheadBody(b)
+			ob := corpus.NewChat()
 			b.ReportAllocs()
-			b.SetBytes(int64(len(ob.b)))
+			b.SetBytes(int64(len(ob.B)))
 			runtime.LockOSThread() // for threadCPU
 			defer runtime.UnlockOSThread()
 			cpu0, cpuOK := threadCPU()
 			n := 0
 			for b.Loop() {
 				if c.renew {
-					ob.renew(seq.Add(1))
+					ob.Renew(seq.Add(1))
 				}
-				send(b, rt, ob.b)
+				send(b, rt, ob.B)
 				n++
 			}
 			if cpu1, ok := threadCPU(); ok && cpuOK && n > 0 {
@@ -249,15 +145,15 @@ func BenchmarkOverhead(b *testing.B) {
 		rt := rts[c.rt]
 		b.Run(c.name+"-parallel16", func(b *testing.B) {
 			b.ReportAllocs()
-			b.SetBytes(int64(len(newOverheadBody(b).b)))
+			b.SetBytes(int64(len(corpus.NewChat().B)))
 			b.SetParallelism(8)
 			b.RunParallel(func(pb *testing.PB) {
-				ob := newOverheadBody(b)
+				ob := corpus.NewChat()
 				for pb.Next() {
 					if c.renew {
-						ob.renew(seq.Add(1))
+						ob.Renew(seq.Add(1))
 					}
-					send(b, rt, ob.b)
+					send(b, rt, ob.B)
 				}
 			})
 		})
@@ -302,7 +198,7 @@ func BenchmarkOverhead(b *testing.B) {
 func BenchmarkOverheadPaired(b *testing.B) {
 	answer := fixture(b, "chat_response_default.json")
 	var reports atomic.Int64
-	rts := overheadTransports(b, memBase(answer), &reports)
+	rts := overheadTransports(b, corpus.MemBase(answer), &reports)
 	tokens.O200K.Count("load the encodings before timing")
 	var seq atomic.Uint64
 	rows := []overheadCase{overheadCases[0], overheadCases[2], overheadCases[3], overheadCases[4], {"count", "bare", false}}
@@ -320,9 +216,9 @@ func BenchmarkOverheadPaired(b *testing.B) {
 			if calls < 8 {
 				calls = 8
 			}
-			bodies := make([]*overheadBody, par)
+			bodies := make([]*corpus.Chat, par)
 			for g := range bodies {
-				bodies[g] = newOverheadBody(b)
+				bodies[g] = corpus.NewChat()
 			}
 			round := func(c overheadCase) time.Duration {
 				start := time.Now()
@@ -332,15 +228,15 @@ func BenchmarkOverheadPaired(b *testing.B) {
 						ob := bodies[g]
 						for range calls {
 							if c.renew {
-								ob.renew(seq.Add(1))
+								ob.Renew(seq.Add(1))
 							}
-							if err := sendOnce(rts[c.rt], ob.b); err != nil {
+							if err := sendOnce(rts[c.rt], ob.B); err != nil {
 								b.Error(err)
 								return
 							}
 							if c.name == "count" {
-								ob.renewTexts(seq.Add(1))
-								if ob.countTexts() == 0 {
+								ob.RenewTexts(seq.Add(1))
+								if countTexts(ob) == 0 {
 									b.Error("no tokens")
 									return
 								}
