@@ -11,14 +11,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestReadmeSnippetsAreCompiled: every Go block of the README that follows
-// a "<!-- snippet: NAME -->" line is, to the byte, the code between
-// "// README:NAME" and "// README:end" in an example*_test.go file (of this
-// module or of a sub-module), which the compiler checks; and every Go
-// block of the README has such a line.
+// TestReadmeSnippetsAreCompiled: every Go block of the README and of the
+// guides in docs/ follows a "<!-- snippet: NAME -->" line and is, to the
+// byte, the code between "// README:NAME" and "// README:end" in an
+// example*_test.go file (of this module or of a sub-module), which the
+// compiler checks; and every such marked snippet is quoted in one of those
+// documents.
 func TestReadmeSnippetsAreCompiled(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
-	require.NoError(t, err)
 	files, err := filepath.Glob("example*_test.go")
 	require.NoError(t, err)
 	more, err := filepath.Glob("*/example*_test.go") // the sub-modules'
@@ -33,22 +32,32 @@ func TestReadmeSnippetsAreCompiled(t *testing.T) {
 			snippets[m[1]] = dedent(m[2])
 		}
 	}
-	blocks := regexp.MustCompile("(?s)(<!-- snippet: ([\\w-]+) -->\n)?```go\n(.*?)```\n").FindAllStringSubmatch(string(readme), -1)
-	require.NotEmpty(t, blocks)
+	guides, err := filepath.Glob("docs/*.md")
+	require.NoError(t, err)
+	docs := append([]string{"README.md"}, guides...)
+	goBlock := regexp.MustCompile("(?s)(<!-- snippet: ([\\w-]+) -->\n)?```go\n(.*?)```\n")
 	seen := map[string]bool{}
-	for _, b := range blocks {
-		name, code := b[2], b[3]
-		if !assert.NotEmpty(t, name, "a Go block of the README is not a compiled snippet:\n%s", code) {
-			continue
+	for _, doc := range docs {
+		text, err := os.ReadFile(doc)
+		require.NoError(t, err)
+		blocks := goBlock.FindAllStringSubmatch(string(text), -1)
+		if doc == "README.md" {
+			require.NotEmpty(t, blocks, "the README has no Go block")
 		}
-		want, ok := snippets[name]
-		if assert.True(t, ok, "no // README:%s in example*_test.go", name) {
-			assert.Equal(t, want, code, "README snippet %q", name)
+		for _, b := range blocks {
+			name, code := b[2], b[3]
+			if !assert.NotEmpty(t, name, "a Go block of %s is not a compiled snippet:\n%s", doc, code) {
+				continue
+			}
+			want, ok := snippets[name]
+			if assert.True(t, ok, "%s quotes %q: no // README:%s in example*_test.go", doc, name, name) {
+				assert.Equal(t, want, code, "%s: snippet %q", doc, name)
+			}
+			seen[name] = true
 		}
-		seen[name] = true
 	}
 	for name := range snippets {
-		assert.True(t, seen[name], "// README:%s is not quoted in the README", name)
+		assert.True(t, seen[name], "// README:%s is quoted in neither the README nor docs/*.md", name)
 	}
 }
 
