@@ -43,8 +43,8 @@ func ExampleRouter_Decide() {
 	// Output: 188 short gemini-2.5-flash [gpt-5.5-codex] [flash codex]
 }
 
-// A router under go-openai: the README's "Ten lines with go-openai", compiled
-// here (the README quotes the lines between the markers).
+// A router under go-openai: the README's quick start, compiled here (the
+// README quotes the lines between the markers).
 func Example_goOpenAI() {
 	// README:go-openai
 	router, err := relay.New(relay.Config{
@@ -62,6 +62,9 @@ func Example_goOpenAI() {
 		log.Fatal(err)
 	}
 	cfg := openai.DefaultConfig("") // the router sets each upstream's key
+	// The router sends each call to its upstream's BaseURL, whatever the
+	// client's: a base URL of its own makes errors name the router.
+	cfg.BaseURL = "http://relay.local/v1"
 	cfg.HTTPClient = &http.Client{Transport: router}
 	client := openai.NewClientWithConfig(cfg) // use as usual
 	// README:end
