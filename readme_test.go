@@ -1,8 +1,12 @@
 package relay
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -69,4 +73,90 @@ func dedent(s string) string {
 		lines[i] = strings.TrimPrefix(l, indent)
 	}
 	return strings.Join(lines, "\n") + "\n"
+}
+
+// TestReadmeConfigTable: the README's configuration tables list every field
+// of Config (and of its nested settings: Retry.MaxAttempts, Breaker.P99...)
+// and of Upstream, each in a row's first cell with a default beside it.
+func TestReadmeConfigTable(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	section := regexp.MustCompile(`(?s)\n## Configuration\n(.*?)\n## `).FindSubmatch(readme)
+	require.NotNil(t, section, "the README has no section \"## Configuration\"")
+	listed := map[string]bool{}
+	name := regexp.MustCompile("`([\\w.]+)`")
+	for _, line := range strings.Split(string(section[1]), "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) < 4 || strings.HasPrefix(cells[1], "---") {
+			continue
+		}
+		if !assert.NotEmpty(t, strings.TrimSpace(cells[2]), "README row without a default: %s", line) {
+			continue
+		}
+		prefix := ""
+		for _, m := range name.FindAllStringSubmatch(cells[1], -1) {
+			if parent, _, ok := strings.Cut(m[1], "."); ok {
+				prefix = parent + "."
+				listed[m[1]] = true
+				continue
+			}
+			listed[prefix+m[1]] = true
+		}
+	}
+	var want []string
+	for _, typ := range []reflect.Type{reflect.TypeFor[Config](), reflect.TypeFor[Upstream]()} {
+		for f := range typ.Fields() {
+			ft := f.Type
+			if ft.Kind() == reflect.Struct && (strings.HasSuffix(ft.Name(), "Config") || ft.Name() == "Buckets") {
+				for sub := range ft.Fields() {
+					want = append(want, f.Name+"."+sub.Name)
+				}
+				continue
+			}
+			want = append(want, f.Name)
+		}
+	}
+	for _, w := range want {
+		assert.True(t, listed[w], "the README's configuration tables do not list %s", w)
+	}
+}
+
+// TestReadmeErrorsTable: the README's "When things go wrong" has a row for
+// every exported sentinel error of the package (every package-level Err...
+// variable), saying when it comes and what to do.
+func TestReadmeErrorsTable(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	section := regexp.MustCompile(`(?s)\n## When things go wrong\n(.*?)\n## `).FindSubmatch(readme)
+	require.NotNil(t, section, "the README has no section \"## When things go wrong\"")
+	rows := map[string]bool{}
+	for _, m := range regexp.MustCompile("(?m)^\\| `(Err\\w+)` \\|[^|]+\\|[^|]*\\w[^|]*\\|$").FindAllSubmatch(section[1], -1) {
+		rows[string(m[1])] = true
+	}
+	files, err := filepath.Glob("*.go")
+	require.NoError(t, err)
+	var sentinels []string
+	fset := token.NewFileSet()
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		file, err := parser.ParseFile(fset, f, nil, parser.SkipObjectResolution)
+		require.NoError(t, err)
+		for _, decl := range file.Decls {
+			if gd, ok := decl.(*ast.GenDecl); ok && gd.Tok == token.VAR {
+				for _, spec := range gd.Specs {
+					for _, id := range spec.(*ast.ValueSpec).Names {
+						if strings.HasPrefix(id.Name, "Err") {
+							sentinels = append(sentinels, id.Name)
+						}
+					}
+				}
+			}
+		}
+	}
+	require.NotEmpty(t, sentinels)
+	for _, s := range sentinels {
+		assert.True(t, rows[s], "the README's \"When things go wrong\" has no row for %s", s)
+	}
 }
