@@ -13,8 +13,10 @@ import (
 )
 
 // Decide answers for a request without sending it, so a routing policy can be
-// unit-tested in-process.
+// unit-tested in-process (docs/testing.md quotes the lines between the
+// markers).
 func ExampleRouter_Decide() {
+	// README:decide
 	r, err := relay.New(relay.Config{
 		Upstreams: []relay.Upstream{
 			{Name: "flash", BaseURL: "https://flash.example/v1", Models: []string{"gemini-2.5-flash"}},
@@ -33,6 +35,8 @@ func ExampleRouter_Decide() {
 		panic(err)
 	}
 	fmt.Println(d.Request.PromptTokens, d.Request.Bucket, d.Route.Model, d.Route.Fallbacks, d.Upstreams)
+	// README:end
+
 	// Output: 188 short gemini-2.5-flash [gpt-5.5-codex] [flash codex]
 }
 

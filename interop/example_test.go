@@ -29,6 +29,9 @@ func Example_goOpenAI() {
 		log.Fatal(err)
 	}
 	cfg := openai.DefaultConfig("") // the router sets each upstream's key
+	// The router sends each call to its upstream's BaseURL, whatever the
+	// client's: a base URL of its own makes errors name the router.
+	cfg.BaseURL = "http://relay.local/v1"
 	cfg.HTTPClient = &http.Client{Transport: router}
 	client := openai.NewClientWithConfig(cfg) // use as usual
 	// README:end

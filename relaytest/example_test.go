@@ -11,6 +11,7 @@ import (
 )
 
 func Example() {
+	// README:relaytest
 	srv := relaytest.NewServer(relaytest.WithName("eu-west"), relaytest.WithReply("Bonjour!"))
 	defer srv.Close()
 
@@ -37,6 +38,8 @@ func Example() {
 	}
 	r := srv.Requests()[1]
 	fmt.Println(srv.Calls(), r.Path, r.Model)
+	// README:end
+
 	// Output:
 	// 429 1 rate_limit_exceeded
 	// 200 eu-west Bonjour! Bonjour length 8 3
