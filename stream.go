@@ -867,7 +867,9 @@ func (s *streamBody) streamError(code, msg string) {
 		return
 	}
 	st.haveErr = true
-	msg = s.t.r.s.secrets.redact(msg) // upstreams echo keys ("Incorrect API key provided: sk-...")
+	// Upstreams echo the key they got ("Incorrect API key provided: ..."),
+	// a caller's own one too when the router forwarded it.
+	msg = s.t.r.s.secrets.redact(msg, sentSecrets(s.a.out)...)
 	if len(msg) > streamMsgMax {
 		msg = msg[:streamMsgMax] + "..."
 	}

@@ -232,6 +232,7 @@ type attempt struct {
 	stream   *streamBody       // set when the stream was read ahead (first-token failover)
 	held     bool              // holds an in-flight count and slot until released
 	hedge    int               // 0 for the first attempt of a hedge, 1 for the hedge
+	out      *http.Request     // the request sent: what an upstream may echo (see sentSecrets)
 }
 
 // run is the attempt loop: admit a candidate, send (hedged, with
@@ -471,8 +472,12 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 		a.err = err
 		return a
 	}
+	a.out = out
 	a.resp, a.err = r.s.base.RoundTrip(out)
-	a.err = r.s.secrets.redactErr(a.err) // (a *url.Error names the upstream URL, key and all)
+	if a.err != nil {
+		// (a *url.Error names the URL it was sent to, query key and all)
+		a.err = r.s.secrets.redactErr(a.err, sentSecrets(out)...)
+	}
 	if a.err == nil && a.resp == nil {
 		a.err = errors.New("relay: Base returned no response and no error")
 	}
