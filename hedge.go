@@ -183,7 +183,7 @@ func (t *trip) raceHedge(results chan attempt, cancels [2]context.CancelFunc) at
 // both; then it closes the attempt.
 func (t *trip) readLoser(a *attempt) {
 	decompress(a.resp)
-	b, cut := readBounded(a.resp.Body, maxKeptBody, loserBodyWait)
+	b, cut := readBounded(a.resp.Body, maxKeptBody)
 	u, ok := parseUsage(b)
 	if !ok && !cut && a.resp.StatusCode < 300 && len(b) > 0 && !isEventStream(a.resp.Header) {
 		// An answer without usage is billed like the winner's would be:

@@ -1147,7 +1147,10 @@ func (s *streamBody) drain() {
 	s.t.att.cancel = nil // ended here, not when the trip finishes
 	rc := s.rc
 	go func() {
-		readBounded(rc, streamDrainMax, streamDrainWait)
+		timer := time.AfterFunc(streamDrainWait, func() { rc.Close() })
+		io.Copy(io.Discard, io.LimitReader(rc, streamDrainMax))
+		timer.Stop()
+		rc.Close()
 		if cancel != nil {
 			cancel()
 		}

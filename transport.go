@@ -573,12 +573,12 @@ const (
 	loserBodyWait = 5 * time.Second // a loser's body is cut after this, as by a read deadline
 )
 
-// readBounded reads src to its end, at most max bytes and at most wait (a
-// real-time bound, like a read deadline), and closes it. cut reports that
-// the body did not end cleanly within the bounds. It is for bodies no
-// caller reads.
-func readBounded(src io.ReadCloser, max int64, wait time.Duration) (buf []byte, cut bool) {
-	timer := time.AfterFunc(wait, func() { src.Close() })
+// readBounded reads src to its end, at most max bytes and at most
+// loserBodyWait (a real-time bound, like a read deadline), and closes it.
+// cut reports that the body did not end cleanly within the bounds. It is
+// for bodies no caller reads.
+func readBounded(src io.ReadCloser, max int64) (buf []byte, cut bool) {
+	timer := time.AfterFunc(loserBodyWait, func() { src.Close() })
 	buf, err := io.ReadAll(io.LimitReader(src, max))
 	if err == nil && int64(len(buf)) == max {
 		var one [1]byte
