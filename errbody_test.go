@@ -2,14 +2,17 @@ package relay
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
 // The bodies of error answers the router looks into (a final 400 for
@@ -155,4 +158,47 @@ func TestKeptBodyIntact(t *testing.T) {
 		assert.Equal(t, string(body), string(head)+string(rest))
 		require.Len(t, reps.all(), 1)
 	})
+}
+
+// TestAheadBody: the read ahead hands every byte on, past its bound too;
+// await ends with the request's context even while the body stalls; Close
+// ends a Read waiting for the upstream, and the read ahead with it.
+func TestAheadBody(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	pr, pw := io.Pipe()
+	var done atomic.Int32
+	b := readAhead(pr, 8, func() { done.Add(1) })
+	go pw.Write([]byte("0123456789abcdef"))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	b.await(ctx, time.Hour, func(head []byte) bool { return false }) // returns: the context ended
+	assert.True(t, b.await(context.Background(), time.Hour, func(head []byte) bool {
+		return string(head) == "01234567" // the bound: 8 bytes
+	}))
+	got := make([]byte, 16)
+	_, err := io.ReadFull(b, got)
+	require.NoError(t, err)
+	assert.Equal(t, "0123456789abcdef", string(got), "past the bound, from the upstream")
+
+	waiting := make(chan error, 1)
+	go func() {
+		_, err := b.Read(got)
+		waiting <- err
+	}()
+	b.Close()
+	assert.Error(t, <-waiting, "Close ends a waiting Read")
+	assert.EqualValues(t, 1, done.Load(), "onDone ran once, at Close")
+	goleak.VerifyNone(t, ignore)
+
+	// A body read to its end: onDone runs then, and Read hands out the rest.
+	b = readAhead(io.NopCloser(strings.NewReader("short")), 8, func() { done.Add(1) })
+	assert.True(t, b.await(context.Background(), time.Hour, func(head []byte) bool { return string(head) == "short" }))
+	assert.EqualValues(t, 2, done.Load())
+	all, err := io.ReadAll(b)
+	require.NoError(t, err)
+	assert.Equal(t, "short", string(all))
+	b.Close()
+	assert.EqualValues(t, 2, done.Load())
+	goleak.VerifyNone(t, ignore)
 }
