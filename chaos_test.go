@@ -6,12 +6,15 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,7 +32,9 @@ import (
 // each time, and callers that read everything, read part and close, close
 // without reading, or cancel. It asserts what must hold whatever happens:
 // one report per request, nothing left in flight, no goroutine or
-// connection leaked, no secret in any report, error or resp.Request.
+// connection leaked, no secret in any report, error or resp.Request (the
+// callers' own keys, which the router forwards, included), and the error
+// bodies and finished streams a caller reads whole.
 
 const (
 	chaosKey    = "sk-chaos-SECRET-key-0001"
@@ -37,11 +42,37 @@ const (
 	chaosPass   = "pw-SECRET-0003"
 )
 
-// chaosFaults are what a chaos upstream may do with a call.
+// chaosCallerKeys are keys callers send of their own, which the router
+// forwards (the upstreams' APIKey replaces only Authorization): each sets
+// one on a request.
+var chaosCallerKeys = map[string]func(*http.Request){
+	"AIzaCHAOS-goog-SECRET-0004":  func(r *http.Request) { r.Header.Set("X-Goog-Api-Key", "AIzaCHAOS-goog-SECRET-0004") },
+	"azCHAOSazureSECRET000000005": func(r *http.Request) { r.Header.Set("Api-Key", "azCHAOSazureSECRET000000005") },
+	"AIzaCHAOS-query-SECRET-0006": func(r *http.Request) { r.URL.RawQuery = "key=AIzaCHAOS-query-SECRET-0006" },
+}
+
+// chaosFaults are what a chaos upstream may do with a call:
+//   - ok, slow: an answer, at once or late
+//   - 429, 429-ms, 503, 500, 400: an error status, with a retry hint for 429
+//   - 503-stall, 500: an error status whose body stalls half way
+//   - 400-large: a 400 whose body is 100 KiB
+//   - 400-stall: a 400 whose body stalls after its first bytes
+//   - drop, hang: the connection closed, or no answer, before the headers
+//   - cut, stall: a stream cut, or stalled, half way
+//   - error-event: a stream that carries an error event echoing the upstream's key
+//   - echo-key: an error that echoes the caller's own key (a chat stream's
+//     error event, a Responses response.failed event, a JSON 401 body)
+//   - done-open: a stream that is finished but whose connection stays open
+//   - remaining-0: an answer that says the upstream's request quota is spent
 var chaosFaults = []string{
 	"ok", "ok", "ok", "ok", "slow", "429", "429-ms", "503", "503-stall", "500",
-	"400", "drop", "hang", "cut", "stall", "error-event", "remaining-0",
+	"400", "400-large", "400-stall", "drop", "hang", "cut", "stall", "error-event",
+	"echo-key", "done-open", "remaining-0",
 }
+
+// Faults whose body the caller must read whole and without error: their
+// answers carry X-Chaos-Fault and, for a body of known length, X-Chaos-Len.
+var chaosIntact = map[string]bool{"400-large": true, "400-stall": true, "done-open": true}
 
 // chaosUpstream answers each call with a fault drawn from its own seeded
 // generator, and counts its open connections.
@@ -51,12 +82,15 @@ type chaosUpstream struct {
 	rng   *rand.Rand
 	conns atomic.Int64
 	json  []byte
-	sse   []byte
+	sse   []byte // a chat stream
+	resp  []byte // a Responses stream
+	large []byte // a 100 KiB error body
 }
 
 func newChaosUpstream(t *testing.T, seed uint64) *chaosUpstream {
 	u := &chaosUpstream{rng: rand.New(rand.NewPCG(seed, 7)), json: fixture(t, "chat_response_default.json"),
-		sse: fixture(t, "chat_stream_recorded_gpt4o_text_usage.sse")}
+		sse: fixture(t, "chat_stream_recorded_gpt4o_text_usage.sse"), resp: fixture(t, "responses_stream_spec_example.sse"),
+		large: errorBodyOf(100<<10, "invalid_request_error")}
 	u.Server = httptest.NewUnstartedServer(http.HandlerFunc(u.serve))
 	u.Server.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		switch s {
@@ -110,6 +144,38 @@ func (u *chaosUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	case "400":
 		http.Error(w, `{"error":{"message":"bad request"}}`, 400)
 		return
+	case "400-large", "400-stall":
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Chaos-Fault", f)
+		w.Header().Set("X-Chaos-Len", strconv.Itoa(len(u.large)))
+		w.WriteHeader(400)
+		if f == "400-stall" {
+			w.Write(u.large[:20])
+			w.(http.Flusher).Flush()
+			wait(50 * time.Millisecond)
+			w.Write(u.large[20:])
+			return
+		}
+		w.Write(u.large)
+		return
+	case "echo-key":
+		key := r.Header.Get("X-Goog-Api-Key") + r.Header.Get("Api-Key") + r.URL.Query().Get("key") // the caller's, if it sent one
+		if key == "" {
+			key = r.Header.Get("Authorization")
+		}
+		if !stream {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			fmt.Fprintf(w, `{"error":{"message":"Incorrect API key provided: %s","code":"invalid_api_key"}}`, key)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		if strings.HasSuffix(r.URL.Path, "/responses") {
+			fmt.Fprintf(w, "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"status\":\"failed\",\"error\":{\"code\":\"invalid_api_key\",\"message\":\"Incorrect API key provided: %s\"}}}\n\n", key)
+			return
+		}
+		fmt.Fprintf(w, "data: {\"error\":{\"message\":\"Incorrect API key provided: %s\",\"code\":\"invalid_api_key\"}}\n\ndata: [DONE]\n\n", key)
+		return
 	case "drop":
 		conn, _, err := w.(http.Hijacker).Hijack()
 		if err == nil {
@@ -127,7 +193,11 @@ func (u *chaosUpstream) serve(w http.ResponseWriter, r *http.Request) {
 		u.answerJSON(w, r)
 		return
 	}
-	u.answerStream(w, f, wait)
+	events := u.sse
+	if strings.HasSuffix(r.URL.Path, "/responses") {
+		events = u.resp
+	}
+	u.answerStream(w, f, events, wait)
 }
 
 func (u *chaosUpstream) answerJSON(w http.ResponseWriter, r *http.Request) {
@@ -142,9 +212,16 @@ func (u *chaosUpstream) answerJSON(w http.ResponseWriter, r *http.Request) {
 	w.Write(u.json)
 }
 
-func (u *chaosUpstream) answerStream(w http.ResponseWriter, f string, wait func(time.Duration)) {
+func (u *chaosUpstream) answerStream(w http.ResponseWriter, f string, body []byte, wait func(time.Duration)) {
 	w.Header().Set("Content-Type", "text/event-stream")
-	events := bytes.SplitAfter(u.sse, []byte("\n\n"))
+	if f == "done-open" {
+		w.Header().Set("X-Chaos-Fault", f)
+		w.Write(body)
+		w.(http.Flusher).Flush()
+		wait(time.Second) // the stream is finished; the connection stays open
+		return
+	}
+	events := bytes.SplitAfter(body, []byte("\n\n"))
 	for i, ev := range events {
 		switch {
 		case f == "cut" && i == 3:
@@ -187,7 +264,12 @@ func runChaos(t *testing.T, requests, workers int) {
 	base := &http.Transport{MaxIdleConnsPerHost: 16}
 	var reports atomic.Int64
 	secretIn := func(s string) bool {
-		return strings.Contains(s, chaosKey) || strings.Contains(s, chaosHeader) || strings.Contains(s, chaosPass)
+		for k := range chaosCallerKeys {
+			if strings.Contains(s, k) {
+				return true
+			}
+		}
+		return routerSecretIn(s)
 	}
 	r, err := New(Config{
 		Upstreams: cfg, Base: base,
@@ -241,23 +323,38 @@ func runChaos(t *testing.T, requests, workers int) {
 	}
 }
 
+// routerSecretIn reports whether s holds a secret of the router's
+// configuration (a caller's own request holds the caller's keys).
+func routerSecretIn(s string) bool {
+	return strings.Contains(s, chaosKey) || strings.Contains(s, chaosHeader) || strings.Contains(s, chaosPass)
+}
+
 // chaosCall makes one request the way a random caller would and checks
 // what it got back.
 func chaosCall(t *testing.T, r *Router, rng *rand.Rand, secretIn func(string) bool) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	body := chatBody("gpt-4.1", "chaos")
-	if rng.IntN(2) == 0 {
+	path, body := "chat/completions", chatBody("gpt-4.1", "chaos")
+	switch rng.IntN(4) {
+	case 0, 1:
 		body = `{"model":"gpt-4.1","stream":true,"messages":[{"role":"user","content":"chaos"}]}`
+	case 2:
+		path, body = "responses", `{"model":"gpt-4.1","stream":true,"input":"chaos"}`
 	}
-	req, _ := http.NewRequestWithContext(ctx, "POST", "http://relay/v1/chat/completions", strings.NewReader(body))
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://relay/v1/"+path, strings.NewReader(body))
+	cancelled := false
 	switch rng.IntN(6) {
 	case 0:
 		req.Header = nil
 	case 1:
 		req.Header.Set("Accept-Encoding", "gzip")
 	case 2:
+		cancelled = true
 		time.AfterFunc(time.Duration(rng.IntN(30))*time.Millisecond, cancel) // cancelled at some point
+	}
+	if req.Header != nil && rng.IntN(2) == 0 {
+		keys := slices.Sorted(maps.Keys(chaosCallerKeys))
+		chaosCallerKeys[keys[rng.IntN(len(keys))]](req)
 	}
 	resp, err := r.RoundTrip(req)
 	if err != nil {
@@ -270,7 +367,7 @@ func chaosCall(t *testing.T, r *Router, rng *rand.Rand, secretIn func(string) bo
 		t.Errorf("resp.Request is not the caller's")
 	}
 	if req.Header != nil { // dumping needs a Header
-		if dump, derr := httputil.DumpRequestOut(resp.Request.WithContext(context.Background()), false); derr != nil || secretIn(string(dump)) {
+		if dump, derr := httputil.DumpRequestOut(resp.Request.WithContext(context.Background()), false); derr != nil || routerSecretIn(string(dump)) {
 			t.Errorf("resp.Request shows a secret (%v): %s", derr, dump)
 		}
 	}
@@ -279,7 +376,26 @@ func chaosCall(t *testing.T, r *Router, rng *rand.Rand, secretIn func(string) bo
 	case 1: // read part
 		io.ReadFull(resp.Body, make([]byte, 10))
 	default:
-		io.Copy(io.Discard, resp.Body)
+		b, err := io.ReadAll(resp.Body)
+		if f := resp.Header.Get("X-Chaos-Fault"); chaosIntact[f] && !cancelled {
+			chaosCheckIntact(t, f, resp, b, err)
+		}
 	}
 	resp.Body.Close()
+}
+
+// chaosCheckIntact checks the body a caller read of an answer that must
+// reach it whole: an error body of the length the upstream sent, or a
+// finished stream, up to its end.
+func chaosCheckIntact(t *testing.T, fault string, resp *http.Response, b []byte, err error) {
+	if err != nil {
+		t.Errorf("%s: the read failed: %v", fault, err)
+		return
+	}
+	if want := resp.Header.Get("X-Chaos-Len"); want != "" && strconv.Itoa(len(b)) != want {
+		t.Errorf("%s: read %d bytes of %s", fault, len(b), want)
+	}
+	if fault == "done-open" && !bytes.HasSuffix(b, []byte("data: [DONE]\n\n")) && !bytes.HasSuffix(b, []byte("\"metadata\":{}}}\n\n")) {
+		t.Errorf("%s: the stream read does not end with the stream's end: %q", fault, b[max(len(b)-80, 0):])
+	}
 }

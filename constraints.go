@@ -1,12 +1,15 @@
 package relay
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // The promises the router keeps because it knows each request: a request
@@ -156,19 +159,25 @@ func (s *settings) largerWindow(model string, rt Route, tried func(string) bool)
 }
 
 // contextLengthExceeded reports whether an upstream's answer is a 400
-// context_length_exceeded; it reads the body (bounded) and leaves it
-// readable.
-func contextLengthExceeded(resp *http.Response) bool {
+// context_length_exceeded, from the start of its body that arrived within
+// peekWait (or before ctx ended); the body stays whole for the caller.
+func contextLengthExceeded(ctx context.Context, resp *http.Response) bool {
 	if resp == nil || resp.StatusCode != http.StatusBadRequest {
 		return false
 	}
-	b, cut := readBounded(resp.Body, 64<<10)
-	resp.Body = &keptBody{src: http.NoBody, done: closedChan, buf: b, cut: cut}
-	return strings.Contains(string(b), "context_length_exceeded")
+	b := readAhead(resp.Body, peekMax, nil)
+	resp.Body = b
+	return b.await(ctx, peekWait, func(head []byte) bool {
+		return bytes.Contains(head, []byte("context_length_exceeded"))
+	})
 }
 
-// closedChan is a closed channel, for bodies read already.
-var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+// The look into a 400 for context_length_exceeded: its first peekMax
+// bytes, those that came within peekWait (real time).
+const (
+	peekMax  = 64 << 10
+	peekWait = 100 * time.Millisecond
+)
 
 // decide classifies the request's body, asks the policy for its route,
 // derives its affinity key, and plans its candidates (with random false,
@@ -226,7 +235,7 @@ func (t *trip) plan(random bool) ([]candidate, error) {
 // once on a model with a larger window, when the route has one. It returns
 // the index of that model's first candidate.
 func (t *trip) widen(cands *[]candidate, a *attempt) (int, bool) {
-	if t.widened || a.resp == nil || !contextLengthExceeded(a.resp) {
+	if t.widened || a.resp == nil || !contextLengthExceeded(t.ctx, a.resp) {
 		return 0, false
 	}
 	t.widened = true

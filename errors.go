@@ -3,6 +3,7 @@ package relay
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"regexp"
 	"slices"
@@ -238,21 +239,26 @@ func (e *redactedError) Unwrap() error   { return e.err }
 func (e *redactedError) Timeout() bool   { return isTimeout(e.err) }
 func (e *redactedError) Temporary() bool { return isTemporary(e.err) }
 
-// redactErr returns err with the secrets taken out of its text, err itself
-// when its text has none.
-func (s *secrets) redactErr(err error) error {
+// redactErr returns err with the secrets taken out of its text (those
+// redact takes out), err itself when its text has none.
+func (s *secrets) redactErr(err error, sent ...string) error {
 	if err == nil {
 		return nil
 	}
 	msg := err.Error()
-	if r := s.redact(msg); r != msg {
+	if r := s.redact(msg, sent...); r != msg {
 		return &redactedError{err: err, msg: r}
 	}
 	return err
 }
 
-// redact returns text with every secret replaced by "[redacted]".
-func (s *secrets) redact(text string) string {
+// redact returns text with every secret replaced by "[redacted]": sent,
+// the values an attempt carried (see sentSecrets), then the configured
+// ones and those shaped like a key.
+func (s *secrets) redact(text string, sent ...string) string {
+	for _, v := range sent {
+		text = strings.ReplaceAll(text, v, "[redacted]")
+	}
 	for _, v := range s.values {
 		text = strings.ReplaceAll(text, v, "[redacted]")
 	}
@@ -260,4 +266,62 @@ func (s *secrets) redact(text string) string {
 		text = s.shaped.ReplaceAllString(text, "[redacted]")
 	}
 	return text
+}
+
+// minSecret is the shortest value taken for a secret: a shorter one
+// would take ordinary words out of messages.
+const minSecret = 8
+
+// sentSecrets returns the secret values an outgoing request carries,
+// longest first: those of its headers that carry credentials (a caller's
+// own Authorization, api-key, x-api-key, x-goog-api-key... forwarded as
+// they came, and an upstream's), with a credential's scheme ("Bearer ")
+// taken off as well, and the values of its query parameters named like
+// one (key=, api-key=, sig=...), as sent and decoded.
+func sentSecrets(out *http.Request) []string {
+	if out == nil {
+		return nil
+	}
+	var vs []string
+	add := func(v string) {
+		if len(v) >= minSecret && !slices.Contains(vs, v) {
+			vs = append(vs, v)
+		}
+	}
+	for k, hv := range out.Header {
+		if !secretName(k) {
+			continue
+		}
+		for _, v := range hv {
+			add(v)
+			if _, cred, ok := strings.Cut(strings.TrimSpace(v), " "); ok {
+				add(strings.TrimSpace(cred)) // "Bearer <token>", "Basic <credentials>"
+			}
+		}
+	}
+	if u := out.URL; u != nil && u.RawQuery != "" {
+		for k, qv := range u.Query() {
+			if !secretName(k) {
+				continue
+			}
+			for _, v := range qv {
+				add(v)
+				add(url.QueryEscape(v))
+			}
+		}
+	}
+	slices.SortFunc(vs, func(a, b string) int { return len(b) - len(a) })
+	return vs
+}
+
+// secretName reports whether a header or query parameter of this name
+// carries a credential.
+func secretName(name string) bool {
+	n := strings.ToLower(name)
+	for _, w := range []string{"auth", "key", "token", "secret", "password", "signature", "credential", "cookie"} {
+		if strings.Contains(n, w) {
+			return true
+		}
+	}
+	return n == "sig"
 }

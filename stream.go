@@ -32,6 +32,18 @@ const (
 	streamMsgMax   = 200       // bytes of an upstream error message kept in Report.Err
 )
 
+// The end of a stream whose content is complete: streamGrace is the
+// longest it waits for what may still belong to it (the blank line that
+// ends its last event; the [DONE] after the usage chunk), by the router's
+// clock; what follows its end is read, to let its connection be reused,
+// for streamDrainWait (real time) and streamDrainMax bytes at most, on a
+// goroutine of its own.
+const (
+	streamGrace     = 200 * time.Millisecond
+	streamDrainWait = 100 * time.Millisecond
+	streamDrainMax  = 4 << 10
+)
+
 // isEventStream reports whether a response is a server-sent-event stream.
 func isEventStream(h http.Header) bool {
 	var ct string
@@ -93,6 +105,16 @@ type streamBody struct {
 	rerr  error       // the upstream's read error (io.EOF included), once it came
 	over  atomic.Bool // the stream was finished: Read returns final
 	final error       // what Read returns once the stream is over (guarded by mu)
+
+	// The end its content tells (see ending): fin is how far it came
+	// (Read's goroutine alone moves it, under mu); settled is set once the
+	// content is complete, when the idle timeout becomes streamGrace;
+	// drainable, that the upstream sent no end of its own when the stream
+	// was over, and draining, that drain took the upstream body over.
+	fin       int
+	settled   atomic.Bool
+	drainable bool
+	draining  atomic.Bool
 
 	mu    sync.Mutex // guards st and ended against a Close during Read
 	st    streamState
@@ -164,14 +186,16 @@ func (s *streamBody) Read(p []byte) (int, error) {
 			s.recycle()
 			s.r, s.dec, s.w, s.scan, s.lineStart, s.evStart = 0, 0, 0, 0, 0, 0
 			n, err := s.rc.Read(p)
+			settle := false
 			s.mu.Lock()
 			if !s.ended {
-				s.feed(p[:n])
-				if err != nil {
-					s.flush()
-				}
+				n = s.feed(p[:n])
+				err, settle = s.fed(err)
 			}
 			s.mu.Unlock()
+			if settle {
+				s.settle()
+			}
 			if err != nil {
 				s.rerr = err
 				return n, s.end(err, false)
@@ -219,24 +243,49 @@ func (s *streamBody) fill() {
 		// find an event's end (and so does not return).
 		s.mark.Store(int64(s.t.r.s.clock.Now().Sub(s.t.start)))
 	}
+	settle := false
 	s.mu.Lock()
 	if !s.ended {
 		s.process()
-		if err != nil {
-			s.flush()
-		}
+		err, settle = s.fed(err)
 	}
 	s.mu.Unlock()
+	if settle {
+		s.settle()
+	}
 	if err != nil {
 		s.rerr = err
 		s.dec = s.w
 	}
 }
 
+// fed follows a read whose bytes were looked at, err its error: at the
+// upstream's end the last line and event are read (flush); once the
+// stream is over, the error is io.EOF, whatever the upstream does next.
+// settle tells that the stream's content became complete without its
+// being over (see settle). s.mu is held.
+func (s *streamBody) fed(err error) (_ error, settle bool) {
+	switch {
+	case s.fin == finOver:
+		s.drainable = err == nil
+		return io.EOF, false
+	case err != nil:
+		s.flush()
+	}
+	return err, !s.settled.Load() && s.contentDone()
+}
+
 // process splits buf[scan:w] into lines, looks at each, and, while the
 // injected usage chunk may come, removes it and decides what is handed out.
 func (s *streamBody) process() {
 	for s.scan < s.w {
+		if s.fin != finNo {
+			s.scan += s.lastBlank(s.buf[s.scan:s.w])
+			if s.fin == finOver {
+				s.w = s.scan // what follows the end is not the stream's
+			}
+			break
+		}
 		start := s.lineStart
 		s.keepBeforeScan(s.buf[s.scan:s.w])
 		inSc := s.sc.Pending() // the line is in the scanner's buffer, not in buf
@@ -248,6 +297,10 @@ func (s *streamBody) process() {
 		s.lineStart = s.scan
 		kind, usageChunk := s.line(line, full, inSc)
 		s.decide(kind, usageChunk, start, s.scan)
+		if s.ending(kind); s.fin == finOver {
+			s.w = s.scan
+			break
+		}
 	}
 	s.keepInput() // buf may move before the next call
 	switch {
@@ -322,19 +375,104 @@ func (s *streamBody) remove(from, to int) {
 	s.evPassed = false
 }
 
-// feed looks at bytes handed out straight through.
-func (s *streamBody) feed(p []byte) {
-	for len(p) > 0 {
-		s.keepBeforeScan(p)
+// feed looks at bytes read straight through, and returns how many of them
+// are the stream's: all, but for those after its end.
+func (s *streamBody) feed(p []byte) int {
+	for off := 0; off < len(p); {
+		if s.fin != finNo {
+			return off + s.lastBlank(p[off:])
+		}
+		s.keepBeforeScan(p[off:])
 		inSc := s.sc.Pending() // the line is in the scanner's buffer, not in p
-		line, full, n, ok := s.sc.Scan(p)
-		p = p[n:]
+		line, full, n, ok := s.sc.Scan(p[off:])
+		off += n
 		if !ok {
 			break
 		}
-		s.line(line, full, inSc)
+		kind, _ := s.line(line, full, inSc)
+		if s.ending(kind); s.fin == finOver {
+			return off
+		}
 	}
 	s.keepInput() // p is the caller's
+	return len(p)
+}
+
+// How far a stream came to its end (streamBody.fin).
+const (
+	finNo    = iota // its content goes on
+	finBlank        // its last event was read at its data line: the blank line that ends it may follow
+	finCR           // and the "\r" of that blank line came
+	finOver         // it is over: nothing that follows is the stream's
+)
+
+// ending follows the stream to its end after a line of kind: a terminal
+// event ([DONE], response.completed...) read at its blank line ends it
+// there; one read at its data line ends it after the blank line that
+// follows, or before any other line (see lastBlank).
+func (s *streamBody) ending(kind int) {
+	if !s.st.terminal || s.fin != finNo {
+		return
+	}
+	switch kind {
+	case lineBlank:
+		s.fin = finOver
+	case lineChunk, lineChunkAfter:
+		s.fin = finBlank
+	}
+}
+
+// lastBlank looks at p, which follows the stream's last event (read at its
+// data line), and returns how many of its bytes are the stream's: the
+// blank line that ends the event ("\n" or "\r\n"), after which the stream
+// is over; nothing when another line starts, before which it is over.
+// When p ends inside that blank line, the rest of it may come.
+func (s *streamBody) lastBlank(p []byte) int {
+	n := 0
+	if s.fin == finBlank && len(p) > 0 && p[0] == '\r' {
+		n, s.fin = 1, finCR
+	}
+	switch {
+	case n == len(p):
+		return n
+	case p[n] == '\n':
+		n++
+	}
+	s.fin = finOver
+	return n
+}
+
+// settle, once the stream's content is complete (see contentDone), cuts the
+// idle timeout to streamGrace: what may still belong to the stream (the
+// end of its last event, the [DONE] after the usage chunk) comes at once
+// from an upstream that is not holding the connection open.
+func (s *streamBody) settle() {
+	if s.settled.Swap(true) {
+		return
+	}
+	if s.idle > 0 && s.idle <= streamGrace {
+		return // the idle timer is as short already
+	}
+	s.tmu.Lock()
+	defer s.tmu.Unlock()
+	if s.timerOff {
+		return
+	}
+	if s.stopIdle != nil {
+		s.stopIdle()
+	}
+	s.armed = true
+	s.checkFn = s.checkIdle
+	s.stopIdle = s.t.r.s.clock.AfterFunc(streamGrace, s.checkFn)
+}
+
+// idleLimit is the idle timeout now: Stream.IdleTimeout (0: none), or
+// streamGrace once the stream settled.
+func (s *streamBody) idleLimit() time.Duration {
+	if s.settled.Load() && (s.idle <= 0 || s.idle > streamGrace) {
+		return streamGrace
+	}
+	return s.idle
 }
 
 // flush looks at the end of a stream: its last line, when it did not end
@@ -816,14 +954,31 @@ func (s *streamBody) complete() bool {
 	if st.terminal || st.usageEnd {
 		return true
 	}
-	if st.finished == 0 || st.haveErr || !wantsStreamUsage(s.t.c.req.Endpoint) {
+	if st.haveErr || !wantsStreamUsage(s.t.c.req.Endpoint) {
+		return false
+	}
+	return s.allFinished()
+}
+
+// contentDone reports whether the stream's content is all there: [DONE] or
+// a terminal Responses event came, or the usage chunk after every choice's
+// finish_reason.
+func (s *streamBody) contentDone() bool {
+	st := &s.st
+	return st.terminal || (st.usageEnd && s.allFinished())
+}
+
+// allFinished reports whether every choice of a chat or completions stream
+// (the request's n, 1 by default) sent its finish_reason.
+func (s *streamBody) allFinished() bool {
+	if s.st.finished == 0 {
 		return false
 	}
 	n := int64(1)
 	if v := gjson.Get(s.t.c.body, "n"); v.Type == gjson.Number && v.Int() > 1 {
 		n = v.Int()
 	}
-	return int64(bits.OnesCount64(st.finished)) >= n
+	return int64(bits.OnesCount64(s.st.finished)) >= n
 }
 
 // estimate keeps escaped delta text to count if no usage comes, counting it
@@ -867,7 +1022,9 @@ func (s *streamBody) streamError(code, msg string) {
 		return
 	}
 	st.haveErr = true
-	msg = s.t.r.s.secrets.redact(msg) // upstreams echo keys ("Incorrect API key provided: sk-...")
+	// Upstreams echo the key they got ("Incorrect API key provided: ..."),
+	// a caller's own one too when the router forwarded it.
+	msg = s.t.r.s.secrets.redact(msg, sentSecrets(s.a.out)...)
 	if len(msg) > streamMsgMax {
 		msg = msg[:streamMsgMax] + "..."
 	}
@@ -900,7 +1057,11 @@ func (s *streamBody) end(cause error, closed bool) error {
 	s.ended = true
 	t := s.t
 	st := &s.st
-	if !closed {
+	switch {
+	case closed:
+	case s.drainable:
+		s.drain()
+	default:
 		s.rc.Close()
 	}
 	// An event the caller closed the body in (its data lines came, its blank
@@ -966,9 +1127,34 @@ var errBodyClosed = errors.New("http: read on closed response body")
 
 func (s *streamBody) Close() error {
 	s.closing.Store(true)
+	if s.draining.Load() {
+		return nil // the stream was over: drain lets go of the upstream
+	}
 	err := s.rc.Close()
 	s.end(nil, true)
 	return err
+}
+
+// drain lets go of the upstream of a stream that is over although the
+// upstream did not end its body: what follows (the end of a chunked body,
+// usually on its way already) is read and dropped on a goroutine of its
+// own, within streamDrainMax bytes and streamDrainWait, so that an upstream
+// that ends its body at once leaves its connection to be reused; then the
+// body is closed and the attempt's context ended. s.mu is held.
+func (s *streamBody) drain() {
+	s.draining.Store(true)
+	cancel := s.t.att.cancel
+	s.t.att.cancel = nil // ended here, not when the trip finishes
+	rc := s.rc
+	go func() {
+		timer := time.AfterFunc(streamDrainWait, func() { rc.Close() })
+		io.Copy(io.Discard, io.LimitReader(rc, streamDrainMax))
+		timer.Stop()
+		rc.Close()
+		if cancel != nil {
+			cancel()
+		}
+	}()
 }
 
 // awaitFirstToken reads ahead, keeping what it read for the caller, until
@@ -1036,10 +1222,11 @@ func (s *streamBody) checkIdle() {
 	if s.timerOff {
 		return
 	}
-	wait := s.idle
+	limit := s.idleLimit()
+	wait := limit
 	if s.inRead.Load() {
 		idle := s.t.r.s.clock.Now().Sub(s.t.start) - time.Duration(s.mark.Load())
-		if idle >= s.idle {
+		if idle >= limit {
 			s.timerOff = true
 			s.stalled.Store(true)
 			s.rc.Close()
@@ -1048,7 +1235,7 @@ func (s *streamBody) checkIdle() {
 			}
 			return
 		}
-		wait = s.idle - idle
+		wait = limit - idle
 	}
 	s.stopIdle = s.t.r.s.clock.AfterFunc(wait, s.checkFn)
 }

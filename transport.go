@@ -234,6 +234,7 @@ type attempt struct {
 	stream   *streamBody       // set when the stream was read ahead (first-token failover)
 	held     bool              // holds an in-flight count and slot until released
 	hedge    int               // 0 for the first attempt of a hedge, 1 for the hedge
+	out      *http.Request     // the request sent: what an upstream may echo (see sentSecrets)
 }
 
 // run is the attempt loop: admit a candidate, send (hedged, with
@@ -473,9 +474,11 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 		a.err = err
 		return a
 	}
+	a.out = out
 	a.resp, a.err = r.s.base.RoundTrip(out)
-	a.err = r.s.secrets.redactErr(a.err) // (a *url.Error names the upstream URL, key and all)
 	if a.err != nil {
+		// (a *url.Error names the URL it was sent to, query key and all)
+		a.err = r.s.secrets.redactErr(a.err, sentSecrets(out)...)
 		a.err = unsendable(out.Header, a.err)
 	}
 	if a.err == nil && a.resp == nil {
@@ -535,9 +538,10 @@ func (a *attempt) close() {
 }
 
 // discard releases an attempt that is not returned to the caller now. Its
-// response body is read on a goroutine of its own (see keptBody), so that
-// the response can still be returned, intact, if no later attempt gets one,
-// and nothing waits for it meanwhile; its context ends when that read does.
+// response body is read ahead on a goroutine of its own (see aheadBody), so
+// that the response can still be returned, intact, if no later attempt
+// gets one, and nothing waits for it meanwhile; its context ends when the
+// body's end was read, or the body is closed.
 func (a *attempt) discard() {
 	if a.held {
 		a.held = false
@@ -548,35 +552,36 @@ func (a *attempt) discard() {
 		a.stream.abandon()
 		a.resp, a.stream = nil, nil
 	case a.resp != nil:
-		a.resp.Body = keep(a.resp.Body, a.cancel)
-		a.resp.ContentLength = -1
-		return // the read ends the context
+		a.resp.Body = readAhead(a.resp.Body, maxKeptBody, a.cancel)
+		return // the read ahead ends the context
 	}
 	if a.cancel != nil {
 		a.cancel()
 	}
 }
 
-// closeKept stops the read of a discarded response that will not be
-// returned.
+// closeKept stops the read ahead of a discarded response that will not
+// be returned.
 func (a *attempt) closeKept() {
 	if a.resp != nil {
 		a.resp.Body.Close()
 	}
 }
 
-// Bounds of the read of a body nobody waits for: a discarded response kept
-// in case it is returned, a hedge's losing answer read for its usage.
+// Bounds of the reads of bodies nobody waits for: a discarded response,
+// read ahead in case it is returned after all; a hedge's losing answer,
+// read for its usage.
 const (
-	maxKeptBody  = 1 << 20         // bytes kept
-	keptBodyWait = 5 * time.Second // after this the body is cut, as by a read deadline
+	maxKeptBody   = 1 << 20         // bytes read ahead of a kept body, or of a loser's
+	loserBodyWait = 5 * time.Second // a loser's body is cut after this, as by a read deadline
 )
 
 // readBounded reads src to its end, at most max bytes and at most
-// keptBodyWait (a real-time bound, like a read deadline), and closes it.
-// cut reports that the body did not end cleanly within the bounds.
+// loserBodyWait (a real-time bound, like a read deadline), and closes it.
+// cut reports that the body did not end cleanly within the bounds. It is
+// for bodies no caller reads.
 func readBounded(src io.ReadCloser, max int64) (buf []byte, cut bool) {
-	timer := time.AfterFunc(keptBodyWait, func() { src.Close() })
+	timer := time.AfterFunc(loserBodyWait, func() { src.Close() })
 	buf, err := io.ReadAll(io.LimitReader(src, max))
 	if err == nil && int64(len(buf)) == max {
 		var one [1]byte
@@ -589,46 +594,125 @@ func readBounded(src io.ReadCloser, max int64) (buf []byte, cut bool) {
 	return buf, err != nil
 }
 
-// keptBody is the body of a discarded response, read in the background by
-// readBounded. If the response ends up returned, Read hands out what was
-// read once the read is done, then io.EOF, or io.ErrUnexpectedEOF when the
-// body was cut. Close stops the read.
-type keptBody struct {
-	src  io.ReadCloser
-	done chan struct{}
-	buf  []byte
-	cut  bool
-	off  int
+// aheadBody is a response body read ahead of its reader on a goroutine of
+// its own, up to max bytes, so that the router can look at its start
+// without waiting for it (await), or keep it in case it is returned while
+// nothing waits for it. The reader gets every byte: those read ahead as
+// they arrive, then the rest straight from the upstream body. The read
+// ahead ends at max bytes, at the body's end or first error, or when Close
+// closes the upstream body; onDone, if not nil, runs once, when the read
+// ahead met the body's end (or an error) or at Close.
+type aheadBody struct {
+	src    io.ReadCloser
+	onDone func()
+	once   sync.Once
+
+	mu      sync.Mutex
+	buf     []byte // read ahead; buf[off:] not yet handed out
+	off     int
+	err     error         // the read ahead's error (io.EOF at the body's end)
+	stopped bool          // the read ahead ended
+	closed  bool          // Close was called
+	wake    chan struct{} // closed (and replaced) when the read ahead adds bytes or ends
 }
 
-// keep starts the background read of src; onDone, if not nil, runs when it
-// ends.
-func keep(src io.ReadCloser, onDone func()) *keptBody {
-	k := &keptBody{src: src, done: make(chan struct{})}
-	go func() {
-		k.buf, k.cut = readBounded(src, maxKeptBody)
-		close(k.done)
-		if onDone != nil {
-			onDone()
+// readAhead starts reading src ahead, at most max bytes.
+func readAhead(src io.ReadCloser, max int, onDone func()) *aheadBody {
+	b := &aheadBody{src: src, onDone: onDone, wake: make(chan struct{})}
+	go b.run(max)
+	return b
+}
+
+func (b *aheadBody) run(max int) {
+	chunk := make([]byte, min(max, 32<<10))
+	for n := 0; ; {
+		m, err := b.src.Read(chunk[:min(len(chunk), max-n)])
+		n += m
+		b.mu.Lock()
+		b.buf = append(b.buf, chunk[:m]...)
+		b.err = err
+		b.stopped = err != nil || n >= max
+		stopped := b.stopped
+		close(b.wake)
+		b.wake = make(chan struct{})
+		b.mu.Unlock()
+		if err != nil {
+			b.done()
 		}
-	}()
-	return k
+		if stopped {
+			return
+		}
+	}
 }
 
-func (k *keptBody) Read(p []byte) (int, error) {
-	<-k.done
-	if k.off < len(k.buf) {
-		n := copy(p, k.buf[k.off:])
-		k.off += n
-		return n, nil
+// await waits until the read ahead ended, d passed (real time) or ctx
+// ended, whichever is first, and returns what f says of the bytes read
+// ahead by then. It must be called before the first Read.
+func (b *aheadBody) await(ctx context.Context, d time.Duration, f func(head []byte) bool) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for over := false; !b.stopped && !over; {
+		wake := b.wake
+		b.mu.Unlock()
+		select {
+		case <-wake:
+		case <-timer.C:
+			over = true
+		case <-ctx.Done():
+			over = true
+		}
+		b.mu.Lock()
 	}
-	if k.cut {
-		return 0, io.ErrUnexpectedEOF
-	}
-	return 0, io.EOF
+	return f(b.buf)
 }
 
-func (k *keptBody) Close() error { return k.src.Close() }
+func (b *aheadBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	for {
+		switch {
+		case b.closed:
+			b.mu.Unlock()
+			return 0, errBodyClosed
+		case b.off < len(b.buf):
+			n := copy(p, b.buf[b.off:])
+			if b.off += n; b.off == len(b.buf) {
+				b.buf, b.off = b.buf[:0], 0
+			}
+			b.mu.Unlock()
+			return n, nil
+		case b.err != nil:
+			err := b.err
+			b.mu.Unlock()
+			return 0, err
+		case b.stopped:
+			// The read ahead stopped at its bound: the rest comes from
+			// the upstream as the reader asks for it.
+			b.mu.Unlock()
+			return b.src.Read(p)
+		}
+		wake := b.wake
+		b.mu.Unlock()
+		<-wake // (Close ends the read ahead, and so this wait)
+		b.mu.Lock()
+	}
+}
+
+func (b *aheadBody) Close() error {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	err := b.src.Close()
+	b.done()
+	return err
+}
+
+func (b *aheadBody) done() {
+	if b.onDone != nil {
+		b.once.Do(b.onDone)
+	}
+}
 
 // factor is the price factor of the attempt's upstream (1 with none).
 func (a *attempt) factor() float64 {
