@@ -228,11 +228,11 @@ type attempt struct {
 	cancel   context.CancelFunc
 	sent     time.Time // when it was sent
 	done     time.Time // when its response (or error) came
-	injected bool      // its body asked for the stream's usage chunk
 	latency  time.Duration
 	hookDone func(AttemptDone) // Hooks.OnAttempt's, run by observe
 	stream   *streamBody       // set when the stream was read ahead (first-token failover)
 	held     bool              // holds an in-flight count and slot until released
+	injected bool              // its body asked for the stream's usage chunk
 	hedge    int               // 0 for the first attempt of a hedge, 1 for the hedge
 	out      *http.Request     // the request sent: what an upstream may echo (see sentSecrets)
 }
