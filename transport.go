@@ -229,10 +229,10 @@ type attempt struct {
 	sent     time.Time // when it was sent
 	done     time.Time // when its response (or error) came
 	injected bool      // its body asked for the stream's usage chunk
+	held     bool      // holds an in-flight count and slot until released (beside injected: no padding)
 	latency  time.Duration
 	hookDone func(AttemptDone) // Hooks.OnAttempt's, run by observe
 	stream   *streamBody       // set when the stream was read ahead (first-token failover)
-	held     bool              // holds an in-flight count and slot until released
 	hedge    int               // 0 for the first attempt of a hedge, 1 for the hedge
 }
 
