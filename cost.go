@@ -493,7 +493,8 @@ func DefaultPrices() map[string]Price {
 //     input price; a missing cache_creation_input_token_cost is 0 (cache
 //     writes at the input price); a missing input or output price is 0.
 //   - for each input_cost_per_token_above_<N>_tokens (N as in "200k", or
-//     a plain number), a PriceTier above N prompt tokens with that input
+//     a plain number), a PriceTier above N prompt tokens (N − 1 for
+//     litellm_provider "xai", which bills from N itself) with that input
 //     rate and output_cost_per_token_above_<N>_tokens,
 //     cache_read_input_token_cost_above_<N>_tokens and
 //     cache_creation_input_token_cost_above_<N>_tokens (each missing one
@@ -609,7 +610,8 @@ type catalogThreshold struct {
 
 // thresholds returns the entry's long-context thresholds, ascending: one
 // for each input_cost_per_token_above_<label>_tokens field that is a
-// number, <label> being digits with an optional "k" (thousands).
+// number, <label> being digits with an optional "k" (thousands); for xAI,
+// whose tier starts at the threshold itself, one token lower.
 func (c *catalogEntry) thresholds() []catalogThreshold {
 	var ts []catalogThreshold
 	c.entry.ForEach(func(k, v gjson.Result) bool {
@@ -624,6 +626,9 @@ func (c *catalogEntry) thresholds() []catalogThreshold {
 		}
 		if thousands {
 			n *= 1000
+		}
+		if c.entry.Get("litellm_provider").Str == "xai" {
+			n-- // xAI bills the tier from the threshold itself (LiteLLM's rule)
 		}
 		if !slices.ContainsFunc(ts, func(t catalogThreshold) bool { return t.tokens == n }) {
 			ts = append(ts, catalogThreshold{label, n})

@@ -146,6 +146,15 @@ func TestLoadPricesTiers(t *testing.T) {
 		}}
 	assert.Equal(t, want, prices["m"])
 
+	t.Run("xAI bills from the threshold itself", func(t *testing.T) {
+		prices, err := LoadPrices(strings.NewReader(`{"xai/grok-4": {"litellm_provider": "xai", "input_cost_per_token": 3e-06,
+			"output_cost_per_token": 1.5e-05, "input_cost_per_token_above_128k_tokens": 6e-06, "output_cost_per_token_above_128k_tokens": 3e-05}}`))
+		require.NoError(t, err)
+		p := prices["xai/grok-4"]
+		assert.Equal(t, []PriceTier{{AbovePromptTokens: 127_999, InputPerMTok: 6, OutputPerMTok: 30}}, p.Tiers)
+		// A prompt of exactly 128000 tokens is at the tier: 128000·6.
+		assert.InDelta(t, 0.768, p.Cost(Usage{PromptTokens: 128_000}), 1e-12)
+	})
 	t.Run("a bad tier or service-tier price is named", func(t *testing.T) {
 		for _, field := range []string{"input_cost_per_token_above_200k_tokens", "output_cost_per_token_above_200k_tokens",
 			"cache_read_input_token_cost_above_200k_tokens", "cache_creation_input_token_cost_above_200k_tokens",
