@@ -98,8 +98,9 @@ type Usage struct {
 	// reports none), priced at Price.CacheWriteInputPerMTok.
 	CacheWriteTokens int
 	// ServiceTier is the service tier the response says it was served at
-	// ("default", "flex", "priority"), empty when it says none: its cost
-	// is then reckoned at the service tier the request asked for.
+	// ("default", "flex", "priority"), empty when it says none: the router
+	// then charges the service tier the request asked for ([Price.Cost],
+	// given none, the base rates).
 	ServiceTier string
 
 	Estimated bool // true when counted locally because the upstream sent no usage

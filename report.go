@@ -419,6 +419,7 @@ func (t *trip) loserUsage() Usage {
 		u.PromptTokens += l.u.PromptTokens
 		u.CompletionTokens += l.u.CompletionTokens
 		u.CachedTokens += l.u.CachedTokens
+		u.CacheWriteTokens += l.u.CacheWriteTokens
 		u.ReasoningTokens += l.u.ReasoningTokens
 	}
 	return u
