@@ -32,7 +32,7 @@ func (r *Router) admissionOf(c *classified) admission {
 		out = c.req.MaxTokens
 	}
 	if c.choices > 1 {
-		out *= c.choices // "n" completions, each up to max tokens
+		out *= int(c.choices) // "n" completions, each up to max tokens
 	}
 	return admission{tokens: c.req.PromptTokens + out, mayWait: true}
 }

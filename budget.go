@@ -24,8 +24,10 @@ var ErrBudgetExceeded = errors.New("relay: budget exceeded")
 // Reserve, then settle: before any upstream call, each covering budget
 // reserves the request's worst-case cost (its prompt tokens at the input
 // price plus its max_tokens, or Limits.DefaultMaxTokens, at the output
-// price, for the model and upstream chosen, after the upstream's price
-// factor); a request whose reservation does not fit in what is left does not
+// price, at the rates of the long-context tier its prompt falls in and of
+// the service tier it asks for, a dearer cache-read or cache-write price
+// taken for the input price, for the model and upstream chosen, after the
+// upstream's price factor); a request whose reservation does not fit in what is left does not
 // go out. When the request's report is made, the reservation is replaced by
 // the actual cost (a refund, or a top-up when the upstream billed more than
 // the worst case, as when it counted more prompt tokens than the router;
@@ -574,9 +576,9 @@ func (res *reservations) find(k BudgetKey) *held {
 	return nil
 }
 
-// worstCase is the reservation of c in b: the prompt at the input price
-// plus the max output at the output price (b's UnpricedPrice for a model
-// without a price), after c's upstream's price factor, in nano-units of the
+// worstCase is the reservation of c in b: the trip's reservation at the
+// model's price (b's UnpricedPrice for a model without a price), after
+// c's upstream's price factor, in nano-units of the
 // billing currency. ok is false when the model has no price and b has no
 // UnpricedPrice.
 func (t *trip) worstCase(b *budgetSettings, c *candidate) (need int64, ok bool) {
@@ -585,8 +587,7 @@ func (t *trip) worstCase(b *budgetSettings, c *candidate) (need int64, ok bool) 
 		return 0, false
 	}
 	out := t.tokens - t.c.req.PromptTokens
-	usd := (float64(t.c.req.PromptTokens)*p.InputPerMTok + float64(out)*p.OutputPerMTok) / 1e6
-	return nanos(usd * c.up.factor * t.r.s.currency.PerUSD), true
+	return nanos(t.reservation(p, out) * c.up.factor * t.r.s.currency.PerUSD), true
 }
 
 // price is the price b counts model's requests at: the model's own, else

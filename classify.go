@@ -17,12 +17,14 @@ import (
 type classified struct {
 	req  Request
 	enc  tokens.Encoding
-	json bool   // the body is a JSON object the router may edit
-	body string // the body, viewed as a string (no copy)
-	key  uint64 // the affinity key (see keyOf)
+	json bool // the body is a JSON object the router may edit
 	// choices is the completions the request asks for ("n" above 1), 0
-	// for one: its output's worst case is that many times max tokens.
-	choices int
+	// for one: its output's worst case is that many times max tokens. (An
+	// int32 beside the two bools, in their padding: a trip, which holds a
+	// classified, stays in its size class.)
+	choices int32
+	body    string // the body, viewed as a string (no copy)
+	key     uint64 // the affinity key (see keyOf)
 }
 
 // maxChoices bounds the "n" a request's worst case is counted with (the
@@ -86,7 +88,7 @@ func (r *Router) classify(method string, path string, h http.Header, body []byte
 	if rd.HasMaxTokens {
 		c.req.MaxTokens = int(min(rd.MaxTokens, 1<<31-1))
 	}
-	c.choices = int(min(rd.Choices, maxChoices))
+	c.choices = int32(min(rd.Choices, maxChoices))
 	c.enc = tokens.ForModel(c.req.Model)
 	if rd.Known != nil && sc.known.enc != c.enc {
 		r.counter.lastEnc.Store(uint32(c.enc))
@@ -115,7 +117,7 @@ func (r *Router) classifyRef(c *classified) {
 		c.req.MaxTokens = int(min(f.maxTokens.Int(), 1<<31-1))
 	}
 	if f.choices.Exists() {
-		c.choices = int(min(f.choices.Int(), maxChoices))
+		c.choices = int32(min(f.choices.Int(), maxChoices))
 	}
 	c.enc = tokens.ForModel(c.req.Model)
 	c.req.MaxInputTokens, c.req.MaxOutputTokens = r.s.window(c.req.Model)

@@ -501,7 +501,7 @@ func resolve(c Config) (settings, error) {
 	if s.clock == nil {
 		s.clock = realClock{}
 	}
-	s.prices = maps.Clone(c.Prices) // the caller may keep changing theirs
+	s.prices = clonePrices(c.Prices) // the caller may keep changing theirs
 	if s.prices == nil {
 		s.prices = DefaultPrices()
 	}
@@ -957,9 +957,7 @@ func checkBudgetPrices(c Config, prices map[string]Price, bad func(string, ...an
 	}
 	for i, b := range c.Budgets {
 		if p := b.UnpricedPrice; p != nil {
-			if e := priceProblem(*p); e != "" {
-				bad("Budgets[%d] (%q).UnpricedPrice %s", i, b.Name, e)
-			}
+			checkPrice(p, fmt.Sprintf("Budgets[%d] (%q).UnpricedPrice", i, b.Name), true, bad)
 			continue
 		}
 		if len(prices) == 0 {
@@ -972,20 +970,6 @@ func checkBudgetPrices(c Config, prices map[string]Price, bad func(string, ...an
 			}
 		}
 	}
-}
-
-// priceProblem explains a price that cannot be charged (negative, NaN or
-// infinite), or "" when it is fine.
-func priceProblem(p Price) string {
-	for _, f := range []struct {
-		name string
-		v    float64
-	}{{"InputPerMTok", p.InputPerMTok}, {"CachedInputPerMTok", p.CachedInputPerMTok}, {"OutputPerMTok", p.OutputPerMTok}} {
-		if !(f.v >= 0) || math.IsInf(f.v, 1) {
-			return fmt.Sprintf("%s %g is negative or not finite", f.name, f.v)
-		}
-	}
-	return ""
 }
 
 // budgetCovers reports whether b's Scope covers a request for model on an

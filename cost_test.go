@@ -4,10 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
-	"maps"
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -64,13 +64,13 @@ func TestParseUsageFixtures(t *testing.T) {
 		file string
 		want Usage
 	}{
-		{"chat_response_default.json", Usage{PromptTokens: 19, CompletionTokens: 10}},
+		{"chat_response_default.json", Usage{PromptTokens: 19, CompletionTokens: 10, ServiceTier: "default"}},
 		{"chat_response_recorded_gpt4o.json", Usage{PromptTokens: 14, CompletionTokens: 37}},
 		// total_tokens = prompt + completion: cached and reasoning are inside.
-		{"chat_response_cached_reasoning_SYNTHESIZED.json", Usage{PromptTokens: 2006, CompletionTokens: 300, ReasoningTokens: 192, CachedTokens: 1920}},
+		{"chat_response_cached_reasoning_SYNTHESIZED.json", Usage{PromptTokens: 2006, CompletionTokens: 300, ReasoningTokens: 192, CachedTokens: 1920, ServiceTier: "default"}},
 		{"chat_usage_prompt_caching_doc.json", Usage{PromptTokens: 2006, CompletionTokens: 300, CachedTokens: 1920}},
 		{"responses_response_reasoning.json", Usage{PromptTokens: 81, CompletionTokens: 1035, ReasoningTokens: 832}},
-		{"responses_response_recorded_gpt4o_mini.json", Usage{PromptTokens: 14, CompletionTokens: 50}},
+		{"responses_response_recorded_gpt4o_mini.json", Usage{PromptTokens: 14, CompletionTokens: 50, ServiceTier: "default"}},
 		{"responses_response_text.json", Usage{PromptTokens: 36, CompletionTokens: 87}},
 	}
 	for _, tt := range tests {
@@ -166,7 +166,54 @@ func TestParseUsageShapes(t *testing.T) {
 		{
 			name: "anthropic native: input excludes cache reads and writes",
 			body: `{"type":"message","usage":{"input_tokens":50,"cache_creation_input_tokens":200,"cache_read_input_tokens":1000,"output_tokens":30}}`,
-			want: Usage{PromptTokens: 1250, CompletionTokens: 30, CachedTokens: 1000},
+			want: Usage{PromptTokens: 1250, CompletionTokens: 30, CachedTokens: 1000, CacheWriteTokens: 200},
+		},
+		{
+			name: "anthropic native: cache writes without reads",
+			body: `{"type":"message","usage":{"input_tokens":50,"cache_creation_input_tokens":200,"output_tokens":30}}`,
+			want: Usage{PromptTokens: 250, CompletionTokens: 30, CacheWriteTokens: 200},
+		},
+		{
+			// LiteLLM's OpenAI shape for Anthropic: prompt_tokens counts the
+			// cache reads and writes, also given at the top level.
+			name: "litellm: prompt includes cache reads and writes",
+			body: `{"usage":{"prompt_tokens":1250,"completion_tokens":30,"total_tokens":1280,"prompt_tokens_details":{"cached_tokens":1000,"cache_creation_tokens":200},"cache_creation_input_tokens":200,"cache_read_input_tokens":1000}}`,
+			want: Usage{PromptTokens: 1250, CompletionTokens: 30, CachedTokens: 1000, CacheWriteTokens: 200},
+		},
+		{
+			name: "litellm: top-level cache writes only",
+			body: `{"usage":{"prompt_tokens":1250,"completion_tokens":30,"cache_creation_input_tokens":200,"cache_read_input_tokens":1000}}`,
+			want: Usage{PromptTokens: 1250, CompletionTokens: 30, CachedTokens: 1000, CacheWriteTokens: 200},
+		},
+		{
+			name: "openrouter: cache_write_tokens inside prompt_tokens",
+			body: `{"usage":{"prompt_tokens":1250,"completion_tokens":30,"total_tokens":1280,"prompt_tokens_details":{"cached_tokens":1000,"cache_write_tokens":200}}}`,
+			want: Usage{PromptTokens: 1250, CompletionTokens: 30, CachedTokens: 1000, CacheWriteTokens: 200},
+		},
+		{
+			name: "cache writes reported outside prompt_tokens are folded in",
+			body: `{"usage":{"prompt_tokens":1050,"completion_tokens":30,"prompt_tokens_details":{"cached_tokens":1000,"cache_write_tokens":200}}}`,
+			want: Usage{PromptTokens: 1250, CompletionTokens: 30, CachedTokens: 1000, CacheWriteTokens: 200},
+		},
+		{
+			name: "service tier beside the usage",
+			body: `{"object":"chat.completion","service_tier":"flex","usage":{"prompt_tokens":10,"completion_tokens":2}}`,
+			want: Usage{PromptTokens: 10, CompletionTokens: 2, ServiceTier: "flex"},
+		},
+		{
+			name: "service tier of the response in a Responses event",
+			body: `{"type":"response.completed","service_tier":"flex","response":{"service_tier":"priority","usage":{"input_tokens":10,"output_tokens":2}}}`,
+			want: Usage{PromptTokens: 10, CompletionTokens: 2, ServiceTier: "priority"},
+		},
+		{
+			name: "service tier that is not a string",
+			body: `{"service_tier":7,"usage":{"prompt_tokens":10,"completion_tokens":2}}`,
+			want: Usage{PromptTokens: 10, CompletionTokens: 2},
+		},
+		{
+			name: "service tier of another name, escaped",
+			body: `{"service_tier":"on_dem\u0061nd","usage":{"prompt_tokens":10,"completion_tokens":2}}`,
+			want: Usage{PromptTokens: 10, CompletionTokens: 2, ServiceTier: "on_demand"},
 		},
 		{
 			name: "anthropic via openai-compat proxy: prompt includes cache reads",
@@ -316,7 +363,7 @@ func TestUnpricedModel(t *testing.T) {
 	for _, model := range []string{"o3-mini-2025-01-31", "gpt-5.4", "llama-3-70b", "", "gpt-4.1-2025-13-40", "gpt", "/"} {
 		t.Run(model, func(t *testing.T) {
 			p, ok := lookupPrice(prices, model)
-			if ok || p != (Price{}) {
+			if ok || !reflect.DeepEqual(p, Price{}) {
 				t.Errorf("lookupPrice(%q) = %+v, %v; want unpriced", model, p, ok)
 			}
 			if c := p.Cost(Usage{PromptTokens: 1000, CompletionTokens: 1000}); c != 0 {
@@ -355,7 +402,7 @@ func TestDefaultPrices(t *testing.T) {
 			t.Errorf("DefaultPrices()[%q] has no context window", model)
 		}
 	}
-	if prices["claude-sonnet-4.5"] != prices["claude-sonnet-4-5"] {
+	if !reflect.DeepEqual(prices["claude-sonnet-4.5"], prices["claude-sonnet-4-5"]) {
 		t.Error("claude-sonnet-4-5 alias differs from claude-sonnet-4.5")
 	}
 	for model, p := range prices {
@@ -371,8 +418,12 @@ func TestDefaultPricesIsACopy(t *testing.T) {
 	delete(first, "gpt-4o")
 	first["made-up"] = Price{OutputPerMTok: 1}
 
+	first["gpt-5"].ServiceTiers["flex"] = Price{InputPerMTok: 999}
+	first["claude-sonnet-4.5"].Tiers[0].InputPerMTok = 999
+
 	second := DefaultPrices()
-	if got := second["gpt-4.1"]; got != (Price{InputPerMTok: 2.00, CachedInputPerMTok: 0.50, OutputPerMTok: 8.00, MaxInputTokens: 1047576, MaxOutputTokens: 32768}) {
+	if got := second["gpt-4.1"]; !reflect.DeepEqual(got, Price{InputPerMTok: 2.00, CachedInputPerMTok: 0.50, OutputPerMTok: 8.00, MaxInputTokens: 1047576, MaxOutputTokens: 32768,
+		ServiceTiers: map[string]Price{"priority": {InputPerMTok: 3.50, CachedInputPerMTok: 0.875, OutputPerMTok: 14.00}}}) {
 		t.Errorf("gpt-4.1 = %+v after mutating an earlier copy", got)
 	}
 	if _, ok := second["gpt-4o"]; !ok {
@@ -381,7 +432,13 @@ func TestDefaultPricesIsACopy(t *testing.T) {
 	if _, ok := second["made-up"]; ok {
 		t.Error("key added to an earlier copy leaked")
 	}
-	if !maps.Equal(second, defaultPrices) {
+	if got := second["gpt-5"].ServiceTiers["flex"].InputPerMTok; got != 0.625 {
+		t.Errorf("gpt-5 flex input = %v after mutating an earlier copy's service tier", got)
+	}
+	if got := second["claude-sonnet-4.5"].Tiers[0].InputPerMTok; got != 6 {
+		t.Errorf("claude-sonnet-4.5 long-context input = %v after mutating an earlier copy's tier", got)
+	}
+	if !reflect.DeepEqual(second, defaultPrices) {
 		t.Error("DefaultPrices() differs from the table")
 	}
 }
@@ -398,14 +455,32 @@ func TestLoadPricesSample(t *testing.T) {
 	}
 
 	// Values read from the sample, per token × 1e6, exact after rounding.
+	// The batch prices, one-hour cache writes and the rest are not read.
 	want := map[string]Price{
-		"gpt-4.1":                 {InputPerMTok: 2, CachedInputPerMTok: 0.5, OutputPerMTok: 8, MaxInputTokens: 1047576, MaxOutputTokens: 32768},
-		"gpt-4o-mini":             {InputPerMTok: 0.15, CachedInputPerMTok: 0.075, OutputPerMTok: 0.6, MaxInputTokens: 128000, MaxOutputTokens: 16384},
+		"gpt-4.1": {InputPerMTok: 2, CachedInputPerMTok: 0.5, OutputPerMTok: 8, MaxInputTokens: 1047576, MaxOutputTokens: 32768,
+			ServiceTiers: map[string]Price{"priority": {InputPerMTok: 3.5, CachedInputPerMTok: 0.875, OutputPerMTok: 14}}},
+		"gpt-4o-mini": {InputPerMTok: 0.15, CachedInputPerMTok: 0.075, OutputPerMTok: 0.6, MaxInputTokens: 128000, MaxOutputTokens: 16384,
+			ServiceTiers: map[string]Price{"priority": {InputPerMTok: 0.25, CachedInputPerMTok: 0.125, OutputPerMTok: 1}}},
 		"gpt-4o-mini-2024-07-18":  {InputPerMTok: 0.15, CachedInputPerMTok: 0.075, OutputPerMTok: 0.6, MaxInputTokens: 128000, MaxOutputTokens: 16384},
 		"deepseek/deepseek-chat":  {InputPerMTok: 0.28, CachedInputPerMTok: 0.028, OutputPerMTok: 0.42, MaxInputTokens: 131072, MaxOutputTokens: 8192},
 		"gemini/gemini-2.5-flash": {InputPerMTok: 0.3, CachedInputPerMTok: 0.03, OutputPerMTok: 2.5, MaxInputTokens: 1048576, MaxOutputTokens: 65535},
+		"gpt-5": {InputPerMTok: 1.25, CachedInputPerMTok: 0.125, OutputPerMTok: 10, MaxInputTokens: 272000, MaxOutputTokens: 128000,
+			ServiceTiers: map[string]Price{
+				"flex":     {InputPerMTok: 0.625, CachedInputPerMTok: 0.0625, OutputPerMTok: 5},
+				"priority": {InputPerMTok: 2.5, CachedInputPerMTok: 0.25, OutputPerMTok: 20},
+			}},
+		// The priority tier's long-context rates it lacks (output) are the
+		// standard long-context ones, as LiteLLM reckons them.
+		"gpt-5.4": {InputPerMTok: 2.5, CachedInputPerMTok: 0.25, OutputPerMTok: 15, MaxInputTokens: 1050000, MaxOutputTokens: 128000,
+			Tiers: []PriceTier{{AbovePromptTokens: 272000, InputPerMTok: 5, CachedInputPerMTok: 0.5, OutputPerMTok: 22.5}},
+			ServiceTiers: map[string]Price{"priority": {InputPerMTok: 5, CachedInputPerMTok: 0.5, OutputPerMTok: 30,
+				Tiers: []PriceTier{{AbovePromptTokens: 272000, InputPerMTok: 10, CachedInputPerMTok: 0.5, OutputPerMTok: 22.5}}}}},
+		"claude-sonnet-4-5": {InputPerMTok: 3, CachedInputPerMTok: 0.3, CacheWriteInputPerMTok: 3.75, OutputPerMTok: 15, MaxInputTokens: 200000, MaxOutputTokens: 64000,
+			Tiers: []PriceTier{{AbovePromptTokens: 200000, InputPerMTok: 6, CachedInputPerMTok: 0.6, CacheWriteInputPerMTok: 7.5, OutputPerMTok: 22.5}}},
+		"gemini/gemini-2.5-pro": {InputPerMTok: 1.25, CachedInputPerMTok: 0.125, OutputPerMTok: 10, MaxInputTokens: 1048576, MaxOutputTokens: 65535,
+			Tiers: []PriceTier{{AbovePromptTokens: 200000, InputPerMTok: 2.5, CachedInputPerMTok: 0.25, OutputPerMTok: 15}}},
 	}
-	if !maps.Equal(prices, want) {
+	if !reflect.DeepEqual(prices, want) {
 		t.Errorf("LoadPrices(sample) = %+v;\nwant %+v (sample_spec skipped, every other entry loaded)", prices, want)
 	}
 
@@ -419,7 +494,7 @@ func TestLoadPricesSample(t *testing.T) {
 		{"gpt-4o-mini-2024-07-18", "gpt-4o-mini-2024-07-18"},
 	}
 	for _, l := range lookups {
-		if p, ok := lookupPrice(prices, l.model); !ok || p != want[l.key] {
+		if p, ok := lookupPrice(prices, l.model); !ok || !reflect.DeepEqual(p, want[l.key]) {
 			t.Errorf("lookupPrice(%q) = %+v, %v; want %+v (%s)", l.model, p, ok, want[l.key], l.key)
 		}
 	}
@@ -448,7 +523,7 @@ func TestLoadPrices(t *testing.T) {
 			"output-only":    {InputPerMTok: 0, CachedInputPerMTok: 0, OutputPerMTok: 15},
 			"free-model":     {},
 		}
-		if !maps.Equal(prices, want) {
+		if !reflect.DeepEqual(prices, want) {
 			t.Errorf("LoadPrices = %+v;\nwant %+v", prices, want)
 		}
 	})
@@ -553,7 +628,7 @@ func TestLookupPrice(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.model, func(t *testing.T) {
-			if got, ok := lookupPrice(table, tt.model); ok != tt.ok || got != tt.want {
+			if got, ok := lookupPrice(table, tt.model); ok != tt.ok || !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("lookupPrice(%q) = %+v, %v; want %+v, %v", tt.model, got, ok, tt.want, tt.ok)
 			}
 		})
@@ -566,7 +641,7 @@ func TestLookupPrice(t *testing.T) {
 	})
 	t.Run("deterministic across iterations", func(t *testing.T) {
 		for i := 0; i < 50; i++ {
-			if got, ok := lookupPrice(table, "gpt-oss"); !ok || got != b {
+			if got, ok := lookupPrice(table, "gpt-oss"); !ok || !reflect.DeepEqual(got, b) {
 				t.Fatalf("iteration %d: lookupPrice(gpt-oss) = %+v, %v; want %+v", i, got, ok, b)
 			}
 		}
@@ -584,7 +659,7 @@ func TestLookupPrice(t *testing.T) {
 			"gemini/gemini-2.5-flash":    "gemini-2.5-flash",
 			"deepseek/deepseek-v3.2":     "deepseek-v3.2",
 		} {
-			if got, ok := lookupPrice(prices, model); !ok || got != prices[key] {
+			if got, ok := lookupPrice(prices, model); !ok || !reflect.DeepEqual(got, prices[key]) {
 				t.Errorf("lookupPrice(%q) = %+v, %v; want %+v (%s)", model, got, ok, prices[key], key)
 			}
 		}
@@ -645,6 +720,9 @@ func FuzzParseUsage(f *testing.F) {
 		`{"usage":{"prompt_tokens":100,"completion_tokens":50,"total_tokens":180,"completion_tokens_details":{"reasoning_tokens":30}}}`,
 		`{"usage":{"prompt_tokens":-1,"completion_tokens":1e99,"prompt_tokens_details":{"cached_tokens":7}}}`,
 		`{"usage":{"input_tokens":50,"cache_creation_input_tokens":200,"cache_read_input_tokens":1000,"output_tokens":30}}`,
+		`{"usage":{"prompt_tokens":50,"prompt_tokens_details":{"cached_tokens":30,"cache_write_tokens":40},"cache_creation_input_tokens":9}}`,
+		`{"service_tier":"priority","usage":{"input_tokens":5,"cache_creation_input_tokens":null,"cache_read_input_tokens":2}}`,
+		`{"response":{"service_tier":"flex"},"response":{"service_tier":"x","usage":{"input_tokens":2}}}`,
 		`{"type":"response.completed","response":{"usage":{"input_tokens":3,"output_tokens":4,"output_tokens_details":{"reasoning_tokens":9}}}}`,
 		`{"usage":{"prompt_tokens":"12"}}`,
 		`{"usage":{"prompt_tokens":1,"prompt_tokens":2,"completion_tokens":3}}`,
@@ -670,8 +748,8 @@ func FuzzParseUsage(f *testing.F) {
 		if u.PromptTokens < 0 || u.CompletionTokens < 0 || u.ReasoningTokens < 0 || u.CachedTokens < 0 {
 			t.Fatalf("negative count: %+v", u)
 		}
-		if u.CachedTokens > u.PromptTokens {
-			t.Fatalf("cached > prompt: %+v", u)
+		if u.CachedTokens+u.CacheWriteTokens > u.PromptTokens || u.CacheWriteTokens < 0 {
+			t.Fatalf("cached + cache writes > prompt: %+v", u)
 		}
 		if u.ReasoningTokens > u.CompletionTokens {
 			t.Fatalf("reasoning > completion: %+v", u)
@@ -694,7 +772,8 @@ var usagePaths = [numUsageFields]string{
 	uCachedPrompt: "prompt_tokens_details.cached_tokens", uCachedInput: "input_tokens_details.cached_tokens",
 	uCacheRead: "cache_read_input_tokens", uReasoningCompletion: "completion_tokens_details.reasoning_tokens",
 	uReasoningOutput: "output_tokens_details.reasoning_tokens", uTotal: "total_tokens",
-	uCacheWrite: "cache_creation_input_tokens",
+	uCacheWrite: "cache_creation_input_tokens", uCacheWriteDetails: "prompt_tokens_details.cache_write_tokens",
+	uCacheCreationDetails: "prompt_tokens_details.cache_creation_tokens",
 }
 
 // parseUsageRef is the reference of parseUsage's reading: the usage object
@@ -706,9 +785,16 @@ func parseUsageRef(t testing.TB, body []byte) (Usage, bool) {
 	if s == "" || (s[0] != '{') || !jsonscan.Valid(s) {
 		return Usage{}, false
 	}
-	usage := gjson.Get(s, "usage")
-	if usage.Type == gjson.Null { // absent or null
-		usage = gjson.Get(s, "response.usage")
+	usage, tier := gjson.Get(s, "usage"), gjson.Get(s, "service_tier")
+	if usage.Type == gjson.Null { // absent or null: the first response object that has a usage
+		usage, tier = gjson.Result{}, gjson.Result{}
+		gjson.Parse(s).ForEach(func(k, v gjson.Result) bool {
+			if k.Str == "response" && v.IsObject() && v.Get("usage").Exists() {
+				usage, tier = v.Get("usage"), v.Get("service_tier")
+				return false
+			}
+			return true
+		})
 	}
 	if !usage.IsObject() {
 		return Usage{}, false
@@ -722,7 +808,11 @@ func parseUsageRef(t testing.TB, body []byte) (Usage, bool) {
 			t.Fatalf("%s = %s: usageNum reads %d, %v, %v; gjson %d, %v, %v", path, v.Raw, n, present, ok, rn, rpresent, rok)
 		}
 	}
-	return usageFrom(&f)
+	u, ok := usageFrom(&f)
+	if ok && tier.Type == gjson.String {
+		u.ServiceTier = tier.Str
+	}
+	return u, ok
 }
 
 func usageIntRef(v gjson.Result) (n int, present, ok bool) {

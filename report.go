@@ -73,7 +73,7 @@ type bodyEnd struct {
 	haveUsage bool
 	err       error
 	ttft      time.Duration
-	at        time.Time // when the body was done (set by finish)
+	elapsed   time.Duration // from the trip's start to when the body was done (set by finish; a time.Time would push the trip past its size class)
 }
 
 // fail finishes a trip that produced no response and returns err.
@@ -98,7 +98,7 @@ func (t *trip) finish(end bodyEnd) {
 	if !t.done.CompareAndSwap(false, true) {
 		return
 	}
-	end.at = t.r.s.clock.Now()
+	end.elapsed = t.r.s.clock.Now().Sub(t.start)
 	t.att.release()
 	t.end = end
 	t.vote()
@@ -151,7 +151,7 @@ func (t *trip) report(end bodyEnd) Report {
 		Bucket:         t.route.Bucket,
 		Endpoint:       t.c.req.Endpoint,
 		PromptTokens:   t.c.req.PromptTokens,
-		Latency:        end.at.Sub(t.start),
+		Latency:        end.elapsed,
 		TTFT:           end.ttft,
 		Attempts:       t.attempts,
 		Hedged:         t.hedged,
@@ -403,7 +403,7 @@ func (t *trip) settleTPM(u Usage) {
 	if u.PromptTokens+u.CompletionTokens == 0 || unused <= 0 {
 		return
 	}
-	now := t.end.at // (a limiter changed later since is not set back: limiter.at)
+	now := t.start.Add(t.end.elapsed) // (a limiter changed later since is not set back: limiter.at)
 	if shared {
 		t.r.refundShared(t.ctx, t, up, 0, unused, now)
 		return
@@ -419,6 +419,7 @@ func (t *trip) loserUsage() Usage {
 		u.PromptTokens += l.u.PromptTokens
 		u.CompletionTokens += l.u.CompletionTokens
 		u.CachedTokens += l.u.CachedTokens
+		u.CacheWriteTokens += l.u.CacheWriteTokens
 		u.ReasoningTokens += l.u.ReasoningTokens
 	}
 	return u

@@ -74,7 +74,7 @@ func TestReportUsageAndCost(t *testing.T) {
 	_, b := do(t, r, "POST", "http://x/v1/chat/completions", chatBody("o3-mini", "hi"))
 	assert.Equal(t, fixture(t, "chat_response_cached_reasoning_SYNTHESIZED.json"), b, "body byte for byte")
 	rep := reps.all()[0]
-	assert.Equal(t, Usage{PromptTokens: 2006, CompletionTokens: 300, ReasoningTokens: 192, CachedTokens: 1920}, rep.Usage)
+	assert.Equal(t, Usage{PromptTokens: 2006, CompletionTokens: 300, ReasoningTokens: 192, CachedTokens: 1920, ServiceTier: "default"}, rep.Usage)
 	assert.True(t, rep.Priced)
 	list := (86*1.10 + 1920*0.55 + 300*4.40) / 1e6
 	assert.InDelta(t, list, rep.ListCostUSD, 1e-12)
