@@ -85,7 +85,7 @@ func TestModelNamesOnTheWire(t *testing.T) {
 				t.Run(c.name, func(t *testing.T) {
 					req, _ := http.NewRequest(c.method, "http://relay.invalid"+c.path+"?trace=1", strings.NewReader(c.body))
 					req.Header.Set("Authorization", "Bearer sk-caller-123456")
-					req.Header.Set("Api-Key", "caller-azure-key")
+					req.Header["api-key"] = []string{"caller-azure-key"} // (set by index: not canonical)
 					resp, err := r.RoundTrip(req)
 					require.NoError(t, err)
 					body, err := io.ReadAll(resp.Body)
@@ -111,7 +111,7 @@ func TestModelNamesOnTheWire(t *testing.T) {
 					assert.Equal(t, wantPath, got.Path)
 					assert.Equal(t, wantQuery, got.RawQuery)
 					if st.azure {
-						assert.Equal(t, azureKey, got.Header.Get("Api-Key"))
+						assert.Equal(t, []string{azureKey}, got.Header.Values("Api-Key"), "the caller's key stays home")
 						assert.Empty(t, got.Header.Values("Authorization"), "the caller's key stays home")
 					} else {
 						assert.Equal(t, "Bearer "+upstreamKey, got.Header.Get("Authorization"))
