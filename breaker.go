@@ -323,14 +323,7 @@ func (r *Router) Probe(ctx context.Context) []string {
 		if !u.br.due(r.s.clock.Now()) {
 			continue
 		}
-		pu := *u.base
-		pu.Path = u.base.Path + "/" + path
-		switch {
-		case pu.RawQuery == "":
-			pu.RawQuery = query
-		case query != "":
-			pu.RawQuery += "&" + query // the BaseURL's own query (api-version) first, as requests have it
-		}
+		pu := u.pathURL(path, "", query) // as a request for the path has it (on Azure, under /openai)
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, pu.String(), nil)
 		if err != nil {
 			continue

@@ -178,11 +178,30 @@ type Upstream struct {
 	// (e.g. api-version) comes before the caller's.
 	BaseURL string
 	// APIKey, when set, replaces the caller's Authorization header with
-	// "Bearer APIKey". When empty, the caller's Authorization is forwarded
-	// unchanged. It never appears in errors, reports or printed values.
+	// "Bearer APIKey" (on an Azure upstream: the Api-Key header, and the
+	// caller's Authorization and Api-Key are dropped). When empty, the
+	// caller's Authorization is forwarded unchanged. It never appears in
+	// errors, reports or printed values.
 	APIKey string
-	// Models the upstream serves. If empty, every model.
+	// Models the upstream serves, as callers and policies name them. If
+	// empty, every model.
 	Models []string
+	// ModelNames maps a model, as callers, policies, prices, budgets and
+	// context windows name it, to the name this upstream expects, e.g.
+	// {"gpt-4.1": "openai/gpt-4.1"} on OpenRouter, or the deployment on
+	// Azure. A model it does not map is sent under its own name. The
+	// router edits only the outgoing request (the body's model, on Azure
+	// the path): reports, prices, budgets, fallbacks and the X-Relay-Model
+	// header keep the caller's name; Report.UpstreamModel has the one
+	// sent. It does not change what the upstream serves (Models does);
+	// New refuses a key that Models, when set, does not list.
+	ModelNames map[string]string
+	// Azure, when set, makes the upstream speak the Azure OpenAI
+	// deployment API (see AzureConfig): BaseURL is the resource endpoint
+	// (https://NAME.openai.azure.com), calls go to the deployment's path
+	// with the api-version, and APIKey goes in the Api-Key header. If nil,
+	// the OpenAI API.
+	Azure *AzureConfig
 	// RPM and TPM cap requests and tokens per minute; 0 is no limit.
 	RPM, TPM int
 	// MaxInFlight caps concurrent requests to the upstream; 0 is no cap.
@@ -468,11 +487,15 @@ type streamSettings struct {
 type upstreamSettings struct {
 	cfg    Upstream // APIKey cleared; slices and maps are the router's own
 	base   *url.URL
-	auth   func() string   // "Bearer <key>"; nil keeps the caller's Authorization
+	auth   func() string   // "Bearer <key>" (Azure: "<key>"); nil keeps the caller's Authorization
 	models map[string]bool // nil: every model
 	tags   []bodyTag
 	factor float64 // price factor, 1 for list price
 	weight float64
+
+	authHeader string            // the header auth goes in: Authorization, or Api-Key on Azure
+	names      map[string]string // ModelNames; nil: none
+	azure      string            // the Azure api-version; "": not Azure
 }
 
 // bodyTag is a top-level JSON field set on every request body to an upstream.
@@ -683,6 +706,7 @@ func resolveUpstream(c Upstream) (upstreamSettings, error) {
 		errs = append(errs, fmt.Sprintf("PriceFactor %g is negative or not finite", c.PriceFactor))
 	}
 	errs = append(errs, upstreamProblems(c)...)
+	errs = append(errs, nameProblems(c)...)
 	tags, tagErrs := resolveTags(c.BodyTags)
 	errs = append(errs, tagErrs...)
 	if len(c.BodyTags) > maxBodyTags {
@@ -696,8 +720,12 @@ func resolveUpstream(c Upstream) (upstreamSettings, error) {
 	base.Path = strings.TrimSuffix(base.Path, "/")
 	base.RawPath = ""
 	u := upstreamSettings{base: base, tags: tags, factor: orDefault(c.PriceFactor, 1), weight: orDefault(c.Weight, 1)}
+	resolveNames(&c, &u)
 	if c.APIKey != "" {
 		auth := "Bearer " + c.APIKey
+		if c.Azure != nil {
+			auth = c.APIKey
+		}
 		u.auth = func() string { return auth }
 	}
 	c.APIKey = ""

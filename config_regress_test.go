@@ -58,21 +58,29 @@ func TestRegressNewErrorQueryKey(t *testing.T) {
 func lastProbe(t *testing.T, header http.Header, probePath string) relaytest.Recorded {
 	srv := relaytest.NewServer()
 	t.Cleanup(srv.Close)
+	_, rec := probeOnce(t, srv, Upstream{Name: "a", BaseURL: srv.URL, Header: header}, probePath)
+	return rec
+}
+
+// probeOnce opens up's breaker (two calls srv answers 500), lets its
+// cooldown pass and runs Router.Probe with probePath; it returns the
+// upstreams Probe re-admitted and the request the probe sent.
+func probeOnce(t *testing.T, srv *relaytest.Server, up Upstream, probePath string) ([]string, relaytest.Recorded) {
 	srv.SetDefault(relaytest.Fault{Status: 500})
 	clock := newAutoClock()
 	r, _ := newTestRouter(t, Config{
 		Clock:     clock,
-		Upstreams: []Upstream{{Name: "a", BaseURL: srv.URL, Header: header}},
+		Upstreams: []Upstream{up},
 		Breaker:   BreakerConfig{Failures: 1, ProbePath: probePath},
 		Retry:     RetryConfig{MaxAttempts: 1},
 	})
 	send(t, r, chatBody("gpt-4.1", "x"))
 	send(t, r, chatBody("gpt-4.1", "x"))
-	require.Equal(t, StateOpen, r.byName["a"].br.stateAt(clock.Now()))
+	require.Equal(t, StateOpen, r.byName[up.Name].br.stateAt(clock.Now()))
 	clock.Advance(time.Minute)
 	srv.SetDefault(relaytest.Fault{})
-	r.Probe(context.Background())
-	return srv.Requests()[srv.Calls()-1]
+	back := r.Probe(context.Background())
+	return back, srv.Requests()[srv.Calls()-1]
 }
 
 // Router.Probe sends the upstream's Header with GET BaseURL+ProbePath (an

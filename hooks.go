@@ -86,6 +86,8 @@ type AttemptInfo struct {
 	Hedge    bool          // a hedge racing the call before it
 	Retry    string        // why the call before did not answer: "" for the first call, else its status ("503") or "connection", "timeout", "first-token", "context-window"
 	Backoff  time.Duration // the wait before this call
+
+	UpstreamModel string // Model as the upstream names it (Upstream.ModelNames; the deployment on Azure)
 }
 
 // AttemptDone is the outcome of one upstream call.

@@ -178,6 +178,9 @@ type Decision struct {
 	Route      Route    // the policy's route, as the constraints left it
 	Upstreams  []string // upstream names in the order they would be tried
 	Constraint string   // the constraint that changed the route, if one did
+	// UpstreamModels are the models each of Upstreams would be sent, as
+	// it names them (Upstream.ModelNames; the deployment on Azure).
+	UpstreamModels []string
 }
 
 // Decide returns the routing decision for req without sending it: no
@@ -202,6 +205,7 @@ func (r *Router) Decide(req *http.Request) (Decision, error) {
 	}
 	for _, cand := range cands {
 		d.Upstreams = append(d.Upstreams, cand.up.cfg.Name)
+		d.UpstreamModels = append(d.UpstreamModels, cand.up.sentName(cand.model))
 	}
 	return d, nil
 }

@@ -27,6 +27,10 @@ type Report struct {
 	Model          string // the model that answered (or was routed to)
 	Upstream       string // the upstream that answered; "" when none was reached
 	Bucket         string // the route's bucket label
+	// UpstreamModel is Model as the upstream that answered names it
+	// (Upstream.ModelNames; the deployment on Azure): the model sent. ""
+	// when no upstream was reached. Prices and budgets go by Model.
+	UpstreamModel string
 
 	Endpoint     string  // as in Request
 	PromptTokens int     // the router's count, before sending
@@ -148,6 +152,7 @@ func (t *trip) report(end bodyEnd) Report {
 		RequestedModel: t.c.req.Model,
 		Model:          t.model(),
 		Upstream:       t.upstreamName(),
+		UpstreamModel:  t.upstreamModel(),
 		Bucket:         t.route.Bucket,
 		Endpoint:       t.c.req.Endpoint,
 		PromptTokens:   t.c.req.PromptTokens,
@@ -207,6 +212,18 @@ func (t *trip) model() string {
 		return t.att.cand.model
 	}
 	return t.route.Model
+}
+
+// upstreamModel is the model the answering attempt sent, as its upstream
+// names it, if there is one.
+func (t *trip) upstreamModel() string {
+	switch {
+	case t.att.cand.up == nil:
+		return ""
+	case t.att.cand.model == "":
+		return t.c.req.Model // a path not routed by model: its body went as it came
+	}
+	return t.att.cand.up.sentName(t.att.cand.model)
 }
 
 // upstreamName is the answering attempt's upstream, if there is one.

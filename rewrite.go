@@ -19,9 +19,11 @@ import (
 )
 
 // Every edit of the outgoing request is here: the URL (the upstream's
-// BaseURL, the endpoint or path, both query strings), Authorization, the
-// upstream's headers, Accept-Encoding (removed), and the body's model, body
-// tags, prompt_cache_key and stream_options. The caller's request is never
+// BaseURL, the endpoint or path, on Azure the deployment and api-version,
+// the query strings), Authorization (or Azure's Api-Key), the upstream's
+// headers, Accept-Encoding (removed), and the body's model (under the
+// upstream's name for it), body tags, prompt_cache_key and
+// stream_options. The caller's request is never
 // modified: each attempt works on its own copy.
 
 // outgoing builds the request for one attempt on a copy of the caller's.
@@ -32,19 +34,17 @@ func (t *trip) outgoing(ctx context.Context, cand candidate, ob outBody) *http.R
 	// below, and the header, built by outHeader: the rest (trailer,
 	// transfer encoding) is only read.
 	out := req.WithContext(ctx)
-	u := *cand.up.base
-	u.Path = cand.up.pathTo(t.pathFor())
-	u.RawPath = ""
-	if t.c.req.Endpoint == "" && req.URL.RawPath != "" {
-		// A path the caller escaped (a model id "org%2Fname" in
-		// /v1/models/{model}) goes out escaped as the caller wrote it.
-		u.RawPath = cand.up.base.EscapedPath() + "/" + afterV1(req.URL.EscapedPath())
-	}
-	switch {
-	case u.RawQuery == "":
-		u.RawQuery = req.URL.RawQuery
-	case req.URL.RawQuery != "":
-		u.RawQuery += "&" + req.URL.RawQuery // the BaseURL's own query (e.g. api-version) first
+	var u url.URL
+	if ep := t.c.req.Endpoint; ep != "" {
+		u = cand.up.endpointURL(ep, cand.up.sentName(cand.model), req.URL.RawQuery)
+	} else {
+		rawRest := ""
+		if req.URL.RawPath != "" {
+			// A path the caller escaped (a model id "org%2Fname" in
+			// /v1/models/{model}) goes out escaped as the caller wrote it.
+			rawRest = afterV1(req.URL.EscapedPath())
+		}
+		u = cand.up.pathURL(afterV1(req.URL.Path), rawRest, req.URL.RawQuery)
 	}
 	out.URL = &u
 	out.Host = ""
@@ -87,7 +87,7 @@ func outHeader(in http.Header, up *upstream) http.Header {
 	}
 	for k, vs := range in {
 		switch ck := http.CanonicalHeaderKey(k); {
-		case ck == "Accept-Encoding", up.auth != nil && ck == "Authorization", extra[ck] != nil:
+		case ck == "Accept-Encoding", up.auth != nil && (ck == "Authorization" || ck == up.authHeader), extra[ck] != nil:
 			// (compared canonically: a caller's header map set by index,
 			// "authorization", must not travel beside the upstream's key)
 			continue
@@ -95,7 +95,7 @@ func outHeader(in http.Header, up *upstream) http.Header {
 		add(k, vs)
 	}
 	if up.auth != nil {
-		add("Authorization", []string{up.auth()})
+		add(up.authHeader, []string{up.auth()})
 	}
 	for k, vs := range extra {
 		add(k, vs)
@@ -120,7 +120,7 @@ func (r *reqBody) again() (io.ReadCloser, error) {
 // made once (upstream.paths).
 var knownEndpoints = [...]string{prompt.Chat, prompt.Responses, prompt.Completions, prompt.Embeddings}
 
-// pathTo returns the URL path of endpoint ep on up.
+// pathTo returns the URL path of endpoint ep on up (not Azure).
 func (up *upstream) pathTo(ep string) string {
 	for i, k := range knownEndpoints {
 		if ep == k {
@@ -130,14 +130,65 @@ func (up *upstream) pathTo(ep string) string {
 	return up.base.Path + "/" + ep
 }
 
-// pathFor is the path appended to an upstream's BaseURL: the endpoint for
-// the known ones; for other paths, what follows the caller's "/v1/" (or the
-// whole path when it has none).
-func (t *trip) pathFor() string {
-	if t.c.req.Endpoint != "" {
-		return t.c.req.Endpoint
+// endpointURL is the URL of a call to endpoint ep on up for the model up
+// names name, with the caller's query: BaseURL + "/" + ep; on Azure,
+// BaseURL/openai/deployments/{name}/{ep} for the endpoints served by
+// deployments, else BaseURL/openai/{ep}, with the api-version.
+func (up *upstream) endpointURL(ep, name, query string) url.URL {
+	u := *up.base
+	switch {
+	case up.azure == "":
+		u.Path = up.pathTo(ep)
+	case name != "" && deploymentEndpoint(ep):
+		// (name is a deploymentName, which New and serves checked: it
+		// needs no escaping and has no dot segment)
+		u.Path = up.base.Path + "/openai/deployments/" + name + "/" + ep
+	default:
+		u.Path = up.base.Path + "/openai/" + ep
 	}
-	return afterV1(t.req.URL.Path)
+	u.RawPath = ""
+	u.RawQuery = up.query(query)
+	return u
+}
+
+// pathURL is the URL of a call to another path on up: rest, what follows
+// the caller's "/v1/" (rawRest its escaped form, when the caller escaped
+// it), appended to BaseURL (on Azure, to BaseURL/openai, with the
+// api-version), with the caller's query.
+func (up *upstream) pathURL(rest, rawRest, query string) url.URL {
+	u := *up.base
+	prefix := "/"
+	if up.azure != "" {
+		prefix = "/openai/"
+	}
+	u.Path = up.base.Path + prefix + rest
+	u.RawPath = ""
+	if rawRest != "" {
+		u.RawPath = up.base.EscapedPath() + prefix + rawRest
+	}
+	u.RawQuery = up.query(query)
+	return u
+}
+
+// query is the query of a call to up: the BaseURL's own (e.g. a key),
+// then the Azure api-version, then the caller's.
+func (up *upstream) query(caller string) string {
+	q := up.base.RawQuery
+	if up.azure != "" {
+		q = joinQuery(q, "api-version="+url.QueryEscape(up.azure))
+	}
+	return joinQuery(q, caller)
+}
+
+// joinQuery joins two query strings.
+func joinQuery(a, b string) string {
+	switch {
+	case a == "":
+		return b
+	case b == "":
+		return a
+	}
+	return a + "&" + b
 }
 
 // afterV1 is what follows a path's "/v1/" (or the whole path when it has
@@ -169,8 +220,8 @@ func (t *trip) bodyFor(cand candidate) outBody {
 	s := &t.r.s
 	var buf [8]topSet
 	sets := buf[:0]
-	if cand.model != "" && cand.model != t.c.req.Model {
-		sets = append(sets, topSet{key: "model", raw: gjson.AppendJSONString(nil, cand.model)})
+	if name := cand.up.sentName(cand.model); name != "" && name != t.c.req.Model {
+		sets = append(sets, topSet{key: "model", raw: gjson.AppendJSONString(nil, name)})
 	}
 	for _, tag := range cand.up.tags {
 		sets = append(sets, topSet{key: tag.key, raw: tag.raw})

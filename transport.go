@@ -364,14 +364,15 @@ func (t *trip) giveUp(err error, prev previous) (*http.Response, error) {
 // get the same bytes.
 type bodyCache struct {
 	ok    bool
-	model string
+	model string // as the upstream names it
 	up    *upstream
 	out   outBody
 }
 
 func (bc *bodyCache) get(t *trip, cand candidate) outBody {
-	if !bc.ok || cand.model != bc.model || (cand.up != bc.up && (len(cand.up.tags) > 0 || len(bc.up.tags) > 0)) {
-		*bc = bodyCache{ok: true, model: cand.model, up: cand.up, out: t.bodyFor(cand)}
+	name := cand.up.sentName(cand.model)
+	if !bc.ok || name != bc.model || (cand.up != bc.up && (len(cand.up.tags) > 0 || len(bc.up.tags) > 0)) {
+		*bc = bodyCache{ok: true, model: name, up: cand.up, out: t.bodyFor(cand)}
 	}
 	return bc.out
 }
@@ -454,7 +455,7 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 	if t.stopped(ctx) == nil {
 		out = t.outgoing(ctx, cand, body)
 		if h := r.s.hooks.OnAttempt; h != nil {
-			info := AttemptInfo{Upstream: cand.up.cfg.Name, Model: cand.model, N: n, Hedge: hedge}
+			info := AttemptInfo{Upstream: cand.up.cfg.Name, Model: cand.model, UpstreamModel: cand.up.sentName(cand.model), N: n, Hedge: hedge}
 			if !hedge {
 				info.Retry, info.Backoff = t.why, t.backoff
 			}

@@ -42,7 +42,7 @@ func newUpstream(us upstreamSettings, s *settings) *upstream {
 }
 
 func (u *upstream) serves(model string) bool {
-	return u.models == nil || model == "" || u.models[model]
+	return (u.models == nil || model == "" || u.models[model]) && u.canName(model)
 }
 
 // carries reports whether the upstream has every tag of require.

@@ -11,6 +11,13 @@
 // formula), completion tokens come from WithCompletionTokens bounded by the
 // request's max tokens. Every request is recorded before it is answered.
 //
+// WithAzure makes it answer the Azure OpenAI API as well, under its root
+// (Server.AzureURL): the deployment paths
+// (/openai/deployments/{deployment}/chat/completions?api-version=…, the
+// deployment recorded as the request's model) and the v1 API
+// (/openai/v1/...). WithAPIKey makes it check the key each API wants
+// (Authorization: Bearer, or Azure's Api-Key) and answer 401 without it.
+//
 // Faults make a call misbehave: an error status with headers, a delay, a
 // dropped connection, a hang, a slow, stalled, cut or failing stream, usage
 // with cached and reasoning tokens, or none. Script queues faults for the

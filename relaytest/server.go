@@ -44,6 +44,8 @@ type config struct {
 	completionTokens int
 	latency          time.Duration
 	models           []string
+	azure            *azureConfig // nil: no Azure paths
+	apiKey           string       // "": any key
 	// hook, when set, is called for every call after it is recorded, with
 	// the fault the queue gave it; it returns the fault to answer with and
 	// an optional func called when the answer is done. It may block and
@@ -190,6 +192,9 @@ type Recorded struct {
 	// "completions", "embeddings", "models", "models/{id}", or "" when the
 	// path or method matches none.
 	Endpoint string
+	// Deployment is the deployment an Azure deployment path names
+	// (WithAzure), "" for other paths; Model is then the deployment too.
+	Deployment string
 }
 
 // Server is a fake OpenAI-compatible API on loopback, started by NewServer.
@@ -203,6 +208,9 @@ type Server struct {
 	// "/v1/chat/completions/chat/completions" (a BaseURL that already named
 	// the endpoint) or "/openai/chat/completions" is answered 404.
 	URL string
+	// AzureURL is the root of the server, such as "http://127.0.0.1:1234":
+	// the resource endpoint of the Azure API it answers with WithAzure.
+	AzureURL string
 
 	ts        *httptest.Server
 	cfg       config
@@ -233,6 +241,7 @@ func NewServer(opts ...Option) *Server {
 	s.ts.Config.ErrorLog = log.New(io.Discard, "", 0)
 	s.ts.Start()
 	s.URL = s.ts.URL + "/v1"
+	s.AzureURL = s.ts.URL
 	return s
 }
 
@@ -354,18 +363,33 @@ func endpointOf(method, path string) string {
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	ep := endpointOf(r.Method, r.URL.Path)
+	var az azureCall
+	isAzure := false
+	if s.cfg.azure != nil {
+		if az, isAzure = azureOf(r.Method, r.URL.Path); isAzure {
+			ep = az.ep
+		}
+	}
 	valid := len(body) > 0 && gjson.ValidBytes(body)
 	rec := Recorded{
-		Method:   r.Method,
-		Path:     r.URL.Path,
-		RawQuery: r.URL.RawQuery,
-		Header:   r.Header.Clone(),
-		Body:     body,
-		Endpoint: ep,
+		Method:     r.Method,
+		Path:       r.URL.Path,
+		RawQuery:   r.URL.RawQuery,
+		Header:     r.Header.Clone(),
+		Body:       body,
+		Endpoint:   ep,
+		Deployment: az.deployment,
 	}
 	if valid {
 		rec.Model = gjson.GetBytes(body, "model").Str
 		rec.Stream = gjson.GetBytes(body, "stream").Bool()
+	}
+	if az.deployment != "" {
+		rec.Model = az.deployment // (Azure ignores the body's)
+	}
+	if no := s.refuse(r, az, isAzure); no != nil {
+		s.refused(w, rec, no)
+		return
 	}
 	f := s.record(rec)
 	if s.cfg.hook != nil {
