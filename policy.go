@@ -178,6 +178,17 @@ type Decision struct {
 	Route      Route    // the policy's route, as the constraints left it
 	Upstreams  []string // upstream names in the order they would be tried
 	Constraint string   // the constraint that changed the route, if one did
+	// Candidates are the attempts of Upstreams, in the same order: the
+	// upstream, the model it would be sent, and the timeouts its attempt
+	// would get.
+	Candidates []Candidate
+}
+
+// Candidate is one attempt a Decision plans.
+type Candidate struct {
+	Upstream string
+	Model    string   // the model as routed (the Route's Model or a fallback)
+	Timeouts Timeouts // resolved for this upstream and model: zero is no bound
 }
 
 // Decide returns the routing decision for req without sending it: no
@@ -202,6 +213,7 @@ func (r *Router) Decide(req *http.Request) (Decision, error) {
 	}
 	for _, cand := range cands {
 		d.Upstreams = append(d.Upstreams, cand.up.cfg.Name)
+		d.Candidates = append(d.Candidates, Candidate{Upstream: cand.up.cfg.Name, Model: cand.model, Timeouts: cand.timeouts()})
 	}
 	return d, nil
 }

@@ -15,6 +15,52 @@ import (
 	"github.com/tokenrelay/relay/relaytest"
 )
 
+// TestTimeoutsResolution: each candidate of a Decision shows the timeouts
+// its attempt gets, field by field: the model's entry, else the
+// upstream's, else the global setting; negative turns a bound off.
+func TestTimeoutsResolution(t *testing.T) {
+	r, _ := newTestRouter(t, Config{
+		Upstreams: []Upstream{
+			{Name: "fast", BaseURL: "http://fast.invalid/v1"},
+			{Name: "slow", BaseURL: "http://slow.invalid/v1", Timeouts: Timeouts{Attempt: 30 * time.Second, Idle: -1}},
+			{Name: "chat-only", BaseURL: "http://chat.invalid/v1", Models: []string{"gpt-4.1"}, Timeouts: Timeouts{FirstToken: 3 * time.Second}},
+		},
+		Policy: PolicyFunc(func(q Request) Route { return Route{Model: "gpt-4.1", Fallbacks: []string{"o3"}} }),
+		Retry:  RetryConfig{AttemptTimeout: 2 * time.Second},
+		Stream: StreamConfig{FirstTokenTimeout: time.Second},
+		ModelTimeouts: map[string]Timeouts{
+			"o3":      {Attempt: 2 * time.Minute, FirstToken: 20 * time.Second},
+			"gpt-4.1": {FirstToken: -1},
+		},
+	})
+	req, err := http.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "hi")))
+	require.NoError(t, err)
+	d, err := r.Decide(req)
+	require.NoError(t, err)
+	assert.Equal(t, []Candidate{
+		// gpt-4.1 turns first-token failover off everywhere, even where the upstream sets it
+		{"fast", "gpt-4.1", Timeouts{Attempt: 2 * time.Second, Idle: 25 * time.Second}},
+		{"slow", "gpt-4.1", Timeouts{Attempt: 30 * time.Second}},
+		{"chat-only", "gpt-4.1", Timeouts{Attempt: 2 * time.Second, Idle: 25 * time.Second}},
+		// o3's entry beats the upstream's Attempt; the upstream's Idle -1 still holds
+		{"fast", "o3", Timeouts{Attempt: 2 * time.Minute, FirstToken: 20 * time.Second, Idle: 25 * time.Second}},
+		{"slow", "o3", Timeouts{Attempt: 2 * time.Minute, FirstToken: 20 * time.Second}},
+	}, d.Candidates)
+	assert.Equal(t, []string{"fast", "slow", "chat-only", "fast", "slow"}, d.Upstreams)
+
+	// Without any: no attempt or first-token bound, the default idle one;
+	// an upstream's positive value beats a global "off".
+	r, _ = newTestRouter(t, Config{
+		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.invalid/v1"}, {Name: "b", BaseURL: "http://b.invalid/v1", Timeouts: Timeouts{Idle: time.Minute}}},
+		Stream:    StreamConfig{IdleTimeout: -1},
+	})
+	req, err = http.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "hi")))
+	require.NoError(t, err)
+	d, err = r.Decide(req)
+	require.NoError(t, err)
+	assert.Equal(t, []Candidate{{"a", "gpt-4.1", Timeouts{}}, {"b", "gpt-4.1", Timeouts{Idle: time.Minute}}}, d.Candidates)
+}
+
 // TestTimeoutsValidation: New names the timeout settings it refuses.
 func TestTimeoutsValidation(t *testing.T) {
 	listed := []Upstream{{Name: "a", BaseURL: "http://a.invalid/v1", Models: []string{"gpt-4.1"}}}
