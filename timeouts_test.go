@@ -390,3 +390,29 @@ func TestTimeoutsIdlePerModelAndUpstream(t *testing.T) {
 		})
 	}
 }
+
+// TestTimeoutsProbeTTL: the claim on the fleet's half-open probe lasts the
+// probing attempt's own attempt timeout (10 s without one), at most the
+// cooldown.
+func TestTimeoutsProbeTTL(t *testing.T) {
+	r, _ := newTestRouter(t, Config{
+		Upstreams: []Upstream{
+			{Name: "a", BaseURL: "http://a.invalid/v1"},
+			{Name: "b", BaseURL: "http://b.invalid/v1", Timeouts: Timeouts{Attempt: 20 * time.Second}},
+		},
+		Retry:         RetryConfig{AttemptTimeout: 2 * time.Second},
+		Breaker:       BreakerConfig{Cooldown: 30 * time.Second},
+		ModelTimeouts: map[string]Timeouts{"o3": {Attempt: time.Minute}, "o4-mini": {Attempt: -1}},
+	})
+	for _, c := range []struct {
+		up, model string
+		want      time.Duration
+	}{
+		{"a", "gpt-4.1", 2 * time.Second},
+		{"b", "gpt-4.1", 20 * time.Second},
+		{"b", "o3", 30 * time.Second},
+		{"a", "o4-mini", 10 * time.Second},
+	} {
+		assert.Equal(t, c.want, r.probeTTL(&candidate{up: r.byName[c.up], model: c.model}), "%s on %s", c.model, c.up)
+	}
+}
