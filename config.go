@@ -127,6 +127,14 @@ type Config struct {
 	// Stream configures the handling of server-sent-event answers.
 	Stream StreamConfig
 
+	// ModelTimeouts are the attempt, first-token and idle timeouts of the
+	// attempts that send a model (keyed by the model name as routed: the
+	// Route's Model or a fallback), field by field over the upstream's
+	// Timeouts and the global settings (see Timeouts); zero fields inherit,
+	// negative ones turn the bound off. When every upstream lists its
+	// Models, New refuses a model none of them serves.
+	ModelTimeouts map[string]Timeouts
+
 	// ContextFallbacks are models (larger-window ones) tried, in order,
 	// for a request that fits no model of its route, and once for a
 	// request an upstream refused with context_length_exceeded.
@@ -226,6 +234,11 @@ type Upstream struct {
 	// "region=eu", "tier=batch", "zdr"): such a request only ever goes to
 	// upstreams that carry every tag it requires.
 	Tags []string
+	// Timeouts are the attempt, first-token and idle timeouts of the
+	// attempts sent to this upstream, field by field over the global
+	// settings; a model's entry in Config.ModelTimeouts wins over them (see
+	// Timeouts). Zero fields inherit; negative ones turn the bound off.
+	Timeouts Timeouts
 }
 
 // Format prints the Upstream with its API key, header values and any
@@ -271,7 +284,8 @@ type RetryConfig struct {
 	// holds the hinting upstream). If 0, 8 s.
 	MaxRetryAfter time.Duration
 	// AttemptTimeout bounds each attempt's time to response headers. If 0,
-	// no bound but the request's context.
+	// no bound but the request's context. Upstream.Timeouts and
+	// Config.ModelTimeouts set it per upstream and per model.
 	AttemptTimeout time.Duration
 	// ShouldRetry decides whether an outcome may succeed elsewhere. If nil,
 	// DefaultShouldRetry. It is never asked when the request's context
@@ -394,7 +408,8 @@ type LimitConfig struct {
 type StreamConfig struct {
 	// IdleTimeout closes a stream that sent no byte for this long while the
 	// caller was waiting in Read; the reader then gets ErrStreamStalled. If
-	// 0, 25 s; negative: off.
+	// 0, 25 s; negative: off. Upstream.Timeouts and Config.ModelTimeouts
+	// set it per upstream and per model.
 	IdleTimeout time.Duration
 	// FirstTokenTimeout, when set, holds a stream's response until its first
 	// content chunk; if none comes within this time of the response headers
@@ -402,7 +417,8 @@ type StreamConfig struct {
 	// retry, under RetryConfig), while nothing has reached the caller. A
 	// stream that ends or fails before its first content chunk is handed to
 	// the caller as it is. Once a byte reached the caller, a stream is never
-	// retried. If 0, off.
+	// retried. If 0, off. Upstream.Timeouts and Config.ModelTimeouts set it
+	// per upstream and per model.
 	FirstTokenTimeout time.Duration
 	// KeepUsageOption turns off the injection of
 	// stream_options.include_usage. By default, when a chat or completions
@@ -449,14 +465,13 @@ type settings struct {
 }
 
 type retrySettings struct {
-	maxAttempts    int
-	initial, max   time.Duration
-	multiplier     float64
-	randomization  float64
-	maxRetryAfter  time.Duration
-	attemptTimeout time.Duration
-	shouldRetry    func(*http.Response, error) bool
-	backoff        func(int) time.Duration // nil: exponential
+	maxAttempts   int
+	initial, max  time.Duration
+	multiplier    float64
+	randomization float64
+	maxRetryAfter time.Duration
+	shouldRetry   func(*http.Response, error) bool
+	backoff       func(int) time.Duration // nil: exponential
 }
 
 type hedgeSettings struct {
@@ -476,9 +491,9 @@ type breakerSettings struct {
 	onChange    func(BreakerEvent)
 }
 
+// streamSettings are the stream settings but for the timeouts, which are
+// each upstream's (see candidate.timeouts).
 type streamSettings struct {
-	idle        time.Duration // 0: off
-	firstToken  time.Duration // 0: off
 	injectUsage bool
 }
 
@@ -496,6 +511,10 @@ type upstreamSettings struct {
 	authHeader string            // the header auth goes in: Authorization, or Api-Key on Azure
 	names      map[string]string // ModelNames; nil: none
 	azure      string            // the Azure api-version; "": not Azure
+	// timeouts are its attempts' (its own over the global ones, resolved);
+	// byModel, those of the ModelTimeouts models it serves.
+	timeouts Timeouts
+	byModel  map[string]Timeouts
 }
 
 // bodyTag is a top-level JSON field set on every request body to an upstream.
@@ -558,12 +577,9 @@ func resolve(c Config) (settings, error) {
 	s.onReport = s.hooks.OnReport
 	s.breaker = resolveBreaker(c.Breaker, bad)
 	s.breaker.onChange = s.hooks.OnBreaker
-	s.stream = streamSettings{idle: offOr(c.Stream.IdleTimeout, 25*time.Second), firstToken: c.Stream.FirstTokenTimeout,
-		injectUsage: !c.Stream.KeepUsageOption}
-	if s.stream.firstToken < 0 {
-		bad("Stream.FirstTokenTimeout %s is negative", c.Stream.FirstTokenTimeout)
-	}
+	s.stream = streamSettings{injectUsage: !c.Stream.KeepUsageOption}
 	s.upstreams = resolveUpstreams(c.Upstreams, bad)
+	resolveTimeouts(c, s.upstreams, bad)
 	s.budgets = resolveBudgets(c.Budgets, bad)
 	s.contextFallbacks = slices.Clone(c.ContextFallbacks)
 	s.currency = Currency{Code: c.Currency.Code, PerUSD: orDefault(c.Currency.PerUSD, 1)}
@@ -609,7 +625,7 @@ func resolveRetry(c RetryConfig, bad func(string, ...any)) retrySettings {
 		maxAttempts: orDefault(c.MaxAttempts, 3), initial: orDefault(c.InitialInterval, 100*time.Millisecond),
 		max: orDefault(c.MaxInterval, 1200*time.Millisecond), multiplier: orDefault(c.Multiplier, 2),
 		randomization: offOr(c.RandomizationFactor, 0.5), maxRetryAfter: orDefault(c.MaxRetryAfter, 8*time.Second),
-		attemptTimeout: c.AttemptTimeout, shouldRetry: c.ShouldRetry, backoff: c.Backoff,
+		shouldRetry: c.ShouldRetry, backoff: c.Backoff,
 	}
 	if r.shouldRetry == nil {
 		r.shouldRetry = DefaultShouldRetry
@@ -619,7 +635,6 @@ func resolveRetry(c RetryConfig, bad func(string, ...any)) retrySettings {
 	notNegative(bad, "Retry.MaxInterval", c.MaxInterval)
 	notNegative(bad, "Retry.Multiplier", c.Multiplier)
 	notNegative(bad, "Retry.MaxRetryAfter", c.MaxRetryAfter)
-	notNegative(bad, "Retry.AttemptTimeout", c.AttemptTimeout)
 	if r.randomization >= 1 {
 		bad("Retry.RandomizationFactor %g must be below 1", c.RandomizationFactor)
 	}

@@ -41,12 +41,14 @@ var (
 	// ErrCircuitOpen: every candidate's circuit opened while the request was
 	// being routed, and no response was obtained.
 	ErrCircuitOpen = errors.New("relay: every candidate's circuit is open")
-	// ErrAttemptTimeout: an attempt got no response headers within
-	// RetryConfig.AttemptTimeout. It is retried like a connection error. It
+	// ErrAttemptTimeout: an attempt got no response headers within its
+	// attempt timeout (RetryConfig.AttemptTimeout, or its upstream's or
+	// model's Timeouts.Attempt). It is retried like a connection error. It
 	// is a timeout (net.Error).
 	ErrAttemptTimeout error = &timeoutError{"relay: no response headers within the attempt timeout"}
-	// ErrFirstTokenTimeout: a stream sent no content within
-	// StreamConfig.FirstTokenTimeout; the router tried the next candidate.
+	// ErrFirstTokenTimeout: a stream sent no content within its first-token
+	// timeout (StreamConfig.FirstTokenTimeout, or its upstream's or model's
+	// Timeouts.FirstToken); the router tried the next candidate.
 	ErrFirstTokenTimeout = errors.New("relay: no first token within the first-token timeout")
 	// ErrStreamStalled: a stream sent no byte for the idle timeout. It is a
 	// timeout (net.Error).

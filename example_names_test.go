@@ -44,8 +44,13 @@ func ExampleUpstream_modelNames() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println(d.Route.Model, d.Upstreams, d.UpstreamModels)
+	for _, c := range d.Candidates {
+		fmt.Println(c.Model, c.Upstream, c.UpstreamModel)
+	}
 	// README:end
 
-	// Output: gpt-4.1 [openai azure-eu openrouter] [gpt-4.1 prod-gpt41 openai/gpt-4.1]
+	// Output:
+	// gpt-4.1 openai gpt-4.1
+	// gpt-4.1 azure-eu prod-gpt41
+	// gpt-4.1 openrouter openai/gpt-4.1
 }

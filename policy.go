@@ -178,9 +178,20 @@ type Decision struct {
 	Route      Route    // the policy's route, as the constraints left it
 	Upstreams  []string // upstream names in the order they would be tried
 	Constraint string   // the constraint that changed the route, if one did
-	// UpstreamModels are the models each of Upstreams would be sent, as
-	// it names them (Upstream.ModelNames; the deployment on Azure).
-	UpstreamModels []string
+	// Candidates are the attempts of Upstreams, in the same order: the
+	// upstream, the model it would be sent, and the timeouts its attempt
+	// would get.
+	Candidates []Candidate
+}
+
+// Candidate is one attempt a Decision plans.
+type Candidate struct {
+	Upstream string
+	Model    string // the model as routed (the Route's Model or a fallback)
+	// UpstreamModel is the model as this upstream names it
+	// (Upstream.ModelNames; the deployment on Azure).
+	UpstreamModel string
+	Timeouts      Timeouts // resolved for this upstream and model: zero is no bound
 }
 
 // Decide returns the routing decision for req without sending it: no
@@ -205,7 +216,8 @@ func (r *Router) Decide(req *http.Request) (Decision, error) {
 	}
 	for _, cand := range cands {
 		d.Upstreams = append(d.Upstreams, cand.up.cfg.Name)
-		d.UpstreamModels = append(d.UpstreamModels, cand.up.sentName(cand.model))
+		d.Candidates = append(d.Candidates, Candidate{Upstream: cand.up.cfg.Name, Model: cand.model,
+			UpstreamModel: cand.up.sentName(cand.model), Timeouts: cand.timeouts()})
 	}
 	return d, nil
 }

@@ -188,14 +188,14 @@ func (r *Router) admitShared(ctx context.Context, a admission, c *candidate, now
 			return 0, false, true, true
 		}
 		sctx, cancel := r.stateCtx(ctx)
-		token, err := r.s.state.Probe(sctx, c.up.cfg.Name, r.probeTTL())
+		token, err := r.s.state.Probe(sctx, c.up.cfg.Name, r.probeTTL(c))
 		cancel()
 		if err != nil {
 			r.stateFailed(a.trip, "probe", err)
 			return 0, false, false, false
 		}
 		if token == "" {
-			c.fleetOpen = now.Add(r.probeTTL()) // another replica probes
+			c.fleetOpen = now.Add(r.probeTTL(c)) // another replica probes
 			return 0, false, true, true
 		}
 		c.fleetProbe = &token
@@ -237,10 +237,11 @@ func fleetCharge(tokens int, u *upstream) int {
 }
 
 // probeTTL bounds the claim on the fleet's half-open probe: a replica that
-// dies while probing blocks the others at most this long.
-func (r *Router) probeTTL() time.Duration {
+// dies while probing blocks the others at most this long. c is the
+// candidate the probe would be sent to: its attempt timeout bounds it.
+func (r *Router) probeTTL(c *candidate) time.Duration {
 	ttl := 10 * time.Second
-	if d := r.s.retry.attemptTimeout; d > 0 {
+	if d := c.timeouts().Attempt; d > 0 {
 		ttl = d
 	}
 	return min(ttl, r.s.breaker.cooldown)

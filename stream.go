@@ -152,7 +152,7 @@ type streamState struct {
 }
 
 func newStreamBody(t *trip, a *attempt) *streamBody {
-	s := &streamBody{rc: a.resp.Body, t: t, a: a, drop: a.injected, idle: t.r.s.stream.idle}
+	s := &streamBody{rc: a.resp.Body, t: t, a: a, drop: a.injected, idle: a.cand.timeouts().Idle}
 	s.sc.Max, s.sc.Tail = streamLineMax, streamTailMax
 	return s
 }
@@ -466,7 +466,7 @@ func (s *streamBody) settle() {
 	s.stopIdle = s.t.r.s.clock.AfterFunc(streamGrace, s.checkFn)
 }
 
-// idleLimit is the idle timeout now: Stream.IdleTimeout (0: none), or
+// idleLimit is the idle timeout now: the attempt's (0: none), or
 // streamGrace once the stream settled.
 func (s *streamBody) idleLimit() time.Duration {
 	if s.settled.Load() && (s.idle <= 0 || s.idle > streamGrace) {

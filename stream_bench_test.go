@@ -92,7 +92,7 @@ func BenchmarkStream(b *testing.B) {
 			t := newTrip(r, req)
 			t.c.req.Endpoint = EndpointChat
 			t.c.req.Stream = true
-			a := &attempt{resp: &http.Response{Body: io.NopCloser(body)}}
+			a := &attempt{cand: candidate{up: r.ups[0]}, resp: &http.Response{Body: io.NopCloser(body)}}
 			s := newStreamBody(t, a)
 			if _, err := io.CopyBuffer(io.Discard, onlyReader{s}, buf); err != nil {
 				b.Fatal(err)

@@ -377,13 +377,13 @@ func (bc *bodyCache) get(t *trip, cand candidate) outBody {
 	return bc.out
 }
 
-// awaitFirstToken is first-token failover: with Stream.FirstTokenTimeout
-// set, a 2xx stream is read ahead (nothing has reached the caller yet) until
-// its first content chunk; if none comes in time, the attempt becomes a
+// awaitFirstToken is first-token failover: with the attempt's first-token
+// timeout set, a 2xx stream is read ahead (nothing has reached the caller
+// yet) until its first content chunk; if none comes in time, the attempt becomes a
 // failure to retry. The loop skips it on the last attempt: a slow stream
 // beats none.
 func (t *trip) awaitFirstToken(a *attempt) (waited bool) {
-	d := t.r.s.stream.firstToken
+	d := a.cand.timeouts().FirstToken
 	if a.err != nil || d <= 0 || a.resp.StatusCode >= 300 || !isEventStream(a.resp.Header) || t.r.s.retry.shouldRetry(a.resp, nil) {
 		return false // (a stream the retry policy retries anyway is not read ahead)
 	}
@@ -438,7 +438,7 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 	// 0 while waiting, 1 once the response is kept, 2 once the timer fired.
 	var state atomic.Int32
 	var stop func() bool
-	if d := r.s.retry.attemptTimeout; d > 0 {
+	if d := cand.timeouts().Attempt; d > 0 {
 		ctx, a.cancel = context.WithCancel(ctx)
 		cancel := a.cancel
 		stop = r.s.clock.AfterFunc(d, func() {
