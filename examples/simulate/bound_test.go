@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenrelay/relay"
-	"github.com/tokenrelay/relay/relaytest"
+	"github.com/tokenrelay/relay/examples/simulate/simfleet"
 )
 
 // TestUnloadedBound holds the unloaded bound (bound.go) to the fleet it is
@@ -27,7 +27,7 @@ import (
 // bound assumed; and each answer takes its path's AnswerTime for the cached
 // tokens it had, plus no more than the router's and loopback's overheads.
 func TestUnloadedBound(t *testing.T) {
-	fleet := relaytest.NewSimFleet(relaytest.SimConfig{TimeScale: 0.05, CacheBlocks: simCacheBlocks})
+	fleet := simfleet.New(simfleet.Config{TimeScale: 0.05, CacheBlocks: simCacheBlocks})
 	defer fleet.Close()
 	cfg := fleet.Config()
 	policy := clusterPolicy(false)(&env{fast: fast, cheap: cheap})
@@ -76,7 +76,7 @@ func TestUnloadedBound(t *testing.T) {
 		if j == long {
 			continue
 		}
-		c := relaytest.NewPrefixCache(1<<12, cfg.BlockBytes)
+		c := simfleet.NewPrefixCache(1<<12, cfg.BlockBytes)
 		c.Serve(endpointOf(q), []byte(q.body))
 		if _, n := c.Serve(endpointOf(w.reqs[long]), []byte(w.reqs[long].body)); n > most {
 			warm, most = j, n

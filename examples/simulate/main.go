@@ -4,12 +4,12 @@
 // several strategies — and prints p50, p99, throughput, success, cost and
 // cache hits side by side, with the targets each run is held to.
 //
-// The fleet is simulated: relaytest.SimFleet runs on loopback, no key and no
-// network needed. Its model (regions of FIFO shards with bounded queues,
+// The fleet is simulated: package simfleet runs it on loopback, no key and
+// no network needed. Its model (regions of FIFO shards with bounded queues,
 // service time = prefill + decode on a 1:50 clock, the clustering of 150–220
 // token prompts onto one shard, prefix caches per region and model path, a
 // region going dark, 429 bursts, slow shards and hung connections) is
-// documented on relaytest.SimFleet; the numbers show how routing changes
+// documented in package simfleet; the numbers show how routing changes
 // queueing and caching in that model, not what any provider measures.
 //
 // -workload picks the traffic (batch, chat, agent; workload.go), -scenario
@@ -62,7 +62,7 @@ import (
 	"time"
 
 	"github.com/tokenrelay/relay"
-	"github.com/tokenrelay/relay/relaytest"
+	"github.com/tokenrelay/relay/examples/simulate/simfleet"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -124,7 +124,7 @@ type mode struct {
 	newSender func(e *env) (*sender, error)
 	// run, when set, runs the mode instead, for traffic of its own shape
 	// (the priority mode).
-	run func(o options, m mode, w *workload, stderr io.Writer) (result, relaytest.SimConfig, error)
+	run func(o options, m mode, w *workload, stderr io.Writer) (result, simfleet.Config, error)
 }
 
 var modes = []mode{
@@ -200,7 +200,7 @@ type options struct {
 	workload    string   // a generated workload's name
 	scenario    scenario // the fleet's trouble
 	loadFactor  float64  // Config.LoadFactor of the bounded mode; 0: relay's default
-	cacheBlocks int      // SimConfig.CacheBlocks; 0: the fleet's default
+	cacheBlocks int      // simfleet.Config.CacheBlocks; 0: the fleet's default
 	tty         bool     // stderr is a terminal: progress redraws one line
 
 	// Replay (replay.go).
@@ -436,7 +436,7 @@ func (o *options) pick(raw flagText) error {
 // usageHead opens the usage text: what the command simulates.
 const usageHead = `usage: simulate [flags]
 
-Runs a seeded workload against a simulated fleet (relaytest.SimFleet: OpenAI-compatible
+Runs a seeded workload against a simulated fleet (simfleet.Fleet: OpenAI-compatible
 servers on loopback with simulated queues, caches and service times, 1 simulated second =
 20 ms; no key, no network) in several modes and prints tables (or, with -json, one JSON
 array) of latency, throughput, cost and cache hits. The budget and priority modes and the
@@ -490,7 +490,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	var results []result
-	var cfg relaytest.SimConfig
+	var cfg simfleet.Config
 	for _, m := range o.modes {
 		res, c, err := runMode(o, m, w, stderr)
 		cfg = c
@@ -542,7 +542,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 // env is what a mode's sender is built over.
 type env struct {
-	fleet *relaytest.SimFleet // nil against a real endpoint
+	fleet *simfleet.Fleet // nil against a real endpoint
 	w     *workload
 	// direct are the upstreams of the direct modes: us-east's, one a
 	// model (the generated workloads ask for the flagship alone); all,
@@ -640,7 +640,7 @@ func relayed(rm relayMode) func(e *env) (*sender, error) {
 // env its sender is built over, and the reports it collects.
 type rig struct {
 	e       *env
-	fleet   *relaytest.SimFleet
+	fleet   *simfleet.Fleet
 	base    *http.Transport
 	mu      sync.Mutex
 	reports []relay.Report
@@ -652,7 +652,7 @@ func newRig(o options, w *workload) *rig {
 	g := &rig{e: &env{w: w, fast: o.fast, cheap: o.cheap, loadFactor: o.loadFactor}}
 	e := g.e
 	if o.baseURL == "" {
-		g.fleet = relaytest.NewSimFleet(relaytest.SimConfig{
+		g.fleet = simfleet.New(simfleet.Config{
 			TimeScale:   timeScale,
 			ClusterMin:  o.windowMin,
 			ClusterMax:  o.windowMax,
@@ -669,7 +669,7 @@ func newRig(o options, w *workload) *rig {
 				e.direct = append(e.direct, ru)
 			}
 		}
-		if o.scenario.stalls != (relaytest.SimStalls{}) {
+		if o.scenario.stalls != (simfleet.Stalls{}) {
 			st := o.scenario.stalls
 			st.Seed = o.seed
 			g.fleet.SetStalls(st)
@@ -702,16 +702,16 @@ func (g *rig) close() {
 
 // result summarizes the run's reports as m's row, with what snd adds;
 // total is the number of requests sent.
-func (g *rig) result(m mode, o options, snd *sender, wall time.Duration, conc, total int) (result, relaytest.SimConfig, error) {
+func (g *rig) result(m mode, o options, snd *sender, wall time.Duration, conc, total int) (result, simfleet.Config, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if len(g.reports) != total {
-		return result{}, relaytest.SimConfig{}, fmt.Errorf("%d reports for %d requests", len(g.reports), total)
+		return result{}, simfleet.Config{}, fmt.Errorf("%d reports for %d requests", len(g.reports), total)
 	}
 	var res result
-	var cfg relaytest.SimConfig
+	var cfg simfleet.Config
 	if g.fleet == nil {
-		res = summarize(m, o, g.reports, wall, conc, nil, relaytest.SimStats{})
+		res = summarize(m, o, g.reports, wall, conc, nil, simfleet.Stats{})
 	} else {
 		res, cfg = summarize(m, o, g.reports, wall, conc, g.e.prices, g.fleet.Stats()), g.fleet.Config()
 	}
@@ -734,7 +734,7 @@ type traffic struct {
 // modeTraffic is the traffic of mode m: the workload (the floor: a sample,
 // one request at a time), with the scenario's faults in the relay modes
 // against the simulated fleet.
-func modeTraffic(o options, m mode, w *workload, fleet *relaytest.SimFleet) traffic {
+func modeTraffic(o options, m mode, w *workload, fleet *simfleet.Fleet) traffic {
 	t := traffic{sessions: w.sessions, conc: o.concurrency, users: w.users, timed: w.timed, faults: o.scenario.faults}
 	if m.floor {
 		t.sessions = w.sample(o.floorSample)
@@ -757,7 +757,7 @@ func (t traffic) total() int {
 	return n
 }
 
-func runMode(o options, m mode, w *workload, stderr io.Writer) (result, relaytest.SimConfig, error) {
+func runMode(o options, m mode, w *workload, stderr io.Writer) (result, simfleet.Config, error) {
 	if m.run != nil {
 		return m.run(o, m, w, stderr)
 	}
@@ -765,7 +765,7 @@ func runMode(o options, m mode, w *workload, stderr io.Writer) (result, relaytes
 	defer g.close()
 	snd, err := m.newSender(g.e)
 	if err != nil {
-		return result{}, relaytest.SimConfig{}, err
+		return result{}, simfleet.Config{}, err
 	}
 	defer snd.close()
 	t := modeTraffic(o, m, w, g.fleet)
@@ -782,7 +782,7 @@ func runMode(o options, m mode, w *workload, stderr io.Writer) (result, relaytes
 // The open sessions wait in ready; a worker takes the one at the front,
 // sends its next request, and puts it back at the end (or, when it is
 // over, opens the next session). The last request closes ready.
-func drive(t traffic, snd *sender, fleet *relaytest.SimFleet, done *atomic.Int64) time.Duration {
+func drive(t traffic, snd *sender, fleet *simfleet.Fleet, done *atomic.Int64) time.Duration {
 	type open struct {
 		reqs []request
 		next int

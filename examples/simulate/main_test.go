@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tokenrelay/relay"
+	"github.com/tokenrelay/relay/examples/simulate/simfleet"
 	"github.com/tokenrelay/relay/internal/bpe"
 	"github.com/tokenrelay/relay/relaytest"
 )
@@ -201,7 +202,7 @@ func TestSessionWorkloads(t *testing.T) {
 
 	// A chat answer in the history is the fleet's answer: one turn through
 	// a fleet server.
-	fleet := relaytest.NewSimFleet(relaytest.SimConfig{TimeScale: 1e-6, Regions: []string{"us-east"}})
+	fleet := simfleet.New(simfleet.Config{TimeScale: 1e-6, Regions: []string{"us-east"}})
 	defer fleet.Close()
 	q := chatWorkload(1, 1, 1).reqs[0]
 	body := strings.Replace(q.body, `"stream":true`, `"stream":false`, 1)
