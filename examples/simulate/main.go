@@ -22,7 +22,8 @@
 // state and with the limits shared on Redis (an embedded server unless
 // -redis names one). These runs keep their routers on a simulated clock
 // (clock.go), so limits per minute and budget windows are simulated time.
-// -plot DIR also writes SVG charts of the modes (plot.go). On the batch
+// -save FILE also writes the rows, with each mode's latency CDF, for the
+// charts of examples/simchart (save.go). On the batch
 // workload the run prints the unloaded lower bound of cluster-aware's p99
 // (bound.go); -sweep SIZES prints a workload's cache hits by prefix-cache
 // size from an offline replay instead of running the modes (sweep.go).
@@ -37,7 +38,7 @@
 //	go run ./examples/simulate -modes cluster-aware,budget,priority
 //	go run ./examples/simulate -modes direct -replicas 4
 //	go run ./examples/simulate -modes direct -replicas 4 -redis 127.0.0.1:6379
-//	go run ./examples/simulate -plot docs/sim
+//	go run ./examples/simulate -save run.json && go run ./examples/simchart -out charts run.json
 //	go run ./examples/simulate -workload chat -sweep 1024,4096,8192,16384
 //	go run ./examples/simulate -replay examples/simulate/testdata/sample.jsonl -speed 2
 //	OPENAI_API_KEY=... go run ./examples/simulate -replay my.jsonl -base-url https://api.openai.com/v1
@@ -210,7 +211,7 @@ type options struct {
 	speed       float64 // divides recorded times
 	requestsSet bool    // -requests was given (it then caps a replay)
 	fast, cheap string  // ClusterPolicy models
-	plot        string  // directory to write SVG charts into; "": none
+	save        string  // file to write the rows into, for charts; "": none
 
 	// The cache sweep (sweep.go): prefix-cache sizes to replay the
 	// workload through; nil: no sweep.
@@ -276,7 +277,7 @@ func defineFlags(o *options, raw *flagText, stderr io.Writer) *flag.FlagSet {
 	fs.Float64Var(&o.speed, "speed", 1, "with -replay: replay the recorded timestamps this many times faster")
 	fs.StringVar(&o.fast, "fast", fast, "the cluster-aware modes' fast model (ClusterPolicy.Fast)")
 	fs.StringVar(&o.cheap, "cheap", cheap, "the cluster-aware modes' cheap model (ClusterPolicy.Cheap)")
-	fs.StringVar(&o.plot, "plot", "", "also write SVG charts of the modes into `DIR` (created if needed): "+plotLatency+" (latency CDF, log axis),\n"+plotThroughput+", "+plotCache+", "+plotCost+" ($ per 1k requests)")
+	fs.StringVar(&o.save, "save", "", "also write the rows (the objects of -json, one a line, each mode's with its latency CDF) to `FILE`,\nfor the charts of examples/simchart: go run ./examples/simchart -out DIR FILE")
 	fs.StringVar(&raw.sweep, "sweep", "", "instead of the modes, print the workload's cache hits with prefix caches of these `SIZES` (comma-separated blocks, e.g.\n1024,4096,8192,16384), from an offline replay of its requests through the fleet's cache under four routing rules")
 	fs.IntVar(&o.replicas, "replicas", 0, "after the modes, compare `N` routers (one per simulated replica) over upstreams that enforce RPM/TPM limits:\nper-process state, then limits shared on Redis (0: no comparison)")
 	fs.StringVar(&o.redis, "redis", "", "with -replicas: the Redis server (`host:port`) of the shared state (default: an embedded, in-process server)")
@@ -443,7 +444,8 @@ array) of latency, throughput, cost and cache hits. The budget and priority mode
 -replicas comparison run their routers on a simulated clock, so their rate limits and budget
 windows count simulated minutes; in the -replicas comparison the fleet's upstreams enforce
 RPM/TPM limits as a provider would, and the shared state runs on an embedded Redis unless
--redis names one. With -plot DIR it also draws the modes' results as SVG charts.
+-redis names one. With -save FILE it also writes the rows that examples/simchart draws
+SVG charts from.
 
 `
 
@@ -498,7 +500,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "simulate: mode %s: %v\n", m.name, err)
 			return 1
 		}
-		res.Workload, res.Scenario = w.name, o.scenario.name
+		res.Workload, res.Scenario, res.RealEndpoint = w.name, o.scenario.name, o.baseURL != ""
 		if o.replay != "" {
 			res.Workload = "replay"
 		}
@@ -519,13 +521,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		results = append(results, rows...)
 	}
-	if o.plot != "" {
-		files, err := writePlots(o.plot, o, results)
-		if err != nil {
-			fmt.Fprintf(stderr, "simulate: -plot: %v\n", err)
+	if o.save != "" {
+		if err := save(o.save, results); err != nil {
+			fmt.Fprintf(stderr, "simulate: -save: %v\n", err)
 			return 1
 		}
-		fmt.Fprintf(stderr, "simulate: wrote %s\n", strings.Join(files, ", "))
+		fmt.Fprintf(stderr, "simulate: wrote %s (charts: go run ./examples/simchart -out DIR %s)\n", o.save, o.save)
 	}
 	if o.json {
 		enc := json.NewEncoder(stdout)

@@ -77,7 +77,7 @@ func TestFlagsRejected(t *testing.T) {
 	assert.Contains(t, errb.String(), "  stalls  in every mode, 1.5% of calls")
 	assert.Contains(t, errb.String(), "-replicas N")
 	assert.Contains(t, errb.String(), "-redis host:port")
-	assert.Contains(t, errb.String(), "-plot DIR")
+	assert.Contains(t, errb.String(), "-save FILE")
 	assert.Contains(t, errb.String(), "-sweep SIZES")
 	assert.Contains(t, errb.String(), "modes (-modes):\n  floor          direct, one request at a time")
 	assert.Contains(t, errb.String(), "  priority       the workload's first 400 requests to one upstream")

@@ -25,6 +25,7 @@ type result struct {
 	About           string             `json:"about"`
 	Workload        string             `json:"workload"` // batch, chat, agent or replay
 	Scenario        string             `json:"scenario"`
+	RealEndpoint    bool               `json:"real_endpoint,omitempty"` // -base-url: not the simulated fleet
 	Requests        int                `json:"requests"`
 	Concurrency     int                `json:"concurrency"`
 	ModelPaths      map[string]float64 `json:"model_paths_pct"`
@@ -62,7 +63,7 @@ type result struct {
 	Priority      *priorityResult `json:"priority,omitempty"` // the priority mode's
 	Replicas      *replicasResult `json:"replicas,omitempty"` // a row of the replicas comparison
 
-	okLatencies []time.Duration // the successful requests', sorted (for -plot)
+	okLatencies []time.Duration // the successful requests', sorted (for -save)
 }
 
 func summarize(m mode, o options, reports []relay.Report, wall time.Duration, conc int, prices map[string]relay.Price, st simfleet.Stats) result {
