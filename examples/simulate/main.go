@@ -1,8 +1,10 @@
 // Command simulate sends one seeded workload to a simulated fleet of
 // OpenAI-compatible upstreams in several modes — straight to one upstream,
 // round-robin over the whole fleet, and through the relay router with
-// several strategies — and prints p50, p99, throughput, success, cost and
-// cache hits side by side, with the targets each run is held to.
+// several strategies — and prints its verdict first (cluster-aware routing
+// against the same upstreams without the router and against one upstream,
+// verdict.go), then p50, p99, throughput, success, cost and cache hits side
+// by side, with the targets each run is held to.
 //
 // The fleet is simulated: package simfleet runs it on loopback, no key and
 // no network needed. Its model (regions of FIFO shards with bounded queues,
@@ -437,10 +439,11 @@ func (o *options) pick(raw flagText) error {
 // usageHead opens the usage text: what the command simulates.
 const usageHead = `usage: simulate [flags]
 
-Runs a seeded workload against a simulated fleet (simfleet.Fleet: OpenAI-compatible
-servers on loopback with simulated queues, caches and service times, 1 simulated second =
-20 ms; no key, no network) in several modes and prints tables (or, with -json, one JSON
-array) of latency, throughput, cost and cache hits. The budget and priority modes and the
+Runs a seeded workload against a simulated fleet (OpenAI-compatible servers on loopback
+with simulated queues, caches and service times, 1 simulated second = 20 ms; no key, no
+network) in several modes and prints a verdict (cluster-aware routing against the same
+upstreams without the router, and against one upstream), then tables (or, with -json, one
+JSON array) of latency, throughput, cost and cache hits. The budget and priority modes and the
 -replicas comparison run their routers on a simulated clock, so their rate limits and budget
 windows count simulated minutes; in the -replicas comparison the fleet's upstreams enforce
 RPM/TPM limits as a provider would, and the shared state runs on an embedded Redis unless

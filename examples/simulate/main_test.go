@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -355,6 +356,12 @@ func TestTableOutput(t *testing.T) {
 		assert.Contains(t, s, want)
 	}
 	assert.Equal(t, 1, strings.Count(s, "\n         direct "), "a mode listed twice runs once:\n%s", s)
+	lines := strings.Split(s, "\n")
+	assert.Equal(t, "VERDICT: relay (cluster-aware routing) on the simulated fleet, batch workload, outage scenario, 60 requests a mode", lines[0], "the verdict first")
+	assert.Regexp(t, `^  vs one upstream \(direct\): success [0-9.]+% vs [0-9.]+%, cost [0-9.]+×, p99 [0-9.]+×, throughput [0-9.]+×$`, lines[1])
+	assert.True(t, strings.HasPrefix(lines[2], "  (cost: $ per 1,000 requests;"), lines[2])
+	assert.Equal(t, "", lines[3])
+	assert.True(t, strings.HasPrefix(lines[4], "SIMULATED FLEET"), "then the tables")
 	assert.NotContains(t, s, "floor p99")
 	assert.NotContains(t, s, "baseline p99", "a target whose modes did not run is not printed")
 	assert.Regexp(t, `(?m)^  (PASS|MISS)  cluster-aware p99 / direct p99 = [0-9.]+× \(target ≤ 0\.50×\)$`, s)
@@ -403,6 +410,44 @@ func TestTargetLines(t *testing.T) {
 	assert.Contains(t, stalls, "  PASS  hedged p99 / cluster-aware p99 = 0.33× (target ≤ 0.40×)")
 	assert.Contains(t, stalls, "  MISS  hedged upstream calls / cluster-aware = 1.10× (target ≤ 1.06×)")
 	assert.NotContains(t, stalls, "affinity cache hits =")
+}
+
+// TestVerdict: the verdict compares the cluster-aware mode with the
+// baseline and direct modes that ran, figures of the run, in at most six
+// lines; without cluster-aware, or with neither comparison, there is none.
+func TestVerdict(t *testing.T) {
+	rows := []result{
+		{Mode: "direct", Requests: 1200, SuccessPct: 100, CostPer1kReq: 0.8, P99ms: 300, ThroughputRPS: 100},
+		{Mode: "baseline", Requests: 1200, SuccessPct: 90.83, CostPer1kReq: 0.4, P99ms: 100, ThroughputRPS: 1000},
+		{Mode: "striped", Requests: 1200, SuccessPct: 100},
+		{Mode: "cluster-aware", Requests: 1200, SuccessPct: 100, CostPer1kReq: 0.348, P99ms: 96, ThroughputRPS: 1160},
+		{Mode: "replicas/shared", Replicas: &replicasResult{}},
+	}
+	cfg := simfleet.Config{Regions: make([]string, 4), Models: make([]simfleet.Model, 3)}
+	o := options{workload: "batch", scenario: scenario0("outage")}
+	verdict := func(o options, rows []result) string {
+		var b bytes.Buffer
+		printVerdict(&b, o, cfg, rows)
+		return b.String()
+	}
+	got := verdict(o, rows)
+	assert.Equal(t, `VERDICT: relay (cluster-aware routing) on the simulated fleet, batch workload, outage scenario, 1200 requests a mode
+  vs the same 12 upstreams without relay (baseline): success 100.00% vs 90.83%, cost 0.87×, p99 0.96×, throughput 1.16×
+  vs one upstream (direct):                          success 100.00% vs 100.00%, cost 0.43×, p99 0.32×, throughput 11.60×
+  (cost: $ per 1,000 requests; × is relay's figure over the other's: under 1 is better for cost and p99, over 1 for throughput)
+
+`, got)
+	assert.LessOrEqual(t, strings.Count(got, "\n"), 6)
+
+	noBaseline := slices.DeleteFunc(slices.Clone(rows), func(r result) bool { return r.Mode == "baseline" })
+	assert.NotContains(t, verdict(o, noBaseline), "baseline")
+	assert.Contains(t, verdict(o, noBaseline), "vs one upstream (direct): success")
+	assert.Empty(t, verdict(o, rows[:3]), "no cluster-aware mode")
+	assert.Empty(t, verdict(o, rows[2:4]), "nothing to compare with")
+	o.replay, o.baseURL = "my.jsonl", "https://api.example.com/v1"
+	real := verdict(o, rows)
+	assert.Contains(t, real, "on a real endpoint, replay of my.jsonl, 1200 requests a mode")
+	assert.Contains(t, real, "vs the endpoint without relay (baseline): ")
 }
 
 func scenario0(name string) scenario {

@@ -198,6 +198,7 @@ func paths(m map[string]float64) string {
 }
 
 func printReport(out io.Writer, o options, cfg simfleet.Config, w *workload, results []result) {
+	printVerdict(out, o, cfg, results)
 	if o.baseURL != "" {
 		fmt.Fprintf(out, "REAL ENDPOINT %s — every request was sent to it and billed by it.\n", o.baseURL)
 		fmt.Fprintf(out, "Workload: %s\n\n", w.describe())
@@ -208,7 +209,7 @@ func printReport(out io.Writer, o options, cfg simfleet.Config, w *workload, res
 }
 
 func printFleet(out io.Writer, o options, cfg simfleet.Config, w *workload) {
-	fmt.Fprintf(out, "SIMULATED FLEET — no real provider is called. simfleet.Fleet on loopback:\n")
+	fmt.Fprintf(out, "SIMULATED FLEET — no real provider is called. examples/simulate/simfleet on loopback:\n")
 	fmt.Fprintf(out, "  %d regions (%s) × %d model paths, %d FIFO shards each (queue %d, full → 429 + retry-after-ms)\n",
 		len(cfg.Regions), strings.Join(cfg.Regions, ", "), len(cfg.Models), cfg.Models[0].Shards, cfg.Models[0].QueueLimit)
 	for _, m := range cfg.Models {
@@ -330,13 +331,7 @@ var relayModes = []string{"striped", "affinity", "bounded", "cluster-aware", "cl
 //   - stalls (every workload): hedged p99 ≤ 0.4× cluster-aware's, for at
 //     most 6% more upstream calls.
 func targets(o options, results []result) (ts []target, notes []string) {
-	get := func(name string) (result, bool) {
-		i := slices.IndexFunc(results, func(r result) bool { return r.Mode == name })
-		if i < 0 {
-			return result{}, false
-		}
-		return results[i], true
-	}
+	get := func(name string) (result, bool) { return modeRow(results, name) }
 	lowest, lowestMode := 101.0, ""
 	for _, name := range relayModes {
 		if r, ok := get(name); ok && r.SuccessPct < lowest {
