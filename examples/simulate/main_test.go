@@ -25,6 +25,30 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// simTargets turns on the verdicts that depend on how fast the host runs
+// the simulation. The fleet runs on the wall clock (1 simulated second =
+// 20 ms), so a run's latencies and throughput, the queues its arrivals
+// build, and the waits that rate limits and shared state impose, all
+// depend on how fast the machine runs the fleet and its clients: a loaded
+// or slow host changes them. Those verdicts are targets, not tests, and
+// run only when asked for, on an uninstrumented build (the race detector
+// slows the simulation down until its timings mean nothing):
+//
+//	RELAY_SIM_TARGETS=1 go test -count=1 ./examples/simulate
+//
+// Without it a test asserts only what holds however fast the host is:
+// counts, shapes, the routes taken, and lower bounds on time (a timer
+// never fires early).
+var simTargets = os.Getenv("RELAY_SIM_TARGETS") == "1" && !raceDetector
+
+// targetsOnly skips t unless simTargets is on.
+func targetsOnly(t *testing.T) {
+	t.Helper()
+	if !simTargets {
+		t.Skip("a wall-clock target, not a test: RELAY_SIM_TARGETS=1 runs it (without -race)")
+	}
+}
+
 // assuredModes are the relay modes whose success the outage cannot dent:
 // 3 attempts, at most two regions failing at once, queues deeper than the
 // concurrency. The bounded mode is not among them: under bounded loads a
@@ -483,23 +507,24 @@ func TestProgress(t *testing.T) {
 
 // TestTargets runs shortened simulations and asserts the targets that hold
 // with a margin on a short run; it logs the others, which need the full run
-// (the README lists both). Asserted: the batch targets against direct (p99
-// ≤ 0.5×, throughput ≥ 2×), success ≥ 99.9% in striped, affinity and
-// cluster-aware, cluster-aware's p99 no lower than its unloaded bound (a
-// lower bound of any run that answers every request, as a success of 99.9%
-// on 600 requests requires) and that bound over half the baseline's p99
-// (the README's reason the baseline target is out of reach), affinity's
-// chat cache hits ≥ 75% (83–85% on 300 turns), and the stalls call budget
-// (≤ 1.06×). Logged: the baseline ratio itself, the other chat figures (on
-// 300 turns every region's cache still holds the young conversations, so
-// striping hits almost as often as affinity; the p99 ratio is near 1 on
-// full runs too) and the stalls p99 ratio (a 2% share of 600 requests puts
-// a dozen stalls around the p99, too few to be stable). Under the race
-// detector the simulation is starved of CPU and its timings mean nothing,
-// so the test is skipped there (CI runs -race; `go test ./...` runs it).
+// (docs/simulation.md lists both). It runs only with RELAY_SIM_TARGETS=1
+// (see simTargets): every figure it asserts is a wall-clock measurement.
+// Asserted: the batch targets against direct (p99 ≤ 0.5×, throughput ≥ 2×),
+// success ≥ 99.9% in striped, affinity and cluster-aware, cluster-aware's
+// p99 no lower than its unloaded bound (a lower bound of any run that
+// answers every request, as a success of 99.9% on 600 requests requires)
+// and that bound over half the baseline's p99 (why the baseline target is
+// out of reach), affinity's chat cache hits ≥ 75% (83–85% on 300 turns),
+// and the stalls call budget (≤ 1.06×). Logged: the baseline ratio itself,
+// the other chat figures (on 300 turns every region's cache still holds the
+// young conversations, so striping hits almost as often as affinity; the
+// p99 ratio is near 1 on full runs too) and the stalls p99 ratio (a 2%
+// share of 600 requests puts a dozen stalls around the p99, too few to be
+// stable).
 func TestTargets(t *testing.T) {
-	if raceDetector || testing.Short() {
-		t.Skip("timing targets need an uninstrumented, full-speed build")
+	targetsOnly(t)
+	if testing.Short() {
+		t.Skip("-short")
 	}
 	t.Run("batch", func(t *testing.T) {
 		m := runJSON(t, "-requests", "600", "-modes", "direct,baseline,striped,affinity,cluster-aware")
