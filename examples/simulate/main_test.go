@@ -383,9 +383,10 @@ func TestTableOutput(t *testing.T) {
 	lines := strings.Split(s, "\n")
 	assert.Equal(t, "VERDICT: relay (cluster-aware routing) on the simulated fleet, batch workload, outage scenario, 60 requests a mode", lines[0], "the verdict first")
 	assert.Regexp(t, `^  vs one upstream \(direct\): success [0-9.]+% vs [0-9.]+%, cost [0-9.]+×, p99 [0-9.]+×, throughput [0-9.]+×$`, lines[1])
-	assert.True(t, strings.HasPrefix(lines[2], "  (cost: $ per 1,000 requests;"), lines[2])
-	assert.Equal(t, "", lines[3])
-	assert.True(t, strings.HasPrefix(lines[4], "SIMULATED FLEET"), "then the tables")
+	assert.True(t, strings.HasPrefix(lines[2], "  × is relay's figure over the other's"), lines[2])
+	assert.True(t, strings.HasPrefix(lines[3], "  p99 and throughput are wall-clock figures"), lines[3])
+	assert.Equal(t, "", lines[4])
+	assert.True(t, strings.HasPrefix(lines[5], "SIMULATED FLEET"), "then the tables")
 	assert.NotContains(t, s, "floor p99")
 	assert.NotContains(t, s, "baseline p99", "a target whose modes did not run is not printed")
 	assert.Regexp(t, `(?m)^  (PASS|MISS)  cluster-aware p99 / direct p99 = [0-9.]+× \(target ≤ 0\.50×\)$`, s)
@@ -458,7 +459,8 @@ func TestVerdict(t *testing.T) {
 	assert.Equal(t, `VERDICT: relay (cluster-aware routing) on the simulated fleet, batch workload, outage scenario, 1200 requests a mode
   vs the same 12 upstreams without relay (baseline): success 100.00% vs 90.83%, cost 0.87×, p99 0.96×, throughput 1.16×
   vs one upstream (direct):                          success 100.00% vs 100.00%, cost 0.43×, p99 0.32×, throughput 11.60×
-  (cost: $ per 1,000 requests; × is relay's figure over the other's: under 1 is better for cost and p99, over 1 for throughput)
+  × is relay's figure over the other's: under 1 is better for cost ($ per 1,000 requests) and p99, over 1 for throughput.
+  p99 and throughput are wall-clock figures of this machine and move with its load; success and cost follow from the seeded workload.
 
 `, got)
 	assert.LessOrEqual(t, strings.Count(got, "\n"), 6)

@@ -58,7 +58,8 @@ func printVerdict(out io.Writer, o options, cfg simfleet.Config, results []resul
 	for _, l := range lines {
 		fmt.Fprintf(out, "  %-*s %s\n", width+len(l[0])-len([]rune(l[0])), l[0], l[1])
 	}
-	fmt.Fprintf(out, "  (cost: $ per 1,000 requests; × is relay's figure over the other's: under 1 is better for cost and p99, over 1 for throughput)\n\n")
+	fmt.Fprintf(out, "  × is relay's figure over the other's: under 1 is better for cost ($ per 1,000 requests) and p99, over 1 for throughput.\n")
+	fmt.Fprintf(out, "  p99 and throughput are wall-clock figures of this machine and move with its load; success and cost follow from the seeded workload.\n\n")
 }
 
 // modeRow returns the row of the mode named name, if it ran.
