@@ -142,6 +142,10 @@ type Fault struct {
 	// completion tokens and clamped to them; the visible text then has that
 	// many fewer pieces.
 	ReasoningTokens int
+	// CompletionTokens, when positive, is this answer's completion tokens
+	// instead of the Server's (WithCompletionTokens); the request's max
+	// tokens still bound it.
+	CompletionTokens int
 	// NoUsage omits usage: no "usage" key in a JSON answer, no usage chunk
 	// in a chat or completions stream even when stream_options.include_usage
 	// asks for one, no usage in the Responses response.completed event.
@@ -182,11 +186,6 @@ type Fault struct {
 	// write events does not add up over a long stream, as a model decoding
 	// at a steady rate sends them.
 	ChunkInterval time.Duration
-
-	// CompletionTokens, when positive, is this answer's completion tokens
-	// instead of the Server's (WithCompletionTokens); the request's max
-	// tokens still bound it.
-	CompletionTokens int
 }
 
 func (f Fault) clone() Fault {
