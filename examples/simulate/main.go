@@ -4,7 +4,8 @@
 // several strategies — and prints its verdict first (cluster-aware routing
 // against the same upstreams without the router and against one upstream,
 // verdict.go), then p50, p99, throughput, success, cost and cache hits side
-// by side, with the targets each run is held to.
+// by side, with the targets each run is held to. The guide is the
+// repository's docs/simulation.md.
 //
 // The fleet is simulated: package simfleet runs it on loopback, no key and
 // no network needed. Its model (regions of FIFO shards with bounded queues,
