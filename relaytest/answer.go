@@ -110,8 +110,8 @@ type usage struct {
 
 func (a *answer) usage(ep string, req gjson.Result) usage {
 	u := usage{prompt: promptTokens(ep, req), completion: a.s.cfg.completionTokens}
-	if a.f.completion > 0 {
-		u.completion = a.f.completion
+	if a.f.CompletionTokens > 0 {
+		u.completion = a.f.CompletionTokens
 	}
 	if ep == epEmbeddings {
 		u.completion = 0

@@ -46,6 +46,11 @@
 // Close never waits for hung or stalled calls: it wakes them first and
 // aborts their connections.
 //
+// WithSchedule hands every call to a function of the test's own before it
+// is answered, to queue it, slow it or fail it as the test decides (the
+// repository's simulated fleet, examples/simulate/simfleet, is built on
+// it); PromptTokens counts a request's prompt as a Server does.
+//
 // A Fleet is a set of named Servers, for tests of routing over several
 // upstreams.
 //

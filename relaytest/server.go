@@ -46,12 +46,7 @@ type config struct {
 	models           []string
 	azure            *azureConfig // nil: no Azure paths
 	apiKey           string       // "": any key
-	// hook, when set, is called for every call after it is recorded, with
-	// the fault the queue gave it; it returns the fault to answer with and
-	// an optional func called when the answer is done. It may block and
-	// may end the call with panic(http.ErrAbortHandler). The fleet
-	// simulator (sim.go) schedules calls with it.
-	hook func(r *http.Request, rec *Recorded, f Fault) (Fault, func())
+	schedule         Schedule
 }
 
 // Option configures a Server; pass options to NewServer.
@@ -85,6 +80,23 @@ func WithLatency(d time.Duration) Option { return func(c *config) { c.latency = 
 func WithModels(ids ...string) Option {
 	return func(c *config) { c.models = slices.Clone(ids) }
 }
+
+// Schedule decides how a Server answers one call (see WithSchedule): it is
+// given the call's request, its record and the fault the call took from the
+// queue (Script, SetDefault; the zero Fault when none), and returns the
+// fault to answer with and, optionally, a func the Server calls once the
+// answer is written or the call has ended otherwise.
+type Schedule func(r *http.Request, call Recorded, f Fault) (Fault, func())
+
+// WithSchedule makes the Server pass every call to fn once the call is
+// recorded and before anything is answered, and answer with the Fault fn
+// returns. fn may block, for example to queue the call behind others as a
+// busy upstream does; it must then end when r's context ends, returning or
+// calling panic(http.ErrAbortHandler) (which aborts the call's connection
+// without logging). fn must not modify call.Body. A simulated fleet of
+// upstreams with queues, caches and service times is built this way (the
+// repository's examples/simulate/simfleet).
+func WithSchedule(fn Schedule) Option { return func(c *config) { c.schedule = fn } }
 
 // Fault shapes the answer to one call. The zero Fault is a normal answer.
 //
@@ -132,6 +144,10 @@ type Fault struct {
 	// completion tokens and clamped to them; the visible text then has that
 	// many fewer pieces.
 	ReasoningTokens int
+	// CompletionTokens, when positive, is this answer's completion tokens
+	// instead of the Server's (WithCompletionTokens); the request's max
+	// tokens still bound it.
+	CompletionTokens int
 	// NoUsage omits usage: no "usage" key in a JSON answer, no usage chunk
 	// in a chat or completions stream even when stream_options.include_usage
 	// asks for one, no usage in the Responses response.completed event.
@@ -166,10 +182,12 @@ type Fault struct {
 	// arguments {"city":"Paris"} (streamed in pieces) instead of text, with
 	// finish_reason "tool_calls".
 	ToolCall bool
-
-	// Set by the fleet simulator only.
-	completion int           // completion tokens of this answer, when positive
-	pace       time.Duration // stream content events are paced this far apart, from the first one
+	// ChunkInterval, when positive, spaces the content events of a stream
+	// from the first one: the k-th comes at least k·ChunkInterval after the
+	// first (after ChunkDelay too, when both are set), so the time taken to
+	// write events does not add up over a long stream, as a model decoding
+	// at a steady rate sends them.
+	ChunkInterval time.Duration
 }
 
 func (f Fault) clone() Fault {
@@ -392,9 +410,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f := s.record(rec)
-	if s.cfg.hook != nil {
+	if s.cfg.schedule != nil {
 		var done func()
-		f, done = s.cfg.hook(r, &rec, f)
+		f, done = s.cfg.schedule(r, rec, f)
 		if done != nil {
 			defer done()
 		}
@@ -482,9 +500,11 @@ func (s *Server) drop(w http.ResponseWriter) {
 	conn.Close()
 }
 
-// scripted reports whether f asks for anything other than a normal answer.
-func (f *Fault) scripted() bool {
-	return f.Status != 0 || len(f.Header) > 0 || f.Body != "" || f.ContentType != "" || f.Delay != 0 || f.Drop || f.Hang ||
-		f.CachedTokens != 0 || f.ReasoningTokens != 0 || f.NoUsage || f.ChunkDelay != 0 || f.FirstTokenDelay != 0 ||
-		f.StallAfter != 0 || f.CutAfter != 0 || f.ErrorEvent || f.EventLines || f.ToolCall
+// IsZero reports whether f is the zero Fault (a normal answer): a Schedule
+// tells by it whether a test scripted a fault for the call.
+func (f Fault) IsZero() bool {
+	return f.Status == 0 && len(f.Header) == 0 && f.Body == "" && f.ContentType == "" && f.Delay == 0 && !f.Drop && !f.Hang &&
+		f.CachedTokens == 0 && f.ReasoningTokens == 0 && !f.NoUsage && f.ChunkDelay == 0 && f.FirstTokenDelay == 0 &&
+		f.StallAfter == 0 && f.CutAfter == 0 && !f.ErrorEvent && !f.EventLines && !f.ToolCall &&
+		f.ChunkInterval == 0 && f.CompletionTokens == 0
 }

@@ -22,12 +22,11 @@ func TestCountTokens(t *testing.T) {
 	assert.Equal(t, 1, countTokens("Hello"))
 	assert.Equal(t, 2, countTokens("Hello world"))
 
-	// Long unbroken runs are cut, long texts extrapolated: both stay fast.
-	start := time.Now()
+	// Long unbroken runs and long texts are counted (how fast is the
+	// counter's concern: internal/bpe's benchmarks).
 	assert.Equal(t, 8192, countTokens(strings.Repeat("a", 64<<10)))
 	long := countTokens(strings.Repeat("hello world ", 30000)) // 360 KB
 	assert.InDelta(t, 60000, long, 10)
-	assert.Less(t, time.Since(start), 10*time.Second)
 }
 
 func TestPieces(t *testing.T) {
@@ -352,10 +351,10 @@ func TestCloseWithHungCalls(t *testing.T) {
 		}()
 		waitCalls(t, s, i+1)
 	}
-	start := time.Now()
+	// The calls hang until the server closes: a Close that waited for them
+	// would never return (and the test would end at go test's -timeout).
 	s.Close()
 	s.Close() // again: no-op
-	assert.Less(t, time.Since(start), 3*time.Second)
 	wg.Wait()
 	close(errs)
 	for err := range errs {

@@ -69,7 +69,7 @@ func (e *sse) send(name string, data []byte) {
 func (e *sse) content(name string, data []byte) {
 	if e.contents > 0 {
 		e.a.s.sleep(e.a.r.Context(), e.a.f.ChunkDelay)
-		if p := e.a.f.pace; p > 0 {
+		if p := e.a.f.ChunkInterval; p > 0 {
 			// Paced from the first event, so timer slack does not add up.
 			e.a.s.sleep(e.a.r.Context(), time.Until(e.first.Add(time.Duration(e.contents)*p)))
 		}

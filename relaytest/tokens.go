@@ -29,6 +29,17 @@ func promptTokens(endpoint string, root gjson.Result) int {
 	return prompt.Tokens(o200kCounter{}, 0, endpoint, &f)
 }
 
+// PromptTokens returns the prompt tokens a Server reports for a request
+// to endpoint ("chat/completions", "responses", "completions",
+// "embeddings") whose body is body (see promptTokens); 0 for a body that is
+// not JSON.
+func PromptTokens(endpoint string, body []byte) int {
+	if !gjson.ValidBytes(body) {
+		return 0
+	}
+	return promptTokens(endpoint, gjson.ParseBytes(body))
+}
+
 // o200kCounter counts in o200k_base, without a memo.
 type o200kCounter struct{}
 

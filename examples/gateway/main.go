@@ -11,7 +11,7 @@
 // shuts it down cleanly: it stops accepting, lets requests in flight finish
 // (streams included) for up to -grace, then closes what is left.
 //
-// With no -upstream it serves a simulated fleet (relaytest.SimFleet, on
+// With no -upstream it serves a simulated fleet (simfleet.Fleet, on
 // loopback, no key needed) with the ready-made cluster-aware policy:
 //
 //	go run ./examples/gateway
@@ -39,7 +39,7 @@ import (
 	"time"
 
 	"github.com/tokenrelay/relay"
-	"github.com/tokenrelay/relay/relaytest"
+	"github.com/tokenrelay/relay/examples/simulate/simfleet"
 )
 
 func main() {
@@ -98,7 +98,7 @@ func shownURL(raw string) string {
 // run is the command; it returns the exit code (2 for bad flags).
 // simulated points cfg at a simulated fleet's upstreams, with its models
 // as the defaults of the model flags left empty.
-func simulated(cfg *config, fleet *relaytest.SimFleet, fastM, cheapM *string) {
+func simulated(cfg *config, fleet *simfleet.Fleet, fastM, cheapM *string) {
 	for _, u := range fleet.Upstreams() {
 		cfg.Upstreams = append(cfg.Upstreams, relay.Upstream{Name: u.Name, BaseURL: u.URL, Models: []string{u.Model}})
 	}
@@ -151,10 +151,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		},
 	}
 	if len(ups) == 0 {
-		fleet := relaytest.NewSimFleet(relaytest.SimConfig{})
+		fleet := simfleet.New(simfleet.Config{})
 		defer fleet.Close()
 		simulated(&cfg, fleet, fastM, cheapM)
-		logger.Printf("no -upstream: serving a SIMULATED fleet (relaytest.SimFleet, %d upstreams on loopback)", len(cfg.Upstreams))
+		logger.Printf("no -upstream: serving a SIMULATED fleet (simfleet.Fleet, %d upstreams on loopback)", len(cfg.Upstreams))
 	} else {
 		key := or(*apiKey, os.Getenv("OPENAI_API_KEY"))
 		for _, u := range ups {

@@ -7,14 +7,14 @@ import (
 	"time"
 
 	"github.com/tokenrelay/relay"
+	"github.com/tokenrelay/relay/examples/simulate/simfleet"
 	"github.com/tokenrelay/relay/internal/prompt"
-	"github.com/tokenrelay/relay/relaytest"
 )
 
 // The unloaded lower bound of a policy's p99: the latency each request of
 // the workload would have if it were served alone, on the model path the
 // policy routes it to, straight from the fleet's service-time model
-// (relaytest.SimModel.AnswerTime, scaled by the fleet's TimeScale), with
+// (simfleet.Model.AnswerTime, scaled by the fleet's TimeScale), with
 // the best case of the prefix cache:
 //
 //   - no queue: the request finds its shard idle;
@@ -51,7 +51,7 @@ type unloaded struct {
 // unloadedTimes returns the bound of every request of w, in order, on the
 // fleet cfg describes (its models, block size and time scale), for the
 // model each request's route picks under policy.
-func unloadedTimes(w *workload, cfg relaytest.SimConfig, policy relay.Policy) ([]unloaded, error) {
+func unloadedTimes(w *workload, cfg simfleet.Config, policy relay.Policy) ([]unloaded, error) {
 	var ups []relay.Upstream
 	for _, m := range cfg.Models {
 		ups = append(ups, relay.Upstream{Name: m.Name, BaseURL: "http://sim.invalid/v1", Models: []string{m.Name}})
@@ -69,7 +69,7 @@ func unloadedTimes(w *workload, cfg relaytest.SimConfig, policy relay.Policy) ([
 	for _, q := range w.reqs {
 		blocks += len(prompt.AppendCanonical(nil, endpointOf(q), q.body, math.MaxInt)) / cfg.BlockBytes
 	}
-	fwd, back := relaytest.NewPrefixCache(blocks, cfg.BlockBytes), relaytest.NewPrefixCache(blocks, cfg.BlockBytes)
+	fwd, back := simfleet.NewPrefixCache(blocks, cfg.BlockBytes), simfleet.NewPrefixCache(blocks, cfg.BlockBytes)
 	for i := range n {
 		q := &w.reqs[i]
 		out[i].prompt, out[i].cached = fwd.Serve(endpointOf(*q), []byte(q.body))
@@ -89,7 +89,7 @@ func unloadedTimes(w *workload, cfg relaytest.SimConfig, policy relay.Policy) ([
 		if u.model == "" {
 			u.model = d.Request.Model
 		}
-		j := slices.IndexFunc(cfg.Models, func(m relaytest.SimModel) bool { return m.Name == u.model })
+		j := slices.IndexFunc(cfg.Models, func(m simfleet.Model) bool { return m.Name == u.model })
 		if j < 0 {
 			return nil, fmt.Errorf("the fleet serves no %s", u.model)
 		}
@@ -100,7 +100,7 @@ func unloadedTimes(w *workload, cfg relaytest.SimConfig, policy relay.Policy) ([
 }
 
 // unloadedP99 is the p99 of the bounds of w's requests (see unloadedTimes).
-func unloadedP99(w *workload, cfg relaytest.SimConfig, policy relay.Policy) (time.Duration, error) {
+func unloadedP99(w *workload, cfg simfleet.Config, policy relay.Policy) (time.Duration, error) {
 	us, err := unloadedTimes(w, cfg, policy)
 	if err != nil {
 		return 0, err
@@ -115,7 +115,7 @@ func unloadedP99(w *workload, cfg relaytest.SimConfig, policy relay.Policy) (tim
 
 // addBound sets the unloaded bound of the cluster-aware row of a run of
 // the batch workload on the simulated fleet cfg describes.
-func addBound(o options, cfg relaytest.SimConfig, w *workload, results []result) error {
+func addBound(o options, cfg simfleet.Config, w *workload, results []result) error {
 	i := slices.IndexFunc(results, func(r result) bool { return r.Mode == "cluster-aware" })
 	if i < 0 || o.replay != "" || o.baseURL != "" || o.workload != "batch" || len(cfg.Models) == 0 {
 		return nil

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenrelay/relay"
-	"github.com/tokenrelay/relay/relaytest"
+	"github.com/tokenrelay/relay/examples/simulate/simfleet"
 )
 
 // TestUnloadedBound holds the unloaded bound (bound.go) to the fleet it is
@@ -24,10 +24,12 @@ import (
 // tokens it counted and at most the cached tokens it assumed, never sooner
 // than their bound; a long prompt whose shared context was sent to its path
 // first (the best case of the cache) has exactly the cached tokens the
-// bound assumed; and each answer takes its path's AnswerTime for the cached
-// tokens it had, plus no more than the router's and loopback's overheads.
+// bound assumed; and each answer takes at least its path's AnswerTime for
+// the cached tokens it had (with RELAY_SIM_TARGETS=1, see simTargets, also
+// no more than that plus the router's and loopback's overheads: a figure
+// of the host's speed).
 func TestUnloadedBound(t *testing.T) {
-	fleet := relaytest.NewSimFleet(relaytest.SimConfig{TimeScale: 0.05, CacheBlocks: simCacheBlocks})
+	fleet := simfleet.New(simfleet.Config{TimeScale: 0.05, CacheBlocks: simCacheBlocks})
 	defer fleet.Close()
 	cfg := fleet.Config()
 	policy := clusterPolicy(false)(&env{fast: fast, cheap: cheap})
@@ -76,7 +78,7 @@ func TestUnloadedBound(t *testing.T) {
 		if j == long {
 			continue
 		}
-		c := relaytest.NewPrefixCache(1<<12, cfg.BlockBytes)
+		c := simfleet.NewPrefixCache(1<<12, cfg.BlockBytes)
 		c.Serve(endpointOf(q), []byte(q.body))
 		if _, n := c.Serve(endpointOf(w.reqs[long]), []byte(w.reqs[long].body)); n > most {
 			warm, most = j, n
@@ -125,7 +127,7 @@ func TestUnloadedBound(t *testing.T) {
 		require.True(t, ok)
 		exact := time.Duration(float64(m.AnswerTime(u.prompt, rep.Usage.CachedTokens, q.output, q.stream)) * cfg.TimeScale)
 		assert.GreaterOrEqual(t, rep.Latency+time.Microsecond, exact, "request %d", i)
-		if !raceDetector {
+		if simTargets { // how far over it the answer came is the host's overhead
 			assert.LessOrEqual(t, rep.Latency, exact+exact/4+20*time.Millisecond, "request %d: its AnswerTime plus overheads", i)
 		}
 		t.Logf("request %d (%s, stream %v) on %s: bound %v, AnswerTime %v, answered in %v (cached %d of %d, best case %d)",

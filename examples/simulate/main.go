@@ -1,15 +1,18 @@
 // Command simulate sends one seeded workload to a simulated fleet of
 // OpenAI-compatible upstreams in several modes — straight to one upstream,
 // round-robin over the whole fleet, and through the relay router with
-// several strategies — and prints p50, p99, throughput, success, cost and
-// cache hits side by side, with the targets each run is held to.
+// several strategies — and prints its verdict first (cluster-aware routing
+// against the same upstreams without the router and against one upstream,
+// verdict.go), then p50, p99, throughput, success, cost and cache hits side
+// by side, with the targets each run is held to. The guide is the
+// repository's docs/simulation.md.
 //
-// The fleet is simulated: relaytest.SimFleet runs on loopback, no key and no
-// network needed. Its model (regions of FIFO shards with bounded queues,
+// The fleet is simulated: package simfleet runs it on loopback, no key and
+// no network needed. Its model (regions of FIFO shards with bounded queues,
 // service time = prefill + decode on a 1:50 clock, the clustering of 150–220
 // token prompts onto one shard, prefix caches per region and model path, a
 // region going dark, 429 bursts, slow shards and hung connections) is
-// documented on relaytest.SimFleet; the numbers show how routing changes
+// documented in package simfleet; the numbers show how routing changes
 // queueing and caching in that model, not what any provider measures.
 //
 // -workload picks the traffic (batch, chat, agent; workload.go), -scenario
@@ -22,7 +25,8 @@
 // state and with the limits shared on Redis (an embedded server unless
 // -redis names one). These runs keep their routers on a simulated clock
 // (clock.go), so limits per minute and budget windows are simulated time.
-// -plot DIR also writes SVG charts of the modes (plot.go). On the batch
+// -save FILE also writes the rows, with each mode's latency CDF, for the
+// charts of examples/simchart (save.go). On the batch
 // workload the run prints the unloaded lower bound of cluster-aware's p99
 // (bound.go); -sweep SIZES prints a workload's cache hits by prefix-cache
 // size from an offline replay instead of running the modes (sweep.go).
@@ -37,7 +41,7 @@
 //	go run ./examples/simulate -modes cluster-aware,budget,priority
 //	go run ./examples/simulate -modes direct -replicas 4
 //	go run ./examples/simulate -modes direct -replicas 4 -redis 127.0.0.1:6379
-//	go run ./examples/simulate -plot docs/sim
+//	go run ./examples/simulate -save run.json && go run ./examples/simchart -out charts run.json
 //	go run ./examples/simulate -workload chat -sweep 1024,4096,8192,16384
 //	go run ./examples/simulate -replay examples/simulate/testdata/sample.jsonl -speed 2
 //	OPENAI_API_KEY=... go run ./examples/simulate -replay my.jsonl -base-url https://api.openai.com/v1
@@ -62,7 +66,7 @@ import (
 	"time"
 
 	"github.com/tokenrelay/relay"
-	"github.com/tokenrelay/relay/relaytest"
+	"github.com/tokenrelay/relay/examples/simulate/simfleet"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -124,7 +128,7 @@ type mode struct {
 	newSender func(e *env) (*sender, error)
 	// run, when set, runs the mode instead, for traffic of its own shape
 	// (the priority mode).
-	run func(o options, m mode, w *workload, stderr io.Writer) (result, relaytest.SimConfig, error)
+	run func(o options, m mode, w *workload, stderr io.Writer) (result, simfleet.Config, error)
 }
 
 var modes = []mode{
@@ -200,7 +204,7 @@ type options struct {
 	workload    string   // a generated workload's name
 	scenario    scenario // the fleet's trouble
 	loadFactor  float64  // Config.LoadFactor of the bounded mode; 0: relay's default
-	cacheBlocks int      // SimConfig.CacheBlocks; 0: the fleet's default
+	cacheBlocks int      // simfleet.Config.CacheBlocks; 0: the fleet's default
 	tty         bool     // stderr is a terminal: progress redraws one line
 
 	// Replay (replay.go).
@@ -210,7 +214,7 @@ type options struct {
 	speed       float64 // divides recorded times
 	requestsSet bool    // -requests was given (it then caps a replay)
 	fast, cheap string  // ClusterPolicy models
-	plot        string  // directory to write SVG charts into; "": none
+	save        string  // file to write the rows into, for charts; "": none
 
 	// The cache sweep (sweep.go): prefix-cache sizes to replay the
 	// workload through; nil: no sweep.
@@ -276,7 +280,7 @@ func defineFlags(o *options, raw *flagText, stderr io.Writer) *flag.FlagSet {
 	fs.Float64Var(&o.speed, "speed", 1, "with -replay: replay the recorded timestamps this many times faster")
 	fs.StringVar(&o.fast, "fast", fast, "the cluster-aware modes' fast model (ClusterPolicy.Fast)")
 	fs.StringVar(&o.cheap, "cheap", cheap, "the cluster-aware modes' cheap model (ClusterPolicy.Cheap)")
-	fs.StringVar(&o.plot, "plot", "", "also write SVG charts of the modes into `DIR` (created if needed): "+plotLatency+" (latency CDF, log axis),\n"+plotThroughput+", "+plotCache+", "+plotCost+" ($ per 1k requests)")
+	fs.StringVar(&o.save, "save", "", "also write the rows (the objects of -json, one a line, each mode's with its latency CDF) to `FILE`,\nfor the charts of examples/simchart: go run ./examples/simchart -out DIR FILE")
 	fs.StringVar(&raw.sweep, "sweep", "", "instead of the modes, print the workload's cache hits with prefix caches of these `SIZES` (comma-separated blocks, e.g.\n1024,4096,8192,16384), from an offline replay of its requests through the fleet's cache under four routing rules")
 	fs.IntVar(&o.replicas, "replicas", 0, "after the modes, compare `N` routers (one per simulated replica) over upstreams that enforce RPM/TPM limits:\nper-process state, then limits shared on Redis (0: no comparison)")
 	fs.StringVar(&o.redis, "redis", "", "with -replicas: the Redis server (`host:port`) of the shared state (default: an embedded, in-process server)")
@@ -436,14 +440,16 @@ func (o *options) pick(raw flagText) error {
 // usageHead opens the usage text: what the command simulates.
 const usageHead = `usage: simulate [flags]
 
-Runs a seeded workload against a simulated fleet (relaytest.SimFleet: OpenAI-compatible
-servers on loopback with simulated queues, caches and service times, 1 simulated second =
-20 ms; no key, no network) in several modes and prints tables (or, with -json, one JSON
-array) of latency, throughput, cost and cache hits. The budget and priority modes and the
+Runs a seeded workload against a simulated fleet (OpenAI-compatible servers on loopback
+with simulated queues, caches and service times, 1 simulated second = 20 ms; no key, no
+network) in several modes and prints a verdict (cluster-aware routing against the same
+upstreams without the router, and against one upstream), then tables (or, with -json, one
+JSON array) of latency, throughput, cost and cache hits. The budget and priority modes and the
 -replicas comparison run their routers on a simulated clock, so their rate limits and budget
 windows count simulated minutes; in the -replicas comparison the fleet's upstreams enforce
 RPM/TPM limits as a provider would, and the shared state runs on an embedded Redis unless
--redis names one. With -plot DIR it also draws the modes' results as SVG charts.
+-redis names one. With -save FILE it also writes the rows that examples/simchart draws
+SVG charts from.
 
 `
 
@@ -490,7 +496,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	var results []result
-	var cfg relaytest.SimConfig
+	var cfg simfleet.Config
 	for _, m := range o.modes {
 		res, c, err := runMode(o, m, w, stderr)
 		cfg = c
@@ -498,7 +504,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "simulate: mode %s: %v\n", m.name, err)
 			return 1
 		}
-		res.Workload, res.Scenario = w.name, o.scenario.name
+		res.Workload, res.Scenario, res.RealEndpoint = w.name, o.scenario.name, o.baseURL != ""
 		if o.replay != "" {
 			res.Workload = "replay"
 		}
@@ -519,13 +525,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		results = append(results, rows...)
 	}
-	if o.plot != "" {
-		files, err := writePlots(o.plot, o, results)
-		if err != nil {
-			fmt.Fprintf(stderr, "simulate: -plot: %v\n", err)
+	if o.save != "" {
+		if err := save(o.save, results); err != nil {
+			fmt.Fprintf(stderr, "simulate: -save: %v\n", err)
 			return 1
 		}
-		fmt.Fprintf(stderr, "simulate: wrote %s\n", strings.Join(files, ", "))
+		fmt.Fprintf(stderr, "simulate: wrote %s (charts: go run ./examples/simchart -out DIR %s)\n", o.save, o.save)
 	}
 	if o.json {
 		enc := json.NewEncoder(stdout)
@@ -542,7 +547,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 // env is what a mode's sender is built over.
 type env struct {
-	fleet *relaytest.SimFleet // nil against a real endpoint
+	fleet *simfleet.Fleet // nil against a real endpoint
 	w     *workload
 	// direct are the upstreams of the direct modes: us-east's, one a
 	// model (the generated workloads ask for the flagship alone); all,
@@ -640,7 +645,7 @@ func relayed(rm relayMode) func(e *env) (*sender, error) {
 // env its sender is built over, and the reports it collects.
 type rig struct {
 	e       *env
-	fleet   *relaytest.SimFleet
+	fleet   *simfleet.Fleet
 	base    *http.Transport
 	mu      sync.Mutex
 	reports []relay.Report
@@ -652,7 +657,7 @@ func newRig(o options, w *workload) *rig {
 	g := &rig{e: &env{w: w, fast: o.fast, cheap: o.cheap, loadFactor: o.loadFactor}}
 	e := g.e
 	if o.baseURL == "" {
-		g.fleet = relaytest.NewSimFleet(relaytest.SimConfig{
+		g.fleet = simfleet.New(simfleet.Config{
 			TimeScale:   timeScale,
 			ClusterMin:  o.windowMin,
 			ClusterMax:  o.windowMax,
@@ -669,7 +674,7 @@ func newRig(o options, w *workload) *rig {
 				e.direct = append(e.direct, ru)
 			}
 		}
-		if o.scenario.stalls != (relaytest.SimStalls{}) {
+		if o.scenario.stalls != (simfleet.Stalls{}) {
 			st := o.scenario.stalls
 			st.Seed = o.seed
 			g.fleet.SetStalls(st)
@@ -702,16 +707,16 @@ func (g *rig) close() {
 
 // result summarizes the run's reports as m's row, with what snd adds;
 // total is the number of requests sent.
-func (g *rig) result(m mode, o options, snd *sender, wall time.Duration, conc, total int) (result, relaytest.SimConfig, error) {
+func (g *rig) result(m mode, o options, snd *sender, wall time.Duration, conc, total int) (result, simfleet.Config, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if len(g.reports) != total {
-		return result{}, relaytest.SimConfig{}, fmt.Errorf("%d reports for %d requests", len(g.reports), total)
+		return result{}, simfleet.Config{}, fmt.Errorf("%d reports for %d requests", len(g.reports), total)
 	}
 	var res result
-	var cfg relaytest.SimConfig
+	var cfg simfleet.Config
 	if g.fleet == nil {
-		res = summarize(m, o, g.reports, wall, conc, nil, relaytest.SimStats{})
+		res = summarize(m, o, g.reports, wall, conc, nil, simfleet.Stats{})
 	} else {
 		res, cfg = summarize(m, o, g.reports, wall, conc, g.e.prices, g.fleet.Stats()), g.fleet.Config()
 	}
@@ -734,7 +739,7 @@ type traffic struct {
 // modeTraffic is the traffic of mode m: the workload (the floor: a sample,
 // one request at a time), with the scenario's faults in the relay modes
 // against the simulated fleet.
-func modeTraffic(o options, m mode, w *workload, fleet *relaytest.SimFleet) traffic {
+func modeTraffic(o options, m mode, w *workload, fleet *simfleet.Fleet) traffic {
 	t := traffic{sessions: w.sessions, conc: o.concurrency, users: w.users, timed: w.timed, faults: o.scenario.faults}
 	if m.floor {
 		t.sessions = w.sample(o.floorSample)
@@ -757,7 +762,7 @@ func (t traffic) total() int {
 	return n
 }
 
-func runMode(o options, m mode, w *workload, stderr io.Writer) (result, relaytest.SimConfig, error) {
+func runMode(o options, m mode, w *workload, stderr io.Writer) (result, simfleet.Config, error) {
 	if m.run != nil {
 		return m.run(o, m, w, stderr)
 	}
@@ -765,7 +770,7 @@ func runMode(o options, m mode, w *workload, stderr io.Writer) (result, relaytes
 	defer g.close()
 	snd, err := m.newSender(g.e)
 	if err != nil {
-		return result{}, relaytest.SimConfig{}, err
+		return result{}, simfleet.Config{}, err
 	}
 	defer snd.close()
 	t := modeTraffic(o, m, w, g.fleet)
@@ -782,7 +787,7 @@ func runMode(o options, m mode, w *workload, stderr io.Writer) (result, relaytes
 // The open sessions wait in ready; a worker takes the one at the front,
 // sends its next request, and puts it back at the end (or, when it is
 // over, opens the next session). The last request closes ready.
-func drive(t traffic, snd *sender, fleet *relaytest.SimFleet, done *atomic.Int64) time.Duration {
+func drive(t traffic, snd *sender, fleet *simfleet.Fleet, done *atomic.Int64) time.Duration {
 	type open struct {
 		reqs []request
 		next int

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -17,18 +18,61 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tokenrelay/relay"
+	"github.com/tokenrelay/relay/examples/simulate/simfleet"
 	"github.com/tokenrelay/relay/internal/bpe"
 	"github.com/tokenrelay/relay/relaytest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// simTargets turns on the verdicts that depend on how fast the host runs
+// the simulation. The fleet runs on the wall clock (1 simulated second =
+// 20 ms), so a run's latencies and throughput, the queues its arrivals
+// build, and the waits that rate limits and shared state impose, all
+// depend on how fast the machine runs the fleet and its clients: a loaded
+// or slow host changes them. Those verdicts are targets, not tests, and
+// run only when asked for, on an uninstrumented build (the race detector
+// slows the simulation down until its timings mean nothing):
+//
+//	RELAY_SIM_TARGETS=1 go test -count=1 ./examples/simulate
+//
+// Without it a test asserts only what holds however fast the host is:
+// counts, shapes, the routes taken, and lower bounds on time (a timer
+// never fires early).
+var simTargets = os.Getenv("RELAY_SIM_TARGETS") == "1" && !raceDetector
+
+// targetsOnly skips t unless simTargets is on.
+func targetsOnly(t *testing.T) {
+	t.Helper()
+	if !simTargets {
+		t.Skip("a wall-clock target, not a test: RELAY_SIM_TARGETS=1 runs it (without -race)")
+	}
+}
+
 // assuredModes are the relay modes whose success the outage cannot dent:
 // 3 attempts, at most two regions failing at once, queues deeper than the
 // concurrency. The bounded mode is not among them: under bounded loads a
 // retry may go back to the region that just failed while the healthy ones
-// sit at their cap (see the README), so its success is logged, not asserted.
+// sit at their cap, so its success is logged, not asserted.
 var assuredModes = []string{"striped", "affinity", "cluster-aware", "cluster-busy", "hedged"}
+
+// checkAssured holds the assured modes' success against the outage, in rows
+// by mode. The baseline, which does not retry, loses the requests it sends
+// to the dark region and the 429 burst; the assured modes retry them
+// elsewhere, so they do better whatever the host's speed. That none of
+// their requests fails at all (success ≥ 99.9%) also needs every answer to
+// come within the modes' timeouts, wall-clock times of 0.1–6 s that a
+// loaded host or the race detector can overrun: with RELAY_SIM_TARGETS=1
+// only (see simTargets).
+func checkAssured(t *testing.T, success func(mode string) float64) {
+	t.Helper()
+	for _, m := range assuredModes {
+		assert.Greater(t, success(m), success("baseline"), "%s retries around the outage the baseline meets", m)
+		if simTargets {
+			assert.GreaterOrEqual(t, success(m), 99.9, m)
+		}
+	}
+}
 
 func TestFlagsRejected(t *testing.T) {
 	for _, tc := range []struct {
@@ -76,7 +120,7 @@ func TestFlagsRejected(t *testing.T) {
 	assert.Contains(t, errb.String(), "  stalls  in every mode, 1.5% of calls")
 	assert.Contains(t, errb.String(), "-replicas N")
 	assert.Contains(t, errb.String(), "-redis host:port")
-	assert.Contains(t, errb.String(), "-plot DIR")
+	assert.Contains(t, errb.String(), "-save FILE")
 	assert.Contains(t, errb.String(), "-sweep SIZES")
 	assert.Contains(t, errb.String(), "modes (-modes):\n  floor          direct, one request at a time")
 	assert.Contains(t, errb.String(), "  priority       the workload's first 400 requests to one upstream")
@@ -201,7 +245,7 @@ func TestSessionWorkloads(t *testing.T) {
 
 	// A chat answer in the history is the fleet's answer: one turn through
 	// a fleet server.
-	fleet := relaytest.NewSimFleet(relaytest.SimConfig{TimeScale: 1e-6, Regions: []string{"us-east"}})
+	fleet := simfleet.New(simfleet.Config{TimeScale: 1e-6, Regions: []string{"us-east"}})
 	defer fleet.Close()
 	q := chatWorkload(1, 1, 1).reqs[0]
 	body := strings.Replace(q.body, `"stream":true`, `"stream":false`, 1)
@@ -232,9 +276,9 @@ func runJSON(t *testing.T, args ...string) map[string]result {
 }
 
 // TestShortRun runs every mode on a shortened workload and checks the
-// output. It asserts success in the assured relay modes (by construction)
-// but not the latency ratios, which depend on the machine's load on such
-// a short run; the priority mode is checked by checkPriority.
+// output: the rows, the routes, the outage met, the relay modes' success
+// against the baseline's (checkAssured), never the latencies, which depend
+// on the host's speed; the priority mode is checked by checkPriority.
 func TestShortRun(t *testing.T) {
 	var out, errb bytes.Buffer
 	code := run([]string{"-requests", "240", "-concurrency", "16", "-floor-sample", "40", "-json"}, &out, &errb)
@@ -268,9 +312,7 @@ func TestShortRun(t *testing.T) {
 	}
 	assert.Less(t, f("baseline", "success_pct"), 99.0, "no retries: the baseline meets the outage")
 	assert.Less(t, f("cluster-aware", "cost_per_1m_output_tokens_usd"), f("direct", "cost_per_1m_output_tokens_usd"), "cheaper paths")
-	for _, m := range assuredModes {
-		assert.GreaterOrEqual(t, f(m, "success_pct"), 99.9, m)
-	}
+	checkAssured(t, func(mode string) float64 { return f(mode, "success_pct") })
 	for _, m := range relayModes {
 		assert.Greater(t, f(m, "refused"), 0.0, "%s met the dark region", m)
 	}
@@ -354,6 +396,13 @@ func TestTableOutput(t *testing.T) {
 		assert.Contains(t, s, want)
 	}
 	assert.Equal(t, 1, strings.Count(s, "\n         direct "), "a mode listed twice runs once:\n%s", s)
+	lines := strings.Split(s, "\n")
+	assert.Equal(t, "VERDICT: relay (cluster-aware routing) on the simulated fleet, batch workload, outage scenario, 60 requests a mode", lines[0], "the verdict first")
+	assert.Regexp(t, `^  vs one upstream \(direct\): success [0-9.]+% vs [0-9.]+%, cost [0-9.]+×, p99 [0-9.]+×, throughput [0-9.]+×$`, lines[1])
+	assert.True(t, strings.HasPrefix(lines[2], "  × is relay's figure over the other's"), lines[2])
+	assert.True(t, strings.HasPrefix(lines[3], "  p99 and throughput are wall-clock figures"), lines[3])
+	assert.Equal(t, "", lines[4])
+	assert.True(t, strings.HasPrefix(lines[5], "SIMULATED FLEET"), "then the tables")
 	assert.NotContains(t, s, "floor p99")
 	assert.NotContains(t, s, "baseline p99", "a target whose modes did not run is not printed")
 	assert.Regexp(t, `(?m)^  (PASS|MISS)  cluster-aware p99 / direct p99 = [0-9.]+× \(target ≤ 0\.50×\)$`, s)
@@ -404,6 +453,45 @@ func TestTargetLines(t *testing.T) {
 	assert.NotContains(t, stalls, "affinity cache hits =")
 }
 
+// TestVerdict: the verdict compares the cluster-aware mode with the
+// baseline and direct modes that ran, figures of the run, in at most six
+// lines; without cluster-aware, or with neither comparison, there is none.
+func TestVerdict(t *testing.T) {
+	rows := []result{
+		{Mode: "direct", Requests: 1200, SuccessPct: 100, CostPer1kReq: 0.8, P99ms: 300, ThroughputRPS: 100},
+		{Mode: "baseline", Requests: 1200, SuccessPct: 90.83, CostPer1kReq: 0.4, P99ms: 100, ThroughputRPS: 1000},
+		{Mode: "striped", Requests: 1200, SuccessPct: 100},
+		{Mode: "cluster-aware", Requests: 1200, SuccessPct: 100, CostPer1kReq: 0.348, P99ms: 96, ThroughputRPS: 1160},
+		{Mode: "replicas/shared", Replicas: &replicasResult{}},
+	}
+	cfg := simfleet.Config{Regions: make([]string, 4), Models: make([]simfleet.Model, 3)}
+	o := options{workload: "batch", scenario: scenario0("outage")}
+	verdict := func(o options, rows []result) string {
+		var b bytes.Buffer
+		printVerdict(&b, o, cfg, rows)
+		return b.String()
+	}
+	got := verdict(o, rows)
+	assert.Equal(t, `VERDICT: relay (cluster-aware routing) on the simulated fleet, batch workload, outage scenario, 1200 requests a mode
+  vs the same 12 upstreams without relay (baseline): success 100.00% vs 90.83%, cost 0.87×, p99 0.96×, throughput 1.16×
+  vs one upstream (direct):                          success 100.00% vs 100.00%, cost 0.43×, p99 0.32×, throughput 11.60×
+  × is relay's figure over the other's: under 1 is better for cost ($ per 1,000 requests) and p99, over 1 for throughput.
+  p99 and throughput are wall-clock figures of this machine and move with its load; success and cost follow from the seeded workload.
+
+`, got)
+	assert.LessOrEqual(t, strings.Count(got, "\n"), 6)
+
+	noBaseline := slices.DeleteFunc(slices.Clone(rows), func(r result) bool { return r.Mode == "baseline" })
+	assert.NotContains(t, verdict(o, noBaseline), "baseline")
+	assert.Contains(t, verdict(o, noBaseline), "vs one upstream (direct): success")
+	assert.Empty(t, verdict(o, rows[:3]), "no cluster-aware mode")
+	assert.Empty(t, verdict(o, rows[2:4]), "nothing to compare with")
+	o.replay, o.baseURL = "my.jsonl", "https://api.example.com/v1"
+	real := verdict(o, rows)
+	assert.Contains(t, real, "on a real endpoint, replay of my.jsonl, 1200 requests a mode")
+	assert.Contains(t, real, "vs the endpoint without relay (baseline): ")
+}
+
 func scenario0(name string) scenario {
 	for _, s := range scenarios {
 		if s.name == name {
@@ -437,23 +525,24 @@ func TestProgress(t *testing.T) {
 
 // TestTargets runs shortened simulations and asserts the targets that hold
 // with a margin on a short run; it logs the others, which need the full run
-// (the README lists both). Asserted: the batch targets against direct (p99
-// ≤ 0.5×, throughput ≥ 2×), success ≥ 99.9% in striped, affinity and
-// cluster-aware, cluster-aware's p99 no lower than its unloaded bound (a
-// lower bound of any run that answers every request, as a success of 99.9%
-// on 600 requests requires) and that bound over half the baseline's p99
-// (the README's reason the baseline target is out of reach), affinity's
-// chat cache hits ≥ 75% (83–85% on 300 turns), and the stalls call budget
-// (≤ 1.06×). Logged: the baseline ratio itself, the other chat figures (on
-// 300 turns every region's cache still holds the young conversations, so
-// striping hits almost as often as affinity; the p99 ratio is near 1 on
-// full runs too) and the stalls p99 ratio (a 2% share of 600 requests puts
-// a dozen stalls around the p99, too few to be stable). Under the race
-// detector the simulation is starved of CPU and its timings mean nothing,
-// so the test is skipped there (CI runs -race; `go test ./...` runs it).
+// (docs/simulation.md lists both). It runs only with RELAY_SIM_TARGETS=1
+// (see simTargets): every figure it asserts is a wall-clock measurement.
+// Asserted: the batch targets against direct (p99 ≤ 0.5×, throughput ≥ 2×),
+// success ≥ 99.9% in striped, affinity and cluster-aware, cluster-aware's
+// p99 no lower than its unloaded bound (a lower bound of any run that
+// answers every request, as a success of 99.9% on 600 requests requires)
+// and that bound over half the baseline's p99 (why the baseline target is
+// out of reach), affinity's chat cache hits ≥ 75% (83–85% on 300 turns),
+// and the stalls call budget (≤ 1.06×). Logged: the baseline ratio itself,
+// the other chat figures (on 300 turns every region's cache still holds the
+// young conversations, so striping hits almost as often as affinity; the
+// p99 ratio is near 1 on full runs too) and the stalls p99 ratio (a 2%
+// share of 600 requests puts a dozen stalls around the p99, too few to be
+// stable).
 func TestTargets(t *testing.T) {
-	if raceDetector || testing.Short() {
-		t.Skip("timing targets need an uninstrumented, full-speed build")
+	targetsOnly(t)
+	if testing.Short() {
+		t.Skip("-short")
 	}
 	t.Run("batch", func(t *testing.T) {
 		m := runJSON(t, "-requests", "600", "-modes", "direct,baseline,striped,affinity,cluster-aware")

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/tokenrelay/relay"
-	"github.com/tokenrelay/relay/relaytest"
+	"github.com/tokenrelay/relay/examples/simulate/simfleet"
 )
 
 // result is one mode's row; the JSON field names are part of the output.
@@ -25,6 +25,7 @@ type result struct {
 	About           string             `json:"about"`
 	Workload        string             `json:"workload"` // batch, chat, agent or replay
 	Scenario        string             `json:"scenario"`
+	RealEndpoint    bool               `json:"real_endpoint,omitempty"` // -base-url: not the simulated fleet
 	Requests        int                `json:"requests"`
 	Concurrency     int                `json:"concurrency"`
 	ModelPaths      map[string]float64 `json:"model_paths_pct"`
@@ -62,10 +63,10 @@ type result struct {
 	Priority      *priorityResult `json:"priority,omitempty"` // the priority mode's
 	Replicas      *replicasResult `json:"replicas,omitempty"` // a row of the replicas comparison
 
-	okLatencies []time.Duration // the successful requests', sorted (for -plot)
+	okLatencies []time.Duration // the successful requests', sorted (for -save)
 }
 
-func summarize(m mode, o options, reports []relay.Report, wall time.Duration, conc int, prices map[string]relay.Price, st relaytest.SimStats) result {
+func summarize(m mode, o options, reports []relay.Report, wall time.Duration, conc int, prices map[string]relay.Price, st simfleet.Stats) result {
 	res := result{Mode: m.name, About: m.about, Requests: len(reports), Concurrency: conc,
 		ModelPaths: map[string]float64{}, WallMs: ms(wall)}
 	if m.name == "bounded" {
@@ -131,7 +132,7 @@ func summarize(m mode, o options, reports []relay.Report, wall time.Duration, co
 
 // fleetCounts adds the fleet's counters to a row: its faults, and how its
 // shards' queues and calls were spread.
-func fleetCounts(res *result, st relaytest.SimStats) {
+func fleetCounts(res *result, st simfleet.Stats) {
 	served, hot := 0, 0
 	for _, p := range st.Paths {
 		res.Refused += p.Refused
@@ -196,7 +197,8 @@ func paths(m map[string]float64) string {
 	return strings.Join(parts, " · ")
 }
 
-func printReport(out io.Writer, o options, cfg relaytest.SimConfig, w *workload, results []result) {
+func printReport(out io.Writer, o options, cfg simfleet.Config, w *workload, results []result) {
+	printVerdict(out, o, cfg, results)
 	if o.baseURL != "" {
 		fmt.Fprintf(out, "REAL ENDPOINT %s — every request was sent to it and billed by it.\n", o.baseURL)
 		fmt.Fprintf(out, "Workload: %s\n\n", w.describe())
@@ -206,8 +208,8 @@ func printReport(out io.Writer, o options, cfg relaytest.SimConfig, w *workload,
 	printTables(out, o, results)
 }
 
-func printFleet(out io.Writer, o options, cfg relaytest.SimConfig, w *workload) {
-	fmt.Fprintf(out, "SIMULATED FLEET — no real provider is called. relaytest.SimFleet on loopback:\n")
+func printFleet(out io.Writer, o options, cfg simfleet.Config, w *workload) {
+	fmt.Fprintf(out, "SIMULATED FLEET — no real provider is called. examples/simulate/simfleet on loopback:\n")
 	fmt.Fprintf(out, "  %d regions (%s) × %d model paths, %d FIFO shards each (queue %d, full → 429 + retry-after-ms)\n",
 		len(cfg.Regions), strings.Join(cfg.Regions, ", "), len(cfg.Models), cfg.Models[0].Shards, cfg.Models[0].QueueLimit)
 	for _, m := range cfg.Models {
@@ -329,13 +331,7 @@ var relayModes = []string{"striped", "affinity", "bounded", "cluster-aware", "cl
 //   - stalls (every workload): hedged p99 ≤ 0.4× cluster-aware's, for at
 //     most 6% more upstream calls.
 func targets(o options, results []result) (ts []target, notes []string) {
-	get := func(name string) (result, bool) {
-		i := slices.IndexFunc(results, func(r result) bool { return r.Mode == name })
-		if i < 0 {
-			return result{}, false
-		}
-		return results[i], true
-	}
+	get := func(name string) (result, bool) { return modeRow(results, name) }
 	lowest, lowestMode := 101.0, ""
 	for _, name := range relayModes {
 		if r, ok := get(name); ok && r.SuccessPct < lowest {

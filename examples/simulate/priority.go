@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/tokenrelay/relay"
-	"github.com/tokenrelay/relay/relaytest"
+	"github.com/tokenrelay/relay/examples/simulate/simfleet"
 )
 
 // The priority mode: a batch flood and a trickle of interactive requests
@@ -217,7 +217,7 @@ type priorityTraffic struct {
 
 // runPriority runs the priority mode: without priorities, then with. Its
 // row is the run with priorities; both runs' waits are in its Priority.
-func runPriority(o options, m mode, w *workload, stderr io.Writer) (result, relaytest.SimConfig, error) {
+func runPriority(o options, m mode, w *workload, stderr io.Writer) (result, simfleet.Config, error) {
 	var pt priorityTraffic
 	pt.flood, pt.trickle = splitPriority(w.reqs[:min(len(w.reqs), priorityRequests)])
 	pt.rpm = priorityRPM(len(pt.flood) + len(pt.trickle))
@@ -228,11 +228,11 @@ func runPriority(o options, m mode, w *workload, stderr io.Writer) (result, rela
 	pr := &priorityResult{Upstream: "us-east/" + fast, RPM: pt.rpm, Interactive: len(pt.trickle), Batch: len(pt.flood),
 		Workers: o.concurrency, GapMs: ms(scaled(pt.gap))}
 	var res result
-	var cfg relaytest.SimConfig
+	var cfg simfleet.Config
 	for _, prioritized := range []bool{false, true} {
 		run, r, c, err := priorityOnce(o, m, w, pt, prioritized, stderr)
 		if err != nil {
-			return result{}, relaytest.SimConfig{}, err
+			return result{}, simfleet.Config{}, err
 		}
 		pr.Runs = append(pr.Runs, run)
 		res, cfg = r, c
@@ -293,14 +293,14 @@ func warmUp(r *relay.Router, rpm, conc int, spent *atomic.Bool) {
 }
 
 // priorityOnce is one run of the priority mode on a fresh fleet.
-func priorityOnce(o options, m mode, w *workload, pt priorityTraffic, prioritized bool, stderr io.Writer) (priorityRun, result, relaytest.SimConfig, error) {
+func priorityOnce(o options, m mode, w *workload, pt priorityTraffic, prioritized bool, stderr io.Writer) (priorityRun, result, simfleet.Config, error) {
 	g := newRig(o, w)
 	defer g.close()
 	var spent atomic.Bool
 	var ord order
 	r, err := priorityRouter(g, pt.rpm, &spent, &ord)
 	if err != nil {
-		return priorityRun{}, result{}, relaytest.SimConfig{}, err
+		return priorityRun{}, result{}, simfleet.Config{}, err
 	}
 	defer r.CloseIdleConnections()
 	warmUp(r, pt.rpm, o.concurrency, &spent)

@@ -30,9 +30,10 @@ func replicaOptions(t *testing.T, args ...string) options {
 // checkShared holds a shared-state row to the limits. Always: no upstream
 // received more than its limits let through over the run (while a call to
 // the State fails, a replica keeps to 1/N of the limits on its own, which
-// may add up to one more limit's worth). Without the race detector, whose
-// slowdown leaves simulated times meaningless: (nearly) no call was
-// answered 429 and every request went through.
+// may add up to one more limit's worth). With RELAY_SIM_TARGETS=1 (see
+// simTargets): (nearly) no call was answered 429 and every request went
+// through, which holds only while the State answers within StateTimeout
+// (20–50 ms of wall-clock time), as a loaded host may not.
 func checkShared(t *testing.T, r result) {
 	t.Helper()
 	x := r.Replicas
@@ -49,7 +50,7 @@ func checkShared(t *testing.T, r result) {
 	}
 	t.Logf("%s: success %.2f%%, 429s %d, peak × limit %.2f, state fallbacks %d, p99 %.1f ms",
 		x.Backend, r.SuccessPct, x.Rejected, x.PeakOfLimit, x.StateFallbacks, r.P99ms)
-	if !raceDetector {
+	if simTargets {
 		assert.LessOrEqual(t, x.Rejected, 2, "the replicas kept to the limits together")
 		assert.GreaterOrEqual(t, r.SuccessPct, 99.5)
 	}
@@ -58,9 +59,10 @@ func checkShared(t *testing.T, r result) {
 // TestReplicasEmbedded runs the comparison on the embedded server: three
 // routers on their own send the upstreams more than their limits and meet
 // 429s; sharing the limits, they keep to them. How far over the limits
-// the routers on their own go depends on how fast the simulation runs: it
-// is asserted without the race detector only (by the 429s; the peak ×
-// limit, an average over the run, is logged).
+// the routers on their own go depends on how fast the host runs the
+// simulation: it is asserted with RELAY_SIM_TARGETS=1 only (see
+// simTargets; by the 429s; the peak × limit, an average over the run, is
+// logged).
 func TestReplicasEmbedded(t *testing.T) {
 	o := replicaOptions(t, "-replicas", "3", "-requests", "480", "-concurrency", "8", "-scenario", "none")
 	w := newWorkload(o.seed, o.requests)
@@ -81,7 +83,7 @@ func TestReplicasEmbedded(t *testing.T) {
 	checkShared(t, shared)
 	t.Logf("per-process: success %.2f%%, 429s %d, peak × limit %.2f, attempts/req %.3f (shared %.3f)",
 		own.SuccessPct, own.Replicas.Rejected, own.Replicas.PeakOfLimit, own.AttemptsPerReq, shared.AttemptsPerReq)
-	if raceDetector {
+	if !simTargets {
 		return
 	}
 	assert.Greater(t, own.Replicas.Rejected, 10, "on their own, the replicas go over the limits, and the upstreams answer 429")

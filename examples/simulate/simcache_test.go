@@ -10,16 +10,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/tokenrelay/relay/relaytest"
+	"github.com/tokenrelay/relay/examples/simulate/simfleet"
 )
 
 // TestSimCacheEvictsTail checks the simulator's cache tuning this example
 // relies on: when the LRU is full, the tail of a cached prefix goes before
 // its head, so a prompt seen again still hits its leading blocks.
 func TestSimCacheEvictsTail(t *testing.T) {
-	fleet := relaytest.NewSimFleet(relaytest.SimConfig{
+	fleet := simfleet.New(simfleet.Config{
 		Regions:     []string{"r"},
-		Models:      []relaytest.SimModel{{Name: "m", Base: time.Millisecond}},
+		Models:      []simfleet.Model{{Name: "m", Base: time.Millisecond}},
 		CacheBlocks: 6, BlockBytes: 64, TimeScale: 0.001,
 	})
 	defer fleet.Close()

@@ -14,13 +14,13 @@ import (
 	"github.com/tidwall/sjson"
 
 	"github.com/tokenrelay/relay"
+	"github.com/tokenrelay/relay/examples/simulate/simfleet"
 	"github.com/tokenrelay/relay/internal/prompt"
-	"github.com/tokenrelay/relay/relaytest"
 )
 
 // The cache sweep (-sweep): the cache hits a workload would have with
 // prefix caches of several sizes, from an offline replay of its requests
-// through the fleet's own cache (relaytest.PrefixCache, one per region of
+// through the fleet's own cache (simfleet.PrefixCache, one per region of
 // the flagship's path, the one the generated workloads ask for), in the
 // order the run interleaves them (interleaved), without timing, faults or
 // retries. Each request goes to a region by one of four rules:
@@ -155,9 +155,9 @@ func jitter(rng *rand.Rand, ranked []string) string {
 // each request to the region of route, and returns the cache hits: cached
 // tokens over prompt tokens, in percent.
 func sweepHits(order []*request, route []int, regions, blocks, blockBytes int) float64 {
-	caches := make([]*relaytest.PrefixCache, regions)
+	caches := make([]*simfleet.PrefixCache, regions)
 	for i := range caches {
-		caches[i] = relaytest.NewPrefixCache(blocks, blockBytes)
+		caches[i] = simfleet.NewPrefixCache(blocks, blockBytes)
 	}
 	prompt, cached := 0, 0
 	for k, q := range order {
@@ -195,9 +195,9 @@ func openShare(w *workload, order []*request, route []int, regions, blockBytes, 
 			for _, j := range latest {
 				room[route[j]] += blocks[j]
 			}
-			caches := make([]*relaytest.PrefixCache, regions)
+			caches := make([]*simfleet.PrefixCache, regions)
 			for i := range caches {
-				caches[i] = relaytest.NewPrefixCache(room[i]+1, blockBytes)
+				caches[i] = simfleet.NewPrefixCache(room[i]+1, blockBytes)
 			}
 			for _, j := range latest {
 				p := order[j]
@@ -220,7 +220,7 @@ func openShare(w *workload, order []*request, route []int, regions, blockBytes, 
 
 // runSweep prints the sweep of w over sizes (blocks per cache).
 func runSweep(out io.Writer, o options, w *workload, sizes []int) error {
-	fleet := relaytest.NewSimFleet(relaytest.SimConfig{TimeScale: timeScale})
+	fleet := simfleet.New(simfleet.Config{TimeScale: timeScale})
 	cfg := fleet.Config()
 	fleet.Close()
 	var regions []string
@@ -248,7 +248,7 @@ func runSweep(out io.Writer, o options, w *workload, sizes []int) error {
 	wg.Wait()
 
 	fmt.Fprintf(out, "Cache hits by prefix-cache size, %s (seed %d): cached tokens / prompt tokens, %%.\n", w.describe(), o.seed)
-	fmt.Fprintf(out, "An offline replay of the requests in the order they interleave through relaytest.PrefixCache (blocks of %d bytes), one\n", cfg.BlockBytes)
+	fmt.Fprintf(out, "An offline replay of the requests in the order they interleave through simfleet.PrefixCache (blocks of %d bytes), one\n", cfg.BlockBytes)
 	fmt.Fprintf(out, "cache per region (%d), no timing, faults or retries; both keys with the router's jitter (%g%% elsewhere) unless \"no jitter\".\n",
 		len(regions), 100*sweepJitter)
 	if w.users > 0 {

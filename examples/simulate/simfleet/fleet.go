@@ -1,45 +1,29 @@
-package relaytest
-
-import (
-	"container/list"
-	"hash/fnv"
-	"math"
-	"math/rand/v2"
-	"net/http"
-	"slices"
-	"strconv"
-	"sync"
-	"sync/atomic"
-	"time"
-
-	"github.com/tidwall/gjson"
-
-	"github.com/tokenrelay/relay/internal/prompt"
-)
-
-// The fleet simulator: a SimFleet is a set of Servers standing for the
-// regions and model paths of an LLM provider, with the queueing, caching and
-// failures that decide tail latency in production. It is a model, not a
-// measurement of any provider:
+// Package simfleet simulates a fleet of OpenAI-compatible upstreams on
+// loopback: the regions and model paths of an LLM provider, with the
+// queueing, caching and failures that decide tail latency in production.
+// The simulation of the repository's examples/simulate and the simulated
+// fleet of examples/gateway run on it. It is a model, not a measurement of
+// any provider:
 //
-//   - Every (region, model) pair is one Server (one base URL, one upstream in
-//     router terms) with SimModel.Shards shards. A shard is a FIFO worker that
-//     serves one request at a time; a request waits in the shard's queue,
-//     which holds at most SimModel.QueueLimit requests. A request that finds
-//     the queue full is answered at once with SimConfig.FullStatus (429 by
-//     default, with a retry-after-ms hint of SimConfig.FullRetryAfter; 503
-//     with no hint when FullStatus is 503).
+//   - Every (region, model) pair is one relaytest.Server (one base URL, one
+//     upstream in router terms) with Model.Shards shards. A shard is a FIFO
+//     worker that serves one request at a time; a request waits in the
+//     shard's queue, which holds at most Model.QueueLimit requests. A
+//     request that finds the queue full is answered at once with
+//     Config.FullStatus (429 by default, with a retry-after-ms hint of
+//     Config.FullRetryAfter; 503 with no hint when FullStatus is 503).
 //   - Service time is Base + prefill + decode, multiplied by
-//     SimConfig.TimeScale: prefill costs PrefillPerToken per uncached prompt
+//     Config.TimeScale: prefill costs PrefillPerToken per uncached prompt
 //     token and CachedPerToken per cached one, decode DecodePerToken per
 //     output token. A non-streaming answer is sent after the whole service
 //     time; a stream sends its headers at once, its first content event
 //     after Base + prefill, and the others paced DecodePerToken apart. The
 //     shard is busy until the answer is written.
 //   - Output tokens are the request's max_tokens (max_completion_tokens,
-//     max_output_tokens), or SimModel.DefaultOutput when it sets none; the
+//     max_output_tokens), or Model.DefaultOutput when it sets none; the
 //     answer then finishes with "stop". Prompt tokens are counted exactly as
-//     a Server counts them (o200k_base, OpenAI's chat formula).
+//     a relaytest.Server counts them (relaytest.PromptTokens: o200k_base,
+//     OpenAI's chat formula).
 //   - The scheduler sends a request to the shard with the fewest requests
 //     (in service plus queued), ties broken round-robin, except when
 //     clustering is on (the default): a prompt whose token count is inside
@@ -61,7 +45,7 @@ import (
 //     so the LRU evicts the tail of a prefix before its head, as a
 //     radix-tree cache evicts leaves first. A partial last block is never
 //     cached. PrefixCache is the same cache on its own, for offline
-//     replays; SimModel.AnswerTime is the time a served call takes.
+//     replays; Model.AnswerTime is the time a served call takes.
 //   - Faults on demand: SetDark makes a region refuse every call (the
 //     connection is closed with no answer, or a 503 when DarkStatus is 503);
 //     Burst429 answers the next calls of a region with 429 and a
@@ -72,16 +56,39 @@ import (
 //
 // Calls that are not chat, Responses or completions calls (models,
 // embeddings) are answered by the Server as usual, with no scheduling.
+//
+// The fleet runs on the wall clock: every service time is a real wait of
+// its scaled length, so what a run measures (latency, throughput, the
+// queues its arrivals build) also depends on how fast the machine runs the
+// clients and the fleet.
+package simfleet
 
-// Default regions and model names of a SimFleet.
-var (
-	DefaultSimRegions = []string{"us-east", "eu-west", "ap-southeast", "sa-east"}
+import (
+	"container/list"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/tokenrelay/relay/internal/bpe"
+	"github.com/tokenrelay/relay/internal/prompt"
+	"github.com/tokenrelay/relay/relaytest"
 )
 
-// SimModel is one model path of a simulated fleet: its name and speed.
-// Durations are in simulated (real-world) time; SimConfig.TimeScale turns
+// DefaultRegions are the regions of a Fleet whose Config names none.
+var DefaultRegions = []string{"us-east", "eu-west", "ap-southeast", "sa-east"}
+
+// Model is one model path of a simulated fleet: its name and speed.
+// Durations are in simulated (real-world) time; Config.TimeScale turns
 // them into wall-clock time.
-type SimModel struct {
+type Model struct {
 	Name string
 	// Shards per region; 0: 4.
 	Shards int
@@ -103,7 +110,7 @@ type SimModel struct {
 // ServiceTime returns the unscaled service time of a request: Base +
 // (prompt−cached)·PrefillPerToken + cached·CachedPerToken +
 // output·DecodePerToken.
-func (m SimModel) ServiceTime(prompt, cached, output int) time.Duration {
+func (m Model) ServiceTime(prompt, cached, output int) time.Duration {
 	return m.firstToken(prompt, cached) + time.Duration(output)*m.DecodePerToken
 }
 
@@ -114,24 +121,24 @@ func (m SimModel) ServiceTime(prompt, cached, output int) time.Duration {
 // one content event per output token, the first after Base + prefill and
 // each other DecodePerToken after the one before, and ends with its last:
 // ServiceTime less one DecodePerToken (Base + prefill when output is 0).
-func (m SimModel) AnswerTime(prompt, cached, output int, stream bool) time.Duration {
+func (m Model) AnswerTime(prompt, cached, output int, stream bool) time.Duration {
 	if stream {
 		return m.firstToken(prompt, cached) + time.Duration(max(output-1, 0))*m.DecodePerToken
 	}
 	return m.ServiceTime(prompt, cached, output)
 }
 
-func (m SimModel) firstToken(prompt, cached int) time.Duration {
+func (m Model) firstToken(prompt, cached int) time.Duration {
 	cached = min(max(cached, 0), prompt)
 	return m.Base + time.Duration(prompt-cached)*m.PrefillPerToken + time.Duration(cached)*m.CachedPerToken
 }
 
-// DefaultSimModels returns the three model paths of the default fleet: the
+// DefaultModels returns the three model paths of the default fleet: the
 // slow flagship gpt-5.5-codex (≈40 output tokens/s), the fast
 // gemini-2.5-flash (≈200/s) and the cheap deepseek-v3.2 (≈80/s). Cached
 // prompt tokens prefill about 10× faster than uncached ones.
-func DefaultSimModels() []SimModel {
-	return []SimModel{
+func DefaultModels() []Model {
+	return []Model{
 		{Name: "gpt-5.5-codex", Base: 300 * time.Millisecond,
 			PrefillPerToken: 400 * time.Microsecond, CachedPerToken: 40 * time.Microsecond,
 			DecodePerToken: 25 * time.Millisecond},
@@ -144,13 +151,13 @@ func DefaultSimModels() []SimModel {
 	}
 }
 
-// SimConfig configures a SimFleet. The zero value is the default fleet.
-type SimConfig struct {
-	// Regions names the regions; nil: DefaultSimRegions.
+// Config configures a Fleet. The zero value is the default fleet.
+type Config struct {
+	// Regions names the regions; nil: DefaultRegions.
 	Regions []string
 	// Models are the model paths every region serves; nil:
-	// DefaultSimModels().
-	Models []SimModel
+	// DefaultModels().
+	Models []Model
 	// TimeScale multiplies every service time; 0: 0.01 (a 2 s answer takes
 	// 20 ms of wall-clock time).
 	TimeScale float64
@@ -177,38 +184,41 @@ type SimConfig struct {
 	// DarkStatus is how a dark region refuses calls: 0 closes the connection
 	// with no answer (the client sees a connection error); 503 answers 503.
 	DarkStatus int
-	// Options are passed to every Server (e.g. WithReply).
-	Options []Option
+	// Options are passed to every Server (e.g. relaytest.WithReply).
+	Options []relaytest.Option
 }
 
-// SimUpstream is one (region, model) Server of a SimFleet.
-type SimUpstream struct {
+// Upstream is one (region, model) Server of a Fleet.
+type Upstream struct {
 	Name   string // region + "/" + model, e.g. "us-east/gpt-5.5-codex"
 	Region string
 	Model  string
 	URL    string // base URL, ending in "/v1"
 }
 
-// SimFleet is a running simulated fleet, started by NewSimFleet. It is safe
+// Fleet is a running simulated fleet, started by New. It is safe
 // for concurrent use by multiple goroutines. Call Close when done.
-type SimFleet struct {
-	cfg        SimConfig
+type Fleet struct {
+	cfg        Config
 	paths      []*simPath
 	byName     map[string]*simPath
 	regions    map[string]*simRegion
 	clustering atomic.Bool
 
 	stallMu sync.Mutex
-	stalls  SimStalls
+	stalls  Stalls
 	stallRN *rand.Rand
+
+	closing   chan struct{} // closed by Close: calls waiting in a queue end
+	closeOnce sync.Once
 }
 
-// SimStalls makes a share of a fleet's calls misbehave the way a sick shard
+// Stalls makes a share of a fleet's calls misbehave the way a sick shard
 // or a black-holed connection does (SetStalls). Each call to a chat,
 // Responses or completions endpoint that is not refused by a dark region or
 // a 429 burst draws once: with probability Hang it hangs, with probability
 // Slow it is slowed, otherwise it is served as usual.
-type SimStalls struct {
+type Stalls struct {
 	// Slow is the share of calls (0 to 1) served by a shard running
 	// SlowMin to SlowMax times slower than usual (uniformly drawn): the
 	// whole service time (first token and every output token) is
@@ -233,13 +243,13 @@ type simRegion struct {
 	slowFirst atomic.Int64 // extra first-token delay, ns of wall-clock time
 }
 
-// NewSimFleet starts a fleet: one Server per region and model.
-func NewSimFleet(cfg SimConfig) *SimFleet {
+// New starts a fleet: one relaytest.Server per region and model.
+func New(cfg Config) *Fleet {
 	if cfg.Regions == nil {
-		cfg.Regions = DefaultSimRegions
+		cfg.Regions = DefaultRegions
 	}
 	if cfg.Models == nil {
-		cfg.Models = DefaultSimModels()
+		cfg.Models = DefaultModels()
 	}
 	cfg.Regions = slices.Clone(cfg.Regions)
 	cfg.Models = slices.Clone(cfg.Models)
@@ -273,12 +283,12 @@ func NewSimFleet(cfg SimConfig) *SimFleet {
 			m.DefaultOutput = 32
 		}
 	}
-	f := &SimFleet{cfg: cfg, byName: map[string]*simPath{}, regions: map[string]*simRegion{}}
+	f := &Fleet{cfg: cfg, byName: map[string]*simPath{}, regions: map[string]*simRegion{}, closing: make(chan struct{})}
 	f.clustering.Store(!cfg.NoClustering)
 	for _, region := range cfg.Regions {
 		if _, dup := f.regions[region]; dup {
 			f.Close()
-			panic("relaytest: duplicate sim region " + region)
+			panic("simfleet: duplicate region " + region)
 		}
 		reg := &simRegion{}
 		f.regions[region] = reg
@@ -292,9 +302,10 @@ func NewSimFleet(cfg SimConfig) *SimFleet {
 				p.cache = NewPrefixCache(cfg.CacheBlocks, cfg.BlockBytes)
 			}
 			name := region + "/" + m.Name
-			opts := append(slices.Clone(cfg.Options), WithName(name), WithModels(m.Name), withHook(p.hook))
-			p.srv = NewServer(opts...)
-			p.up = SimUpstream{Name: name, Region: region, Model: m.Name, URL: p.srv.URL}
+			opts := append(slices.Clone(cfg.Options), relaytest.WithName(name), relaytest.WithModels(m.Name),
+				relaytest.WithSchedule(p.schedule))
+			p.srv = relaytest.NewServer(opts...)
+			p.up = Upstream{Name: name, Region: region, Model: m.Name, URL: p.srv.URL}
 			f.paths = append(f.paths, p)
 			f.byName[name] = p
 		}
@@ -302,14 +313,10 @@ func NewSimFleet(cfg SimConfig) *SimFleet {
 	return f
 }
 
-func withHook(h func(*http.Request, *Recorded, Fault) (Fault, func())) Option {
-	return func(c *config) { c.hook = h }
-}
-
 // Upstreams lists the fleet's Servers, region by region, each region's
-// models in the order of SimConfig.Models.
-func (f *SimFleet) Upstreams() []SimUpstream {
-	out := make([]SimUpstream, len(f.paths))
+// models in the order of Config.Models.
+func (f *Fleet) Upstreams() []Upstream {
+	out := make([]Upstream, len(f.paths))
 	for i, p := range f.paths {
 		out[i] = p.up
 	}
@@ -318,10 +325,10 @@ func (f *SimFleet) Upstreams() []SimUpstream {
 
 // Upstream returns the Server of a region and model; ok is false when the
 // fleet has none.
-func (f *SimFleet) Upstream(region, model string) (SimUpstream, bool) {
+func (f *Fleet) Upstream(region, model string) (Upstream, bool) {
 	p, ok := f.byName[region+"/"+model]
 	if !ok {
-		return SimUpstream{}, false
+		return Upstream{}, false
 	}
 	return p.up, true
 }
@@ -329,7 +336,7 @@ func (f *SimFleet) Upstream(region, model string) (SimUpstream, bool) {
 // Server returns the Server of a region and model, or nil. A fault scripted
 // on it (Script, SetDefault) is answered as a plain Server answers it; the
 // fleet's own faults (a dark region, a 429 burst) come first.
-func (f *SimFleet) Server(region, model string) *Server {
+func (f *Fleet) Server(region, model string) *relaytest.Server {
 	if p, ok := f.byName[region+"/"+model]; ok {
 		return p.srv
 	}
@@ -337,7 +344,7 @@ func (f *SimFleet) Server(region, model string) *Server {
 }
 
 // Config returns the fleet's configuration with its defaults filled in.
-func (f *SimFleet) Config() SimConfig {
+func (f *Fleet) Config() Config {
 	c := f.cfg
 	c.Regions = slices.Clone(c.Regions)
 	c.Models = slices.Clone(c.Models)
@@ -346,42 +353,42 @@ func (f *SimFleet) Config() SimConfig {
 }
 
 // Model returns the model path named name with its defaults filled in.
-func (f *SimFleet) Model(name string) (SimModel, bool) {
+func (f *Fleet) Model(name string) (Model, bool) {
 	for _, m := range f.cfg.Models {
 		if m.Name == name {
 			return m, true
 		}
 	}
-	return SimModel{}, false
+	return Model{}, false
 }
 
 // SetClustering switches the clustering failure on or off.
-func (f *SimFleet) SetClustering(on bool) { f.clustering.Store(on) }
+func (f *Fleet) SetClustering(on bool) { f.clustering.Store(on) }
 
 // SetDark makes a region refuse every call (dark) or serve again. Calls
 // already being served finish normally.
-func (f *SimFleet) SetDark(region string, dark bool) {
+func (f *Fleet) SetDark(region string, dark bool) {
 	f.region(region).dark.Store(dark)
 }
 
 // Burst429 makes a region answer its next n calls (any model) with 429 and
 // retry-after-ms set to retryAfter, in simulated time (scaled by TimeScale).
-func (f *SimFleet) Burst429(region string, n int, retryAfter time.Duration) {
+func (f *Fleet) Burst429(region string, n int, retryAfter time.Duration) {
 	r := f.region(region)
 	r.burstHint.Store(int64(f.scale(retryAfter)))
 	r.burst.Store(int64(max(n, 0)))
 }
 
 // SetStalls sets the share of calls that meet a slow shard or a hung
-// connection (see SimStalls); the zero SimStalls ends them. It panics on a
+// connection (see Stalls); the zero Stalls ends them. It panics on a
 // share outside [0, 1], Slow+Hang over 1, or a factor range that is not
 // 1 <= SlowMin <= SlowMax.
-func (f *SimFleet) SetStalls(s SimStalls) {
+func (f *Fleet) SetStalls(s Stalls) {
 	if s.SlowMin == 0 && s.SlowMax == 0 {
 		s.SlowMin, s.SlowMax = 10, 50
 	}
 	if !(s.Slow >= 0 && s.Hang >= 0 && s.Slow+s.Hang <= 1) || !(1 <= s.SlowMin && s.SlowMin <= s.SlowMax) {
-		panic("relaytest: invalid SimStalls")
+		panic("simfleet: invalid Stalls")
 	}
 	f.stallMu.Lock()
 	defer f.stallMu.Unlock()
@@ -390,7 +397,7 @@ func (f *SimFleet) SetStalls(s SimStalls) {
 }
 
 // stall draws a call's fate: hang, or a slow-down factor (1: none).
-func (f *SimFleet) stall() (hang bool, factor float64) {
+func (f *Fleet) stall() (hang bool, factor float64) {
 	f.stallMu.Lock()
 	defer f.stallMu.Unlock()
 	s := f.stalls
@@ -409,36 +416,37 @@ func (f *SimFleet) stall() (hang bool, factor float64) {
 // SetSlowFirstToken adds extra (simulated time, scaled by TimeScale) before
 // the first token of every answer of a region (before the headers of a
 // non-streaming answer); 0 ends it. The shard stays busy meanwhile.
-func (f *SimFleet) SetSlowFirstToken(region string, extra time.Duration) {
+func (f *Fleet) SetSlowFirstToken(region string, extra time.Duration) {
 	f.region(region).slowFirst.Store(int64(f.scale(max(extra, 0))))
 }
 
-func (f *SimFleet) region(name string) *simRegion {
+func (f *Fleet) region(name string) *simRegion {
 	r, ok := f.regions[name]
 	if !ok {
-		panic("relaytest: no sim region " + name)
+		panic("simfleet: no region " + name)
 	}
 	return r
 }
 
-func (f *SimFleet) scale(d time.Duration) time.Duration {
+func (f *Fleet) scale(d time.Duration) time.Duration {
 	return time.Duration(math.Round(float64(d) * f.cfg.TimeScale))
 }
 
 // Close closes every Server. Calls waiting in a queue are aborted.
-func (f *SimFleet) Close() {
+func (f *Fleet) Close() {
+	f.closeOnce.Do(func() { close(f.closing) })
 	for _, p := range f.paths {
 		p.srv.Close()
 	}
 }
 
-// SimStats is a snapshot of a fleet's counters.
-type SimStats struct {
-	Paths []SimPathStats // in the order of Upstreams
+// Stats is a snapshot of a fleet's counters.
+type Stats struct {
+	Paths []PathStats // in the order of Upstreams
 }
 
-// SimPathStats are the counters of one (region, model) Server.
-type SimPathStats struct {
+// PathStats are the counters of one (region, model) Server.
+type PathStats struct {
 	Name, Region, Model string
 	// Served counts answers given after service; Rejected, calls answered
 	// with FullStatus because the shard queue was full; Refused, calls
@@ -449,21 +457,21 @@ type SimPathStats struct {
 	// PromptTokens and CachedTokens sum the served calls' usage; CacheHits
 	// counts served calls with cached tokens.
 	PromptTokens, CachedTokens, CacheHits int
-	Shards                                []SimShardStats
+	Shards                                []ShardStats
 }
 
-// SimShardStats are the counters of one shard.
-type SimShardStats struct {
+// ShardStats are the counters of one shard.
+type ShardStats struct {
 	Served   int           // calls served
 	MaxQueue int           // most calls ever waiting in the queue
 	Busy     time.Duration // wall-clock time spent serving
 }
 
 // Stats returns a snapshot of the fleet's counters.
-func (f *SimFleet) Stats() SimStats {
-	var s SimStats
+func (f *Fleet) Stats() Stats {
+	var s Stats
 	for _, p := range f.paths {
-		ps := SimPathStats{Name: p.up.Name, Region: p.regionName, Model: p.model.Name,
+		ps := PathStats{Name: p.up.Name, Region: p.regionName, Model: p.model.Name,
 			Rejected: int(p.rejected.Load()), Refused: int(p.refused.Load()), Throttled: int(p.throttled.Load()),
 			Slowed: int(p.slowed.Load()), Hung: int(p.hung.Load())}
 		p.mu.Lock()
@@ -471,7 +479,7 @@ func (f *SimFleet) Stats() SimStats {
 		p.mu.Unlock()
 		for _, sh := range p.shards {
 			sh.mu.Lock()
-			ss := SimShardStats{Served: sh.served, MaxQueue: sh.maxQueue, Busy: sh.busyTime}
+			ss := ShardStats{Served: sh.served, MaxQueue: sh.maxQueue, Busy: sh.busyTime}
 			sh.mu.Unlock()
 			ps.Served += ss.Served
 			ps.Shards = append(ps.Shards, ss)
@@ -483,12 +491,12 @@ func (f *SimFleet) Stats() SimStats {
 
 // simPath is one (region, model) Server and its shards.
 type simPath struct {
-	fleet      *SimFleet
+	fleet      *Fleet
 	region     *simRegion
 	regionName string
-	model      SimModel
-	srv        *Server
-	up         SimUpstream
+	model      Model
+	srv        *relaytest.Server
+	up         Upstream
 	shards     []*simShard
 	cache      *PrefixCache // nil: none
 	rr         atomic.Uint64
@@ -506,39 +514,39 @@ func retryAfterMs(d time.Duration) http.Header {
 
 // outage answers a call to a dark region, or one of a region's scripted
 // burst of 429s.
-func (p *simPath) outage() (Fault, bool) {
+func (p *simPath) outage() (relaytest.Fault, bool) {
 	if p.region.dark.Load() {
 		p.refused.Add(1)
 		if p.fleet.cfg.DarkStatus != 0 {
-			return Fault{Status: p.fleet.cfg.DarkStatus}, true
+			return relaytest.Fault{Status: p.fleet.cfg.DarkStatus}, true
 		}
-		return Fault{Drop: true}, true
+		return relaytest.Fault{Drop: true}, true
 	}
 	for {
 		n := p.region.burst.Load()
 		if n <= 0 {
-			return Fault{}, false
+			return relaytest.Fault{}, false
 		}
 		if p.region.burst.CompareAndSwap(n, n-1) {
 			p.throttled.Add(1)
-			return Fault{Status: http.StatusTooManyRequests,
+			return relaytest.Fault{Status: http.StatusTooManyRequests,
 				Header: retryAfterMs(time.Duration(p.region.burstHint.Load()))}, true
 		}
 	}
 }
 
-// hook schedules one call: faults first, then the shard, the cache and the
-// service time.
-func (p *simPath) hook(r *http.Request, rec *Recorded, f Fault) (Fault, func()) {
+// schedule schedules one call (a relaytest.Schedule): faults first, then
+// the shard, the cache and the service time.
+func (p *simPath) schedule(r *http.Request, rec relaytest.Recorded, f relaytest.Fault) (relaytest.Fault, func()) {
 	switch rec.Endpoint {
-	case epChat, epResponses, epCompletions:
+	case prompt.Chat, prompt.Responses, prompt.Completions:
 	default:
 		return f, nil
 	}
 	if g, ok := p.outage(); ok {
 		return g, nil
 	}
-	if f.scripted() {
+	if !f.IsZero() {
 		return f, nil // a fault the test scripted on this Server (Script, SetDefault)
 	}
 	if len(rec.Body) == 0 || !gjson.ValidBytes(rec.Body) {
@@ -547,26 +555,25 @@ func (p *simPath) hook(r *http.Request, rec *Recorded, f Fault) (Fault, func()) 
 	hang, factor := p.fleet.stall()
 	if hang {
 		p.hung.Add(1)
-		return Fault{Hang: true}, nil
+		return relaytest.Fault{Hang: true}, nil
 	}
-	root := gjson.ParseBytes(rec.Body)
-	promptToks := promptTokens(rec.Endpoint, root)
+	promptToks := relaytest.PromptTokens(rec.Endpoint, rec.Body)
 	output := p.model.DefaultOutput
 	for _, k := range []string{"max_completion_tokens", "max_tokens", "max_output_tokens"} {
-		if m := root.Get(k).Int(); m > 0 {
+		if m := gjson.GetBytes(rec.Body, k).Int(); m > 0 {
 			output = int(min(m, 1<<20))
 			break
 		}
 	}
 
 	sh := p.pick(promptToks)
-	if !sh.enqueue(r.Context(), p.srv.closing) {
+	if !sh.enqueue(r.Context(), p.fleet.closing) {
 		p.rejected.Add(1)
 		st := p.fleet.cfg.FullStatus
 		if st == http.StatusTooManyRequests {
-			return Fault{Status: st, Header: retryAfterMs(p.fleet.scale(p.fleet.cfg.FullRetryAfter))}, nil
+			return relaytest.Fault{Status: st, Header: retryAfterMs(p.fleet.scale(p.fleet.cfg.FullRetryAfter))}, nil
 		}
-		return Fault{Status: st}, nil
+		return relaytest.Fault{Status: st}, nil
 	}
 	if factor != 1 {
 		p.slowed.Add(1) // counted once a shard serves it, not when the full queue refused it
@@ -593,10 +600,10 @@ func (p *simPath) hook(r *http.Request, rec *Recorded, f Fault) (Fault, func()) 
 	m := p.model
 	stretch := func(d time.Duration) time.Duration { return time.Duration(float64(d) * factor) }
 	first := stretch(p.fleet.scale(m.firstToken(promptToks, cached))) + time.Duration(p.region.slowFirst.Load())
-	g := Fault{CachedTokens: cached, completion: output}
+	g := relaytest.Fault{CachedTokens: cached, CompletionTokens: output}
 	if rec.Stream {
 		g.FirstTokenDelay = first
-		g.pace = stretch(p.fleet.scale(m.DecodePerToken))
+		g.ChunkInterval = stretch(p.fleet.scale(m.DecodePerToken))
 	} else {
 		g.Delay = first + stretch(p.fleet.scale(time.Duration(output)*m.DecodePerToken))
 	}
@@ -700,9 +707,9 @@ func (s *simShard) release(served bool, busy time.Duration) {
 	s.busy = false
 }
 
-// PrefixCache is the prefix cache of one of a SimFleet's Servers, on its
+// PrefixCache is the prefix cache of one of a Fleet's Servers, on its
 // own: an LRU of at most a number of chained hashes of fixed-size blocks of
-// the router's canonical prompt, as SimFleet documents it. It serves
+// the router's canonical prompt, as the package documents it. It serves
 // offline replays of traffic through the fleet's cache model, such as a
 // sweep of cache sizes, with the very code the fleet runs. Safe for
 // concurrent use by multiple goroutines.
@@ -712,7 +719,7 @@ type PrefixCache struct {
 }
 
 // NewPrefixCache returns an empty cache of at most blocks blocks (at least
-// 1) of blockBytes bytes each (0: 64), as SimConfig.CacheBlocks and
+// 1) of blockBytes bytes each (0: 64), as Config.CacheBlocks and
 // BlockBytes size a fleet's.
 func NewPrefixCache(blocks, blockBytes int) *PrefixCache {
 	if blockBytes <= 0 {
@@ -728,7 +735,7 @@ func NewPrefixCache(blocks, blockBytes int) *PrefixCache {
 // found in the cache, at most the prompt tokens), and inserts or refreshes
 // every block of the prompt.
 func (c *PrefixCache) Serve(endpoint string, body []byte) (promptToks, cached int) {
-	promptToks = promptTokens(endpoint, gjson.ParseBytes(body))
+	promptToks = relaytest.PromptTokens(endpoint, body)
 	return promptToks, c.lookup(endpoint, body, promptToks)
 }
 
@@ -737,7 +744,7 @@ func (c *PrefixCache) Serve(endpoint string, body []byte) (promptToks, cached in
 func (c *PrefixCache) lookup(endpoint string, body []byte, promptToks int) int {
 	text := string(prompt.AppendCanonical(nil, endpoint, string(body), math.MaxInt))
 	if n := c.c.touch(text, c.block); n > 0 {
-		return min(countTokens(text[:n]), promptToks)
+		return min(bpe.O200K().Count(text[:n]), promptToks)
 	}
 	return 0
 }

@@ -1,8 +1,9 @@
-package relaytest
+package simfleet
 
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"math"
 	"net/http"
 	"strings"
@@ -12,19 +13,47 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/tidwall/gjson"
+	"go.uber.org/goleak"
 
+	"github.com/tokenrelay/relay/internal/bpe"
 	"github.com/tokenrelay/relay/internal/prompt"
+	"github.com/tokenrelay/relay/relaytest"
 )
 
-// newSim starts a SimFleet closed at the end of the test. Its time scale is
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// post sends body to the server's endpoint and returns the response with
+// its body read.
+func post(t *testing.T, s *relaytest.Server, endpoint, body string) (*http.Response, []byte) {
+	t.Helper()
+	resp, err := s.Client().Post(s.URL+endpoint, "application/json", strings.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, b
+}
+
+// sseData returns the data of each event of a stream's body, in order.
+func sseData(body []byte) []string {
+	var out []string
+	for line := range strings.Lines(string(body)) {
+		if d, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), "data: "); ok {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// newSim starts a Fleet closed at the end of the test. Its time scale is
 // tiny so service takes no noticeable time; the tests assert on counters and
 // usage, never on timing.
-func newSim(t *testing.T, cfg SimConfig) *SimFleet {
+func newSim(t *testing.T, cfg Config) *Fleet {
 	t.Helper()
 	if cfg.TimeScale == 0 {
 		cfg.TimeScale = 1e-9
 	}
-	f := NewSimFleet(cfg)
+	f := New(cfg)
 	t.Cleanup(f.Close)
 	return f
 }
@@ -49,9 +78,9 @@ func simChat(model, sys string, words, maxTokens int, stream bool) string {
 	return string(b)
 }
 
-func simPromptTokens(body string) int { return promptTokens(epChat, gjson.Parse(body)) }
+func simPromptTokens(body string) int { return relaytest.PromptTokens(prompt.Chat, []byte(body)) }
 
-func shardServed(s SimStats, name string) []int {
+func shardServed(s Stats, name string) []int {
 	for _, p := range s.Paths {
 		if p.Name == name {
 			out := make([]int, len(p.Shards))
@@ -64,7 +93,7 @@ func shardServed(s SimStats, name string) []int {
 	return nil
 }
 
-func pathStats(t *testing.T, s SimStats, name string) SimPathStats {
+func pathStats(t *testing.T, s Stats, name string) PathStats {
 	t.Helper()
 	for _, p := range s.Paths {
 		if p.Name == name {
@@ -72,14 +101,14 @@ func pathStats(t *testing.T, s SimStats, name string) SimPathStats {
 		}
 	}
 	t.Fatalf("no path %s", name)
-	return SimPathStats{}
+	return PathStats{}
 }
 
-func TestSimFleetLayout(t *testing.T) {
-	f := newSim(t, SimConfig{})
+func TestFleetLayout(t *testing.T) {
+	f := newSim(t, Config{})
 	ups := f.Upstreams()
 	require.Len(t, ups, 12)
-	assert.Equal(t, SimUpstream{Name: "us-east/gpt-5.5-codex", Region: "us-east", Model: "gpt-5.5-codex", URL: ups[0].URL}, ups[0])
+	assert.Equal(t, Upstream{Name: "us-east/gpt-5.5-codex", Region: "us-east", Model: "gpt-5.5-codex", URL: ups[0].URL}, ups[0])
 	assert.Equal(t, "eu-west/gemini-2.5-flash", ups[4].Name)
 	u, ok := f.Upstream("sa-east", "deepseek-v3.2")
 	require.True(t, ok)
@@ -95,7 +124,7 @@ func TestSimFleetLayout(t *testing.T) {
 	// The answer names its path; a flash call is served by the flash path.
 	resp, body := post(t, f.Server("eu-west", "gemini-2.5-flash"), "/chat/completions", simChat("gemini-2.5-flash", "", 10, 3, false))
 	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
-	assert.Equal(t, "eu-west/gemini-2.5-flash", resp.Header.Get(NameHeader))
+	assert.Equal(t, "eu-west/gemini-2.5-flash", resp.Header.Get(relaytest.NameHeader))
 	assert.Equal(t, int64(3), gjson.GetBytes(body, "usage.completion_tokens").Int())
 	assert.Equal(t, "stop", gjson.GetBytes(body, "choices.0.finish_reason").Str)
 	st := f.Stats()
@@ -103,16 +132,16 @@ func TestSimFleetLayout(t *testing.T) {
 	assert.Equal(t, 0, pathStats(t, st, "eu-west/gpt-5.5-codex").Served)
 
 	assert.Panics(t, func() { f.SetDark("mars", true) })
-	assert.Panics(t, func() { NewSimFleet(SimConfig{Regions: []string{"a", "a"}, TimeScale: 1e-9}) })
+	assert.Panics(t, func() { New(Config{Regions: []string{"a", "a"}, TimeScale: 1e-9}) })
 }
 
-func TestSimServiceTime(t *testing.T) {
-	m := SimModel{Base: 100 * time.Millisecond, PrefillPerToken: time.Millisecond,
+func TestServiceTime(t *testing.T) {
+	m := Model{Base: 100 * time.Millisecond, PrefillPerToken: time.Millisecond,
 		CachedPerToken: 100 * time.Microsecond, DecodePerToken: 10 * time.Millisecond}
 	assert.Equal(t, 100*time.Millisecond+200*time.Millisecond+5*10*time.Millisecond, m.ServiceTime(200, 0, 5))
 	assert.Equal(t, 100*time.Millisecond+100*time.Millisecond+100*100*time.Microsecond+5*10*time.Millisecond, m.ServiceTime(200, 100, 5))
 	assert.Equal(t, m.ServiceTime(200, 200, 0), m.ServiceTime(200, 500, 0), "cached clamped to the prompt")
-	for _, dm := range DefaultSimModels() {
+	for _, dm := range DefaultModels() {
 		assert.Less(t, dm.CachedPerToken, dm.PrefillPerToken/5, dm.Name)
 	}
 }
@@ -120,15 +149,15 @@ func TestSimServiceTime(t *testing.T) {
 // TestSimAnswerTime: a non-streaming answer takes ServiceTime; a stream
 // ends with its last content event, one decode step sooner; and a served
 // call is never answered sooner than its AnswerTime.
-func TestSimAnswerTime(t *testing.T) {
-	m := SimModel{Base: 100 * time.Millisecond, PrefillPerToken: time.Millisecond,
+func TestAnswerTime(t *testing.T) {
+	m := Model{Base: 100 * time.Millisecond, PrefillPerToken: time.Millisecond,
 		CachedPerToken: 100 * time.Microsecond, DecodePerToken: 10 * time.Millisecond}
 	assert.Equal(t, m.ServiceTime(200, 50, 5), m.AnswerTime(200, 50, 5, false))
 	assert.Equal(t, m.ServiceTime(200, 50, 5)-m.DecodePerToken, m.AnswerTime(200, 50, 5, true))
 	assert.Equal(t, m.ServiceTime(200, 50, 0), m.AnswerTime(200, 50, 0, true), "no content event: the first token's time")
 
 	const scale = 0.01
-	f := newSim(t, SimConfig{Regions: []string{"us-east"}, TimeScale: scale})
+	f := newSim(t, Config{Regions: []string{"us-east"}, TimeScale: scale})
 	srv := f.Server("us-east", "gemini-2.5-flash")
 	fm, _ := f.Model("gemini-2.5-flash")
 	for _, stream := range []bool{false, true} {
@@ -146,7 +175,7 @@ func TestSimAnswerTime(t *testing.T) {
 // Server is sent reports the prompt and cached tokens the Server's answers
 // report, evictions included.
 func TestPrefixCacheServesAsTheFleet(t *testing.T) {
-	f := newSim(t, SimConfig{Regions: []string{"us-east"}, CacheBlocks: 12})
+	f := newSim(t, Config{Regions: []string{"us-east"}, CacheBlocks: 12})
 	srv := f.Server("us-east", "gpt-5.5-codex")
 	c := NewPrefixCache(12, 0)
 	sys := strings.Repeat("You answer questions about the billing system. ", 8)
@@ -162,7 +191,7 @@ func TestPrefixCacheServesAsTheFleet(t *testing.T) {
 	for i, body := range bodies {
 		resp, b := post(t, srv, "/chat/completions", body)
 		require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
-		p, cached := c.Serve(epChat, []byte(body))
+		p, cached := c.Serve(prompt.Chat, []byte(body))
 		assert.Equal(t, gjson.GetBytes(b, "usage.prompt_tokens").Int(), int64(p), "call %d", i)
 		assert.Equal(t, gjson.GetBytes(b, "usage.prompt_tokens_details.cached_tokens").Int(), int64(cached), "call %d", i)
 		if cached > 0 {
@@ -175,8 +204,8 @@ func TestPrefixCacheServesAsTheFleet(t *testing.T) {
 	assert.Positive(t, hits)
 }
 
-func TestSimClusteringPins(t *testing.T) {
-	f := newSim(t, SimConfig{Regions: []string{"us-east"}})
+func TestClusteringPins(t *testing.T) {
+	f := newSim(t, Config{Regions: []string{"us-east"}})
 	srv := f.Server("us-east", "gpt-5.5-codex")
 	window := simChat("gpt-5.5-codex", "", 175, 2, false)
 	require.InDelta(t, 185, simPromptTokens(window), 35, "inside 150-220")
@@ -208,13 +237,13 @@ func TestSimClusteringPins(t *testing.T) {
 	}
 }
 
-func TestSimPrefixCache(t *testing.T) {
-	f := newSim(t, SimConfig{Regions: []string{"us-east", "eu-west"}})
+func TestPrefixCache(t *testing.T) {
+	f := newSim(t, Config{Regions: []string{"us-east", "eu-west"}})
 	sys := strings.Repeat("You index source files and answer with one line of JSON. ", 12) // ~700 bytes
 	first := simChat("gpt-5.5-codex", sys, 30, 2, false)
 	other := strings.ReplaceAll(first, "word", "item") // same system prompt, another user text
 
-	cachedOf := func(srv *Server, body string) int {
+	cachedOf := func(srv *relaytest.Server, body string) int {
 		t.Helper()
 		resp, b := post(t, srv, "/chat/completions", body)
 		require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
@@ -240,17 +269,20 @@ func TestSimPrefixCache(t *testing.T) {
 	// A stream reports its cached tokens in the usage chunk.
 	resp, b := post(t, us, "/chat/completions", simChat("gpt-5.5-codex", sys, 30, 4, true))
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	evs, err := newSSEReader(strings.NewReader(string(b))).readAll()
-	require.NoError(t, err)
+	evs := sseData(b)
 	require.GreaterOrEqual(t, len(evs), 3)
-	assert.Equal(t, "[DONE]", evs[len(evs)-1].Data)
-	u := gjson.Get(evs[len(evs)-2].Data, "usage")
+	assert.Equal(t, "[DONE]", evs[len(evs)-1])
+	u := gjson.Get(evs[len(evs)-2], "usage")
 	assert.Equal(t, int64(4), u.Get("completion_tokens").Int())
 	assert.Greater(t, u.Get("prompt_tokens_details.cached_tokens").Int(), int64(0))
-	assert.Equal(t, "Hello from relaytest.", chatContent(evs), "4 pieces")
+	var content strings.Builder
+	for _, ev := range evs {
+		content.WriteString(gjson.Get(ev, "choices.0.delta.content").Str)
+	}
+	assert.Equal(t, "Hello from relaytest.", content.String(), "4 pieces")
 }
 
-func TestSimPrefixCacheLRU(t *testing.T) {
+func TestPrefixCacheLRU(t *testing.T) {
 	c := newPrefixCache(4)
 	a := strings.Repeat("a", 16) + strings.Repeat("b", 16) + "tail"
 	assert.Equal(t, 0, c.touch(a, 16))
@@ -264,8 +296,8 @@ func TestSimPrefixCacheLRU(t *testing.T) {
 	assert.Equal(t, 0, c.touch(a, 16), "a's blocks were evicted")
 }
 
-func TestSimDarkRegion(t *testing.T) {
-	f := newSim(t, SimConfig{Regions: []string{"us-east", "eu-west"}})
+func TestDarkRegion(t *testing.T) {
+	f := newSim(t, Config{Regions: []string{"us-east", "eu-west"}})
 	body := simChat("gpt-5.5-codex", "", 10, 2, false)
 	eu := f.Server("eu-west", "gpt-5.5-codex")
 	f.SetDark("eu-west", true)
@@ -280,14 +312,14 @@ func TestSimDarkRegion(t *testing.T) {
 	assert.Equal(t, 1, st.Refused)
 	assert.Equal(t, 1, st.Served)
 
-	g := newSim(t, SimConfig{Regions: []string{"us-east"}, DarkStatus: http.StatusServiceUnavailable})
+	g := newSim(t, Config{Regions: []string{"us-east"}, DarkStatus: http.StatusServiceUnavailable})
 	g.SetDark("us-east", true)
 	resp, _ = post(t, g.Server("us-east", "deepseek-v3.2"), "/chat/completions", body)
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 }
 
-func TestSimBurst429(t *testing.T) {
-	f := newSim(t, SimConfig{Regions: []string{"us-east"}, TimeScale: 0.01})
+func TestBurst429(t *testing.T) {
+	f := newSim(t, Config{Regions: []string{"us-east"}, TimeScale: 0.01})
 	f.Burst429("us-east", 2, 500*time.Millisecond)
 	srv := f.Server("us-east", "gemini-2.5-flash")
 	body := simChat("gemini-2.5-flash", "", 5, 1, false)
@@ -304,7 +336,7 @@ func TestSimBurst429(t *testing.T) {
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 }
 
-func TestSimShardQueue(t *testing.T) {
+func TestShardQueue(t *testing.T) {
 	sh := &simShard{limit: 1}
 	never := make(chan struct{})
 	require.True(t, sh.enqueue(context.Background(), never), "idle: served at once")
@@ -337,17 +369,17 @@ func TestSimShardQueue(t *testing.T) {
 	assert.Equal(t, 1, sh.maxQueue)
 }
 
-func TestSimQueueFull(t *testing.T) {
-	models := DefaultSimModels()[:1]
+func TestQueueFull(t *testing.T) {
+	models := DefaultModels()[:1]
 	models[0].Shards, models[0].QueueLimit = 1, 1
-	f := newSim(t, SimConfig{Regions: []string{"us-east"}, Models: models, TimeScale: 0.01})
+	f := newSim(t, Config{Regions: []string{"us-east"}, Models: models, TimeScale: 0.01})
 	p := f.paths[0]
 	// Hold the only shard and fill its queue, then call.
 	require.True(t, p.shards[0].enqueue(context.Background(), nil))
 	p.shards[0].mu.Lock()
 	p.shards[0].queue = append(p.shards[0].queue, make(chan struct{}))
 	p.shards[0].mu.Unlock()
-	f.SetStalls(SimStalls{Slow: 1}) // every call is drawn slow
+	f.SetStalls(Stalls{Slow: 1}) // every call is drawn slow
 	resp, _ := post(t, p.srv, "/chat/completions", simChat("gpt-5.5-codex", "", 5, 1, false))
 	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
 	assert.Equal(t, "10", resp.Header.Get("Retry-After-Ms"), "FullRetryAfter 1 s, scaled")
@@ -374,8 +406,8 @@ func waitFor(t *testing.T, cond func() bool) {
 // Responses request with the same instructions and input have the same
 // canonical prompt, so the second finds the first one's blocks, and the
 // cached tokens are those of the canonical text's leading full blocks.
-func TestSimCacheKeysOnRouterCanonical(t *testing.T) {
-	f := newSim(t, SimConfig{Regions: []string{"us-east"}})
+func TestCacheKeysOnRouterCanonical(t *testing.T) {
+	f := newSim(t, Config{Regions: []string{"us-east"}})
 	srv := f.Server("us-east", "gpt-5.5-codex")
 	sys := strings.Repeat("You answer questions about the billing system. ", 20)
 	q := strings.TrimSpace(strings.Repeat(" word", 60))
@@ -389,26 +421,26 @@ func TestSimCacheKeysOnRouterCanonical(t *testing.T) {
 	canon := string(prompt.AppendCanonical(nil, prompt.Responses, string(body), math.MaxInt))
 	require.Equal(t, canon, string(prompt.AppendCanonical(nil, prompt.Chat, chat, math.MaxInt)), "one canonical prompt")
 	full := len(canon) / 64 * 64
-	assert.Equal(t, int64(min(countTokens(canon[:full]), promptTokens(epResponses, gjson.Parse(string(body))))),
+	assert.Equal(t, int64(min(bpe.O200K().Count(canon[:full]), relaytest.PromptTokens(prompt.Responses, body))),
 		gjson.GetBytes(b, "usage.input_tokens_details.cached_tokens").Int(), "every full block of the chat call's prompt is cached")
 }
 
-func TestSimStalls(t *testing.T) {
-	f := newSim(t, SimConfig{Regions: []string{"us-east"}, TimeScale: 0.001})
+func TestStalls(t *testing.T) {
+	f := newSim(t, Config{Regions: []string{"us-east"}, TimeScale: 0.001})
 	srv := f.Server("us-east", "gemini-2.5-flash")
 	body := simChat("gemini-2.5-flash", "", 5, 10, false)
 	m, _ := f.Model("gemini-2.5-flash")
 	normal := time.Duration(float64(m.ServiceTime(simPromptTokens(body), 0, 10)) * 0.001)
 
 	// Every call slowed 20 times: the answer takes at least 20 service times.
-	f.SetStalls(SimStalls{Slow: 1, SlowMin: 20, SlowMax: 20})
+	f.SetStalls(Stalls{Slow: 1, SlowMin: 20, SlowMax: 20})
 	start := time.Now()
 	resp, _ := post(t, srv, "/chat/completions", body)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.GreaterOrEqual(t, time.Since(start), 20*normal)
 
 	// Every call hangs until the client gives up; no shard is taken.
-	f.SetStalls(SimStalls{Hang: 1})
+	f.SetStalls(Stalls{Hang: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/chat/completions", strings.NewReader(body))
@@ -416,8 +448,8 @@ func TestSimStalls(t *testing.T) {
 	_, err = srv.Client().Do(req)
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 
-	// The zero SimStalls ends them.
-	f.SetStalls(SimStalls{})
+	// The zero Stalls ends them.
+	f.SetStalls(Stalls{})
 	resp, _ = post(t, srv, "/chat/completions", body)
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 
@@ -428,7 +460,7 @@ func TestSimStalls(t *testing.T) {
 
 	// A share draws about that share of calls, reproducibly for a seed.
 	draw := func(seed uint64) (hung, slow int) {
-		f.SetStalls(SimStalls{Slow: 0.1, Hang: 0.05, Seed: seed})
+		f.SetStalls(Stalls{Slow: 0.1, Hang: 0.05, Seed: seed})
 		for range 2000 {
 			h, factor := f.stall()
 			switch {
@@ -447,7 +479,7 @@ func TestSimStalls(t *testing.T) {
 	h2, s2 := draw(3)
 	assert.Equal(t, []int{h1, s1}, []int{h2, s2})
 
-	for _, bad := range []SimStalls{{Slow: -0.1}, {Slow: 0.6, Hang: 0.5}, {Slow: 0.1, SlowMin: 0.5, SlowMax: 2}, {SlowMin: 5, SlowMax: 4}} {
+	for _, bad := range []Stalls{{Slow: -0.1}, {Slow: 0.6, Hang: 0.5}, {Slow: 0.1, SlowMin: 0.5, SlowMax: 2}, {SlowMin: 5, SlowMax: 4}} {
 		assert.Panics(t, func() { f.SetStalls(bad) }, "%+v", bad)
 	}
 }
@@ -457,18 +489,47 @@ func TestSimStalls(t *testing.T) {
 // an attempt past its timeout, a stream given up on), which it did; the
 // example's "hottest shard" share is computed from these counts.
 func TestServedCountsAnswersOnly(t *testing.T) {
-	models := DefaultSimModels()[:1]
+	models := DefaultModels()[:1]
 	models[0].Shards = 1
-	f := newSim(t, SimConfig{Regions: []string{"us-east"}, Models: models, TimeScale: 0.01})
+	f := newSim(t, Config{Regions: []string{"us-east"}, Models: models, TimeScale: 0.01})
 	srv := f.Server("us-east", "gpt-5.5-codex")
 	// A long stream: its headers come when it takes the shard; the client
 	// then gives up (1000 tokens would take 250 ms).
-	resp, cancel := openStream(t, srv, "/chat/completions", simChat("gpt-5.5-codex", "", 5, 1000, true))
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/chat/completions",
+		strings.NewReader(simChat("gpt-5.5-codex", "", 5, 1000, true)))
+	require.NoError(t, err)
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	cancel()
+	resp.Body.Close()
 	// The next call has the shard once the abandoned one let it go.
 	resp2, _ := post(t, srv, "/chat/completions", simChat("gpt-5.5-codex", "", 5, 1, false))
 	require.Equal(t, http.StatusOK, resp2.StatusCode)
 	waitFor(t, func() bool { return f.paths[0].shards[0].load() == 0 }) // its handler has ended
 	assert.Equal(t, 1, pathStats(t, f.Stats(), "us-east/gpt-5.5-codex").Served, "one answer was given")
+}
+
+// A fault scripted on a fleet's Server (Script, or SetDefault) is answered
+// as a plain Server answers it, and a scripted one is used up.
+func TestScriptedFaultOnFleetServer(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		script func(s *relaytest.Server)
+		status int
+	}{
+		{"Script", func(s *relaytest.Server) { s.Script(relaytest.Fault{Status: 500}) }, 500},
+		{"SetDefault", func(s *relaytest.Server) { s.SetDefault(relaytest.Fault{Status: 503}) }, 503},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newSim(t, Config{Regions: []string{"r"}, Models: []Model{{Name: "m"}}})
+			s := f.Server("r", "m")
+			require.NotNil(t, s)
+			tc.script(s)
+			resp, b := post(t, s, "/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+			assert.Equal(t, tc.status, resp.StatusCode, string(b))
+			assert.Equal(t, 0, s.Pending())
+		})
+	}
 }

@@ -10,13 +10,18 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"gonum.org/v1/plot/plotter"
+	"go.uber.org/goleak"
 	"gonum.org/v1/plot/plotutil"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// runFile is testdata/run.json: the rows of
+// `go run ./examples/simulate -requests 60 -concurrency 8 -modes direct,cluster-aware,budget -replicas 2 -save FILE`.
+const runFile = "testdata/run.json"
 
 // svgDoc is what a test reads of an SVG file: its size, its texts, and
 // the style and outline of each path.
@@ -82,18 +87,17 @@ func hexColor(c color.Color) string {
 	return fmt.Sprintf("#%02X%02X%02X", r>>8, g>>8, b>>8)
 }
 
-// TestPlot runs three modes with -plot and reads the four charts back:
-// valid SVG, the run in every title, every mode named, and in the CDF a
-// line of the mode's color per mode.
-func TestPlot(t *testing.T) {
+// TestCharts draws the charts of a run of three modes and a replicas
+// comparison and reads them back: valid SVG, the run in every title, every
+// mode named (the replicas rows left out), and in the CDF a line of the
+// mode's color per mode.
+func TestCharts(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "charts")
-	var out, errb bytes.Buffer
-	code := run([]string{"-requests", "60", "-concurrency", "8", "-modes", "direct,cluster-aware,budget", "-plot", dir}, &out, &errb)
-	require.Equal(t, 0, code, errb.String())
-	assert.Contains(t, out.String(), "SIMULATED FLEET", "the tables stay the output")
-	assert.Contains(t, errb.String(), "simulate: wrote "+filepath.Join(dir, plotLatency))
+	var errb bytes.Buffer
+	require.Equal(t, 0, run([]string{"-out", dir, runFile}, nil, &errb), errb.String())
+	assert.Contains(t, errb.String(), "simchart: wrote "+filepath.Join(dir, plotLatency))
 	names := []string{"direct", "cluster-aware", "budget"}
-	for _, f := range []string{plotLatency, plotThroughput, plotCache, plotCost} {
+	for _, f := range chartFiles() {
 		doc := readSVG(t, filepath.Join(dir, f))
 		assert.NotEmpty(t, doc.Width, f)
 		texts := strings.Join(doc.Texts, "\n")
@@ -101,6 +105,7 @@ func TestPlot(t *testing.T) {
 		for _, m := range names {
 			assert.Contains(t, doc.Texts, m, "%s names mode %s", f, m)
 		}
+		assert.NotContains(t, texts, "replicas/", "%s: the replicas rows are not modes", f)
 	}
 	cdf := readSVG(t, filepath.Join(dir, plotLatency))
 	assert.Contains(t, cdf.Texts, "Latency CDF")
@@ -121,34 +126,44 @@ func TestPlot(t *testing.T) {
 	}
 	assert.Contains(t, readSVG(t, filepath.Join(dir, plotCache)).Texts, "cache-hit %")
 	assert.Contains(t, readSVG(t, filepath.Join(dir, plotCost)).Texts, "USD per 1k requests")
-
-	// A directory that cannot be made fails the run.
-	file := filepath.Join(t.TempDir(), "file")
-	require.NoError(t, os.WriteFile(file, nil, 0o644))
-	errb.Reset()
-	assert.Equal(t, 1, run([]string{"-requests", "10", "-modes", "direct", "-plot", file}, io.Discard, &errb))
-	assert.Contains(t, errb.String(), "simulate: -plot: ")
 }
 
-func TestCDF(t *testing.T) {
-	ms := func(n ...int) []time.Duration {
-		var out []time.Duration
-		for _, v := range n {
-			out = append(out, time.Duration(v)*time.Millisecond)
-		}
-		return out
+// TestStdin: FILE "-" reads the rows from standard input; a real
+// endpoint's run says so in the titles.
+func TestStdin(t *testing.T) {
+	dir := t.TempDir()
+	rows := `[{"mode":"direct","workload":"replay","scenario":"outage","real_endpoint":true,"throughput_rps":3,"success_pct":100,"latency_cdf":[[10,0.5],[20,1]]}]`
+	var errb bytes.Buffer
+	require.Equal(t, 0, run([]string{"-out", dir, "-"}, strings.NewReader(rows), &errb), errb.String())
+	assert.Contains(t, strings.Join(readSVG(t, filepath.Join(dir, plotCost)).Texts, "\n"), "replay workload, real endpoint")
+}
+
+func TestErrors(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(file, []byte("not json"), 0o644))
+	for _, tc := range []struct {
+		args  []string
+		stdin string
+		code  int
+		want  string
+	}{
+		{nil, "", 2, "simchart: want one FILE, got 0 arguments"},
+		{[]string{"a", "b"}, "", 2, "want one FILE, got 2"},
+		{[]string{"-nope", runFile}, "", 2, "flag provided but not defined"},
+		{[]string{filepath.Join(t.TempDir(), "missing.json")}, "", 1, "no such file"},
+		{[]string{file}, "", 1, "not the rows of simulate -save"},
+		{[]string{"-"}, `[{"mode":"replicas/shared","replicas":{}}]`, 1, "-: no mode's row to draw"},
+		{[]string{"-out", file, runFile}, "", 1, "simchart: mkdir"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var errb bytes.Buffer
+			assert.Equal(t, tc.code, run(tc.args, strings.NewReader(tc.stdin), &errb))
+			assert.Contains(t, errb.String(), tc.want)
+		})
 	}
-	assert.Equal(t, plotter.XYs{{X: 1, Y: 0.4}, {X: 2, Y: 0.6}, {X: 4, Y: 0.8}}, cdf(ms(0, 1, 2, 4), 5),
-		"out of every request, failures included; no 0 on a log axis")
-	long := make([]time.Duration, 1000)
-	for i := range long {
-		long[i] = time.Duration(i+1) * time.Millisecond
-	}
-	pts := cdf(long, 1000)
-	require.Len(t, pts, cdfPoints)
-	assert.Equal(t, plotter.XY{X: 5, Y: 0.005}, pts[0])
-	assert.Equal(t, plotter.XY{X: 1000, Y: 1}, pts[len(pts)-1])
-	assert.Empty(t, cdf(nil, 10))
+	var errb bytes.Buffer
+	assert.Equal(t, 0, run([]string{"-h"}, nil, &errb))
+	assert.Contains(t, errb.String(), "usage: simchart [-out DIR] FILE")
 }
 
 func TestNiceTicks(t *testing.T) {

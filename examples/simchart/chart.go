@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"time"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -17,8 +16,7 @@ import (
 	"gonum.org/v1/plot/vg/vgsvg"
 )
 
-// The charts -plot DIR writes, one SVG file each, from the rows of the
-// modes (not those of the replicas comparison).
+// The charts, one SVG file each.
 const (
 	plotLatency    = "latency-cdf.svg"
 	plotThroughput = "throughput-success.svg"
@@ -26,20 +24,15 @@ const (
 	plotCost       = "cost.svg"
 )
 
-// cdfPoints is the number of points of a mode's latency CDF.
-const cdfPoints = 200
+func chartFiles() []string { return []string{plotLatency, plotThroughput, plotCache, plotCost} }
 
-// writePlots writes the charts of results into dir, creating it, and
-// returns the files written.
-func writePlots(dir string, o options, results []result) ([]string, error) {
-	rows := slices.DeleteFunc(slices.Clone(results), func(r result) bool { return r.Replicas != nil })
-	if len(rows) == 0 {
-		return nil, nil
-	}
+// writeCharts writes the charts of rows into dir, creating it, and returns
+// the files written.
+func writeCharts(dir string, rows []row) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	about := runCaption(o, rows[0])
+	about := runCaption(rows[0])
 	cdfPlot, err := latencyCDF(rows, about)
 	if err != nil {
 		return nil, err
@@ -54,9 +47,9 @@ func writePlots(dir string, o options, results []result) ([]string, error) {
 		{plotLatency, 9 * vg.Inch, 6 * vg.Inch, one(cdfPlot)},
 		{plotThroughput, 10 * vg.Inch, bars + 0.4*vg.Inch, throughputSuccess(rows, about)},
 		{plotCache, 8 * vg.Inch, bars, one(modeBars(rows, "Prompt tokens served from cache\n"+about, "cache-hit %",
-			func(r result) float64 { return r.CacheHitPct }))},
+			func(r row) float64 { return r.CacheHitPct }))},
 		{plotCost, 8 * vg.Inch, bars, one(modeBars(rows, "Cost per 1,000 requests\n"+about, "USD per 1k requests",
-			func(r result) float64 { return r.CostPer1kReq }))},
+			func(r row) float64 { return r.CostPer1kReq }))},
 	}
 	var files []string
 	for _, ch := range charts {
@@ -92,8 +85,8 @@ func writeTo(path string, c *vgsvg.Canvas) error {
 }
 
 // runCaption names the run in the charts' titles.
-func runCaption(o options, r result) string {
-	if o.baseURL != "" {
+func runCaption(r row) string {
+	if r.RealEndpoint {
 		return r.Workload + " workload, real endpoint"
 	}
 	return fmt.Sprintf("%s workload, %s scenario, simulated fleet", r.Workload, r.Scenario)
@@ -102,7 +95,7 @@ func runCaption(o options, r result) string {
 // latencyCDF plots, for each mode, the share of its requests answered
 // successfully within a latency, on a log axis: a mode's curve ends at its
 // success rate (failures, which may come at once, are not latencies).
-func latencyCDF(rows []result, about string) (*plot.Plot, error) {
+func latencyCDF(rows []row, about string) (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = "Latency CDF\n" + about
 	p.X.Label.Text = "latency, wall-clock ms (×50 simulated), log scale"
@@ -112,9 +105,12 @@ func latencyCDF(rows []result, about string) (*plot.Plot, error) {
 	p.Legend.Top, p.Legend.Left = true, true
 	p.Add(plotter.NewGrid())
 	for i, r := range rows {
-		pts := cdf(r.okLatencies, r.Requests)
-		if len(pts) == 0 {
+		if len(r.LatencyCDF) == 0 {
 			continue
+		}
+		pts := make(plotter.XYs, len(r.LatencyCDF))
+		for i, p := range r.LatencyCDF {
+			pts[i] = plotter.XY{X: p[0], Y: p[1]}
 		}
 		l, err := plotter.NewLine(pts)
 		if err != nil {
@@ -129,23 +125,8 @@ func latencyCDF(rows []result, about string) (*plot.Plot, error) {
 	return p, nil
 }
 
-// cdf returns up to cdfPoints points (ms, share) of the empirical CDF of
-// sorted latencies out of total requests, at evenly spaced ranks;
-// latencies of 0 are left out (a log axis has no room for them).
-func cdf(sorted []time.Duration, total int) plotter.XYs {
-	var pts plotter.XYs
-	n := len(sorted)
-	for k := 1; k <= min(n, cdfPoints); k++ {
-		i := k*n/min(n, cdfPoints) - 1
-		if x := float64(sorted[i]) / float64(time.Millisecond); x > 0 {
-			pts = append(pts, plotter.XY{X: x, Y: float64(i+1) / float64(total)})
-		}
-	}
-	return pts
-}
-
 // modeBars is a horizontal bar per mode, the first mode on top.
-func modeBars(rows []result, title, label string, value func(result) float64) *plot.Plot {
+func modeBars(rows []row, title, label string, value func(row) float64) *plot.Plot {
 	p := plot.New()
 	p.Title.Text = title
 	p.Title.Padding = vg.Points(10)
@@ -197,10 +178,10 @@ func niceTicks(top float64) (plot.ConstantTicks, float64) {
 }
 
 // throughputSuccess draws throughput and success side by side.
-func throughputSuccess(rows []result, about string) func(*vgsvg.Canvas) {
+func throughputSuccess(rows []row, about string) func(*vgsvg.Canvas) {
 	return func(c *vgsvg.Canvas) {
-		tput := modeBars(rows, "Throughput", "requests per second (wall-clock)", func(r result) float64 { return r.ThroughputRPS })
-		succ := modeBars(rows, "Success", "successful requests, %", func(r result) float64 { return r.SuccessPct })
+		tput := modeBars(rows, "Throughput", "requests per second (wall-clock)", func(r row) float64 { return r.ThroughputRPS })
+		succ := modeBars(rows, "Success", "successful requests, %", func(r row) float64 { return r.SuccessPct })
 		succ.X.Max = 100
 		dc := inset(c)
 		title := plot.New()
