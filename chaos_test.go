@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -31,7 +32,8 @@ import (
 // goroutines against loopback upstreams that answer with a random fault
 // each time, and callers that read everything, read part and close, close
 // without reading, or cancel. It asserts what must hold whatever happens:
-// one report per request, nothing left in flight, no goroutine or
+// one report per request, nothing left in flight, no path outside an
+// upstream's BaseURL (dot segments refused), no goroutine or
 // connection leaked, no secret in any report, error or resp.Request (the
 // callers' own keys, which the router forwards, included), and the error
 // bodies and finished streams a caller reads whole.
@@ -45,6 +47,14 @@ const (
 // chaosCallerKeys are keys callers send of their own, which the router
 // forwards (the upstreams' APIKey replaces only Authorization): each sets
 // one on a request.
+// chaosPaths are paths a hostile caller sends, each of which could take
+// the upstream's key outside its BaseURL on a server that resolves dot
+// segments: the router refuses them (ErrBadPath) before any call.
+var chaosPaths = []string{
+	"/v1/files/../../../../admin", "/v1/../../admin/secrets", "/v1/%2e%2e/%2e%2e/admin",
+	"/v1/..%2f..%2fadmin", "/v1/%2E%2E%2Fadmin", "/v1/models/..%5c..%5cadmin", "/v1/chat/completions/../../../admin",
+}
+
 var chaosCallerKeys = map[string]func(*http.Request){
 	"AIzaCHAOS-goog-SECRET-0004":  func(r *http.Request) { r.Header.Set("X-Goog-Api-Key", "AIzaCHAOS-goog-SECRET-0004") },
 	"azCHAOSazureSECRET000000005": func(r *http.Request) { r.Header.Set("Api-Key", "azCHAOSazureSECRET000000005") },
@@ -85,6 +95,9 @@ type chaosUpstream struct {
 	sse   []byte // a chat stream
 	resp  []byte // a Responses stream
 	large []byte // a 100 KiB error body
+	// outside counts calls whose path is not under the BaseURL's /v1/ or
+	// holds a dot segment, raw or encoded: a key sent outside its BaseURL.
+	outside atomic.Int64
 }
 
 func newChaosUpstream(t *testing.T, seed uint64) *chaosUpstream {
@@ -111,6 +124,10 @@ func (u *chaosUpstream) fault() string {
 }
 
 func (u *chaosUpstream) serve(w http.ResponseWriter, r *http.Request) {
+	if raw := strings.ToLower(r.URL.EscapedPath()); !strings.HasPrefix(raw, "/v1/") ||
+		strings.Contains(raw, "/..") || strings.Contains(raw, "%2e") || strings.Contains(raw, "%2f") || strings.Contains(raw, "%5c") {
+		u.outside.Add(1)
+	}
 	body, _ := io.ReadAll(r.Body)
 	stream := bytes.Contains(body, []byte(`"stream":true`))
 	ctx := r.Context()
@@ -317,6 +334,7 @@ func runChaos(t *testing.T, requests, workers int) {
 	}
 	r.CloseIdleConnections()
 	for _, u := range ups {
+		assert.Zero(t, u.outside.Load(), "calls outside the BaseURL's path")
 		require.Eventually(t, func() bool { return u.conns.Load() == 0 }, 20*time.Second, 5*time.Millisecond,
 			"connections left open: %d", u.conns.Load())
 		u.Close()
@@ -341,7 +359,12 @@ func chaosCall(t *testing.T, r *Router, rng *rand.Rand, secretIn func(string) bo
 	case 2:
 		path, body = "responses", `{"model":"gpt-4.1","stream":true,"input":"chaos"}`
 	}
-	req, _ := http.NewRequestWithContext(ctx, "POST", "http://relay/v1/"+path, strings.NewReader(body))
+	target := "http://relay/v1/" + path
+	hostile := rng.IntN(10) == 0
+	if hostile {
+		target = "http://relay" + chaosPaths[rng.IntN(len(chaosPaths))]
+	}
+	req, _ := http.NewRequestWithContext(ctx, "POST", target, strings.NewReader(body))
 	cancelled := false
 	switch rng.IntN(6) {
 	case 0:
@@ -357,6 +380,9 @@ func chaosCall(t *testing.T, r *Router, rng *rand.Rand, secretIn func(string) bo
 		chaosCallerKeys[keys[rng.IntN(len(keys))]](req)
 	}
 	resp, err := r.RoundTrip(req)
+	if hostile && !errors.Is(err, ErrBadPath) && !(cancelled && errors.Is(err, context.Canceled)) {
+		t.Errorf("%s: %v, want ErrBadPath", target, err)
+	}
 	if err != nil {
 		if secretIn(fmt.Sprintf("%v %+v", err, err)) {
 			t.Errorf("a secret in an error: %v", err)
