@@ -56,7 +56,7 @@ const reqModel, respModel = "gen_ai.request.model", "gen_ai.response.model"
 // default cardinality limit) the first gpt-4.1 call was recorded in the
 // SDK's overflow set instead of its own. A model the Observer does not
 // know is recorded as "_OTHER".
-func TestRegressModelFlood(t *testing.T) {
+func TestModelFlood(t *testing.T) {
 	a := server(t, "a")
 	h := newHarness(t, relay.Config{Upstreams: []relay.Upstream{{Name: "a", BaseURL: a.URL, Models: []string{"gpt-4.1"}}}})
 	const flood = 2100
@@ -79,7 +79,7 @@ func TestRegressModelFlood(t *testing.T) {
 // Observer learns the first 32 names (the default WithModelLimit) and
 // records the rest as "_OTHER"; spans keep every name as asked, and the
 // span of an "_OTHER" call is named by its operation alone.
-func TestRegressModelFloodAnswered(t *testing.T) {
+func TestModelFloodAnswered(t *testing.T) {
 	a := server(t, "a")
 	h := newHarness(t, relay.Config{Upstreams: []relay.Upstream{{Name: "a", BaseURL: a.URL}}})
 	const flood, limit = 40, 32

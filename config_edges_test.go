@@ -17,15 +17,15 @@ import (
 	"github.com/tokenrelay/relay/relaytest"
 )
 
-// Regressions: each TestRegress test below failed before its fix; the comment says what
-// held instead.
+// Edge cases of configuration: secrets in URLs, probes, key prefixes,
+// rounding and non-finite values.
 
 // A BaseURL's secrets are not printed by Upstream's or Config's Format, for
 // any verb: a key in its query string (Azure-style ?api-key=), a key
 // carried as the userinfo user (url.URL.Redacted only hides a password),
 // and the password of a URL url.Parse refuses (a trailing newline read from
 // a file). (All three were printed.)
-func TestRegressUpstreamFormatHidesURLSecrets(t *testing.T) {
+func TestUpstreamFormatHidesURLSecrets(t *testing.T) {
 	for _, c := range []struct{ name, secret, url string }{
 		{"query key", "QSECRETazure0123456789", "https://az.example/openai?api-key=QSECRETazure0123456789"},
 		{"userinfo key", "sk-userinfo-SECRET-42", "https://sk-userinfo-SECRET-42@api.example/v1"},
@@ -42,7 +42,7 @@ func TestRegressUpstreamFormatHidesURLSecrets(t *testing.T) {
 
 // New's error for a BaseURL without a scheme does not print its query key
 // (it printed the URL as given).
-func TestRegressNewErrorQueryKey(t *testing.T) {
+func TestNewErrorQueryKey(t *testing.T) {
 	const key = "QSECRETazure0123456789"
 	_, err := New(Config{Upstreams: []Upstream{{Name: "az", BaseURL: "az.example/openai?api-key=" + key}}})
 	require.Error(t, err)
@@ -86,7 +86,7 @@ func probeOnce(t *testing.T, srv *relaytest.Server, up Upstream, probePath strin
 // Router.Probe sends the upstream's Header with GET BaseURL+ProbePath (an
 // upstream authenticated by a header, Api-Key, answered 401 and was never
 // re-admitted).
-func TestRegressProbeSendsUpstreamHeader(t *testing.T) {
+func TestProbeSendsUpstreamHeader(t *testing.T) {
 	last := lastProbe(t, http.Header{"Api-Key": {"az-key-123456"}}, "/models")
 	require.Equal(t, "GET", last.Method)
 	assert.Equal(t, "az-key-123456", last.Header.Get("Api-Key"), "the probe carries the upstream's headers")
@@ -94,7 +94,7 @@ func TestRegressProbeSendsUpstreamHeader(t *testing.T) {
 
 // ProbePath with a query string (e.g. "/models?api-version=...") keeps its
 // query (it was escaped into the path).
-func TestRegressProbePathQuery(t *testing.T) {
+func TestProbePathQuery(t *testing.T) {
 	last := lastProbe(t, nil, "/models?x=1")
 	assert.Equal(t, "/v1/models", last.Path)
 	assert.Equal(t, "x=1", last.RawQuery, "the query is sent as a query")
@@ -102,7 +102,7 @@ func TestRegressProbePathQuery(t *testing.T) {
 
 // An empty key prefix is refused by New, and ignored by the redaction (it
 // passed every key and made the redaction take out every word).
-func TestRegressEmptyKeyPrefix(t *testing.T) {
+func TestEmptyKeyPrefix(t *testing.T) {
 	_, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "https://x/v1", APIKey: "whatever-key", KeyPrefixes: []string{""}}}})
 	assert.Error(t, err, "an empty prefix checks nothing")
 	s := newSecrets([]Upstream{{KeyPrefixes: []string{""}}})
@@ -110,7 +110,7 @@ func TestRegressEmptyKeyPrefix(t *testing.T) {
 }
 
 // A small hedge budget is kept (it was rounded to nothing).
-func TestRegressHedgeBudgetRounding(t *testing.T) {
+func TestHedgeBudgetRounding(t *testing.T) {
 	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "https://x/v1"}}, Hedge: HedgeConfig{Delay: time.Second, Budget: 0.0005}})
 	require.NoError(t, err)
 	assert.Positive(t, r.hedges.deposit, "Budget 0.0005 (1 hedge per 2000 requests) became 0")
@@ -119,7 +119,7 @@ func TestRegressHedgeBudgetRounding(t *testing.T) {
 // A Base error naming the URL (as any http.Client-based transport's
 // *url.Error does) has the BaseURL's query key taken out of the error and
 // the report (it carried it), and is still the same error to errors.Is/As.
-func TestRegressBaseErrorQueryKey(t *testing.T) {
+func TestBaseErrorQueryKey(t *testing.T) {
 	const key = "QSECRETazure0123456789"
 	r, reps := newTestRouter(t, Config{
 		Upstreams: []Upstream{{Name: "az", BaseURL: "https://az.example/openai?api-key=" + key}},
@@ -137,7 +137,7 @@ func TestRegressBaseErrorQueryKey(t *testing.T) {
 // NaN and infinite floats in the configuration are refused by New (they
 // passed the range checks, and a NaN PriceFactor or PerUSD would keep a
 // budget from ever tripping).
-func TestRegressNaNConfigRefused(t *testing.T) {
+func TestNaNConfigRefused(t *testing.T) {
 	nan, inf := math.NaN(), math.Inf(1)
 	up := func() Upstream { return Upstream{Name: "a", BaseURL: "http://a.test/v1"} }
 	for name, c := range map[string]Config{

@@ -24,7 +24,7 @@ import (
 
 // A stream request answered with an error status (no chunk ever came)
 // must not record time_to_first_chunk.
-func TestRegressTTFCOnErrorStatus(t *testing.T) {
+func TestTTFCOnErrorStatus(t *testing.T) {
 	a := server(t, "a")
 	a.Script(relaytest.Fault{Status: 429})
 	h := newHarness(t, relay.Config{
@@ -43,7 +43,7 @@ func TestRegressTTFCOnErrorStatus(t *testing.T) {
 
 // First-token failover: the abandoned attempt's outcome and the retry's
 // reason should name the first-token timeout, not "_OTHER".
-func TestRegressFirstTokenOutcome(t *testing.T) {
+func TestFirstTokenOutcome(t *testing.T) {
 	a, b := server(t, "a"), server(t, "b")
 	a.Script(relaytest.Fault{FirstTokenDelay: 2 * time.Second})
 	h := newHarness(t, relay.Config{
@@ -68,7 +68,7 @@ func TestRegressFirstTokenOutcome(t *testing.T) {
 }
 
 // A budget refusal's error.type.
-func TestRegressBudgetErrorType(t *testing.T) {
+func TestBudgetErrorType(t *testing.T) {
 	a := server(t, "a")
 	h := newHarness(t, relay.Config{Upstreams: []relay.Upstream{{Name: "a", BaseURL: a.URL}},
 		Budgets: []relay.Budget{{Name: "tight", Limit: 1e-9, Window: relay.Window{Every: time.Hour}}}})
@@ -149,7 +149,7 @@ func TestClosedRequestBodyEndsSpan(t *testing.T) {
 // A chat call refused for its body size fails before it is classified:
 // gen_ai.client.operation.duration has a point for it, with the operation
 // its URL path names and error.type body_too_large. (It had none.)
-func TestRegressBodyTooLargeDuration(t *testing.T) {
+func TestBodyTooLargeDuration(t *testing.T) {
 	a := server(t, "a")
 	h := newHarness(t, relay.Config{Upstreams: []relay.Upstream{{Name: "a", BaseURL: a.URL}}, MaxBodyBytes: 10})
 	_, err := h.do(t, t.Context(), http.MethodPost, "chat/completions", chatBody("gpt-4.1", false))
@@ -199,7 +199,7 @@ func observed(t *testing.T, reader *sdkmetric.ManualReader, name string) map[str
 // upstream "e" was missing altogether. Both have an upstream named "a":
 // the chat router's breaker for it opens, the embeddings router's stays
 // closed, and the metric must show one breaker in each state.
-func TestRegressTwoObserversBreakerState(t *testing.T) {
+func TestTwoObserversBreakerState(t *testing.T) {
 	reader, mp := meterProvider(t)
 	a := relay.Upstream{Name: "a", BaseURL: "http://a.test/v1"}
 	chat := relayotel.New(relayotel.WithMeterProvider(mp), relayotel.WithUpstreams(a))
@@ -227,7 +227,7 @@ func TestRegressTwoObserversBreakerState(t *testing.T) {
 // recorded with the report's context, whose span is the one the later
 // Observer started inside the first's: the first's exemplars named the
 // other provider's span.
-func TestRegressExemplarsNameTheirOwnSpan(t *testing.T) {
+func TestExemplarsNameTheirOwnSpan(t *testing.T) {
 	obs := chatJoined(t, nil, nil)
 	for i, o := range obs {
 		var call sdktrace.ReadOnlySpan
@@ -256,7 +256,7 @@ func TestRegressExemplarsNameTheirOwnSpan(t *testing.T) {
 // attempt's context, whose span is the one the later Observer started
 // inside the first's: the first's attempt spans had the other provider's
 // span as their parent, and were sampled by that span's decision.
-func TestRegressAttemptSpansAreTheirCallsChildren(t *testing.T) {
+func TestAttemptSpansAreTheirCallsChildren(t *testing.T) {
 	for _, sampled := range []bool{true, false} {
 		t.Run(map[bool]string{true: "sampled", false: "first-unsampled"}[sampled], func(t *testing.T) {
 			// The second samples every span; the first follows the parent
@@ -291,10 +291,10 @@ func TestRegressAttemptSpansAreTheirCallsChildren(t *testing.T) {
 
 // With two Observers joined, the first one's exemplars of a call's
 // limiter waits, state fallbacks and budget spend name its own call span,
-// as those of its report do (TestRegressExemplarsNameTheirOwnSpan). Before,
+// as those of its report do (TestExemplarsNameTheirOwnSpan). Before,
 // they were recorded with the event's context, whose span is the one the
 // later Observer started inside the first's.
-func TestRegressEventExemplarsNameTheirOwnSpan(t *testing.T) {
+func TestEventExemplarsNameTheirOwnSpan(t *testing.T) {
 	reader, mp := meterProvider(t)
 	tp := sdktrace.NewTracerProvider()
 	other := sdktrace.NewTracerProvider()

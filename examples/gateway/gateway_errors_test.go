@@ -16,7 +16,7 @@ import (
 
 // A request whose max_tokens exceeds the model's output window is the
 // client's error (OpenAI: 400). (The gateway answered 502.)
-func TestRegressContextWindowIsClientError(t *testing.T) {
+func TestContextWindowIsClientError(t *testing.T) {
 	f := newFixture(t, nil)
 	resp, b := f.post(t, "/v1/chat/completions", `{"model":"gpt-4.1","messages":[{"role":"user","content":"hi"}],"max_tokens":100000}`)
 	t.Logf("%d %s", resp.StatusCode, b)
@@ -26,7 +26,7 @@ func TestRegressContextWindowIsClientError(t *testing.T) {
 
 // /v1/chat passes an upstream error through with its status, body and a
 // 429's Retry-After (which it dropped).
-func TestRegressChatKeepsRetryAfter(t *testing.T) {
+func TestChatKeepsRetryAfter(t *testing.T) {
 	f := newFixture(t, nil)
 	f.up.Script(relaytest.Fault{Status: 429, Header: http.Header{"Retry-After": {"7"}}})
 	resp, b := f.post(t, "/v1/chat", `{"messages":[{"role":"user","content":"hi"}]}`)
@@ -45,7 +45,7 @@ func TestCompletionsKeepsRetryAfter(t *testing.T) {
 
 // A transport error that names the URL (as an http.Client-style Base does)
 // reaches the gateway's client without the query key (it had it).
-func TestRegressBaseErrorLeaksQueryKey(t *testing.T) {
+func TestBaseErrorLeaksQueryKey(t *testing.T) {
 	const key = "QSECRETazure0123456789"
 	f := newFixture(t, func(c *config) {
 		c.Upstreams[0].BaseURL += "?api-key=" + key
@@ -70,7 +70,7 @@ func (f rtFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r)
 // Other methods on a known path get 405.
 // POST /metrics is a known path with another method: 405, with Allow: GET
 // (it was 404).
-func TestRegressMetricsMethod(t *testing.T) {
+func TestMetricsMethod(t *testing.T) {
 	f := newFixture(t, nil)
 	resp, b := f.post(t, "/metrics", `{}`)
 	t.Logf("%d %s", resp.StatusCode, b)
@@ -80,7 +80,7 @@ func TestRegressMetricsMethod(t *testing.T) {
 
 // A bad -upstream value with a key in its query string is not echoed to
 // stderr (it was, by the flag package and by the error).
-func TestRegressFlagErrorEchoesKey(t *testing.T) {
+func TestFlagErrorEchoesKey(t *testing.T) {
 	const key = "QSECRETazure0123456789"
 	var stderr bytes.Buffer
 	code := run(context.Background(), []string{"-upstream", "az=az.example/openai?api-key=" + key}, &stderr)

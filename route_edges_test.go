@@ -16,10 +16,10 @@ import (
 	"github.com/tokenrelay/relay/internal/tokens"
 )
 
-// TestRegressManyBodyTagsRefused: an upstream with more body tags than the
+// TestManyBodyTagsRefused: an upstream with more body tags than the
 // body edit can set is refused by New with a clear error. (With 64, the
 // body went out unchanged: not the routed model, no tags.)
-func TestRegressManyBodyTagsRefused(t *testing.T) {
+func TestManyBodyTagsRefused(t *testing.T) {
 	tags := map[string]any{}
 	for i := range maxBodyTags + 1 {
 		tags[fmt.Sprintf("t%02d", i)] = i
@@ -43,7 +43,7 @@ func TestRegressManyBodyTagsRefused(t *testing.T) {
 
 // The cookbook's num_tokens_for_tools uses func_init = 10 for gpt-3.5-turbo
 // and gpt-4 (7 only for gpt-4o / gpt-4o-mini).
-func TestRegressToolsFuncInitForGPT4(t *testing.T) {
+func TestToolsFuncInitForGPT4(t *testing.T) {
 	r := testRouter(t)
 	tools := `[{"type":"function","function":{"name":"get_current_weather","description":"Get the current weather in a given location","parameters":{"type":"object","properties":{"location":{"type":"string","description":"The city and state, e.g. San Francisco, CA"},"unit":{"type":"string","description":"The unit of temperature to return","enum":["celsius","fahrenheit"]}},"required":["location"]}}}]`
 	msgs := `[{"role":"system","content":"You are a helpful assistant that can answer to questions about the weather."},{"role":"user","content":"What's the weather like in San Francisco?"}]`
@@ -67,7 +67,7 @@ func TestRegressToolsFuncInitForGPT4(t *testing.T) {
 
 // A caller header map with a non-canonical "authorization" key (set by
 // map index, as some code does): the upstream's APIKey must replace it.
-func TestRegressNonCanonicalAuthorizationReplaced(t *testing.T) {
+func TestNonCanonicalAuthorizationReplaced(t *testing.T) {
 	up := newRecorder(t, 200, []byte(`{}`))
 	r, _ := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up.URL + "/v1", APIKey: "sk-up"}}})
 	req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4o", "x")))
@@ -81,7 +81,7 @@ func TestRegressNonCanonicalAuthorizationReplaced(t *testing.T) {
 // A non-model path with an escaped slash (a model id "org/name" on
 // GET /v1/models/{model}): what follows /v1/ must reach the upstream as
 // the caller wrote it.
-func TestRegressEscapedPathKept(t *testing.T) {
+func TestEscapedPathKept(t *testing.T) {
 	var got string
 	r, _ := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://up.invalid/v1"}},
 		Base: roundTripFunc(func(req *http.Request) (*http.Response, error) {
@@ -95,7 +95,7 @@ func TestRegressEscapedPathKept(t *testing.T) {
 
 // Keeping a Report's model names (a map of last report per model, an
 // error log) must not keep the request bodies alive.
-func TestRegressReportModelDoesNotPinBody(t *testing.T) {
+func TestReportModelDoesNotPinBody(t *testing.T) {
 	for _, keep := range []bool{false, true} {
 		var kept []string
 		r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://up.invalid/v1"}}, Strategy: StrategyPriority,
@@ -135,11 +135,11 @@ func tokensFor(model string) func(string) int {
 	return enc.Count
 }
 
-// TestRegressNoModelRequestNotRefusedForFallbackWindow: a body without a
+// TestNoModelRequestNotRefusedForFallbackWindow: a body without a
 // model (Azure deployments name it in the URL) has an unknown window, so
 // it fits; a fallback that does not fit is dropped, and the request goes
 // as written. (It was refused with ErrContextWindow.)
-func TestRegressNoModelRequestNotRefusedForFallbackWindow(t *testing.T) {
+func TestNoModelRequestNotRefusedForFallbackWindow(t *testing.T) {
 	up := newRecorder(t, 200, []byte(`{}`))
 	r, _ := newTestRouter(t, Config{
 		Upstreams: []Upstream{{Name: "az", BaseURL: up.URL + "/v1"}},
@@ -155,11 +155,11 @@ func TestRegressNoModelRequestNotRefusedForFallbackWindow(t *testing.T) {
 	assert.Equal(t, body, string(up.got()[0].Body), "sent as the caller wrote it")
 }
 
-// TestRegressDuplicateStreamOptionsHidesAskedUsage: with stream_options
+// TestDuplicateStreamOptionsHidesAskedUsage: with stream_options
 // repeated, the upstream reads the last one, which asks for usage: the
 // caller asked for it, and the usage chunk reaches the caller. (The router
 // read the first, injected the option and removed the chunk.)
-func TestRegressDuplicateStreamOptionsHidesAskedUsage(t *testing.T) {
+func TestDuplicateStreamOptionsHidesAskedUsage(t *testing.T) {
 	const usage = "data: {\"id\":\"x\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":6,\"total_tokens\":11}}\n\n"
 	sse := "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n" + usage + "data: [DONE]\n\n"
 	r, _ := bodyRouter(t, Config{}, func() io.Reader { return strings.NewReader(sse) })

@@ -14,11 +14,11 @@ import (
 	"github.com/stretchr/testify/assert"
 )
 
-// TestRegressGzipFirstToken: with FirstTokenTimeout set, a gzip-encoded
+// TestGzipFirstToken: with FirstTokenTimeout set, a gzip-encoded
 // stream (a Base other than http.Transport leaves the coding) is decoded
 // before the first token is looked for, and the caller reads it decoded.
 // (It was read ahead compressed: no first token, and the caller got gzip.)
-func TestRegressGzipFirstToken(t *testing.T) {
+func TestGzipFirstToken(t *testing.T) {
 	plain := fixture(t, "chat_stream_recorded_gpt4o_text_usage.sse")
 	var gz bytes.Buffer
 	zw := gzip.NewWriter(&gz)
@@ -41,10 +41,10 @@ func TestRegressGzipFirstToken(t *testing.T) {
 	assert.True(t, bytes.Equal(plain, got), "caller got %q...", got[:min(len(got), 12)])
 }
 
-// TestRegressDoneThenConnCut: a stream that sent [DONE] and whose
+// TestDoneThenConnCut: a stream that sent [DONE] and whose
 // connection then drops (no last chunk) ended cleanly: no error to the
 // reader or in the report. (The read error was passed on.)
-func TestRegressDoneThenConnCut(t *testing.T) {
+func TestDoneThenConnCut(t *testing.T) {
 	body := "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		conn, bw, _ := w.(http.Hijacker).Hijack()
@@ -60,12 +60,12 @@ func TestRegressDoneThenConnCut(t *testing.T) {
 	assert.NoError(t, reps.all()[0].Err)
 }
 
-// TestRegressIdleWhileBytesArrive: a stream whose event arrives a byte at
+// TestIdleWhileBytesArrive: a stream whose event arrives a byte at
 // a time, never silent for the idle timeout, is not cut as stalled, also
 // when the router asked for the usage chunk itself (and so holds bytes
 // back until an event ends, inside one Read). The bytes go through a pipe
 // whose writes return once read, and the clock moves 100 ms a byte.
-func TestRegressIdleWhileBytesArrive(t *testing.T) {
+func TestIdleWhileBytesArrive(t *testing.T) {
 	for _, req := range []string{chatStreamUsageReq, chatStreamReq} {
 		clock := newFakeClock()
 		pr, pw := io.Pipe()
@@ -91,11 +91,11 @@ func TestRegressIdleWhileBytesArrive(t *testing.T) {
 	}
 }
 
-// TestRegressUnterminatedUsageChunk: the usage chunk the router asked for,
+// TestUnterminatedUsageChunk: the usage chunk the router asked for,
 // cut off by the upstream without its final newline, is still removed:
 // the caller reads the stream it asked for, and the report has the usage.
 // (It reached the caller.)
-func TestRegressUnterminatedUsageChunk(t *testing.T) {
+func TestUnterminatedUsageChunk(t *testing.T) {
 	fin := "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":\"stop\"}]}\n\n"
 	r, reps := bodyRouter(t, Config{}, func() io.Reader {
 		return strings.NewReader(fin + `data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}`)

@@ -16,7 +16,7 @@ import (
 
 // A stream request answered 429 (a JSON error, no chunk) must not be
 // observed in relay_ttft_seconds.
-func TestRegressPromTTFTOnErrorStatus(t *testing.T) {
+func TestPromTTFTOnErrorStatus(t *testing.T) {
 	a := server(t, "a")
 	a.Script(relaytest.Fault{Status: 429})
 	h := newHarness(t, relay.Config{
@@ -29,7 +29,7 @@ func TestRegressPromTTFTOnErrorStatus(t *testing.T) {
 
 // Error types: a budget refusal and a first-token failover are named, not
 // "_OTHER".
-func TestRegressPromFirstTokenOutcome(t *testing.T) {
+func TestPromFirstTokenOutcome(t *testing.T) {
 	a, b := server(t, "a"), server(t, "b")
 	a.Script(relaytest.Fault{FirstTokenDelay: 2 * time.Second})
 	h := newHarness(t, relay.Config{
@@ -44,7 +44,7 @@ relay_attempts_total{outcome="2xx",upstream="b"} 1
 `, "relay_attempts_total", "relay_retries_total")
 }
 
-func TestRegressPromBudgetErrorType(t *testing.T) {
+func TestPromBudgetErrorType(t *testing.T) {
 	a := server(t, "a")
 	tight := []relay.Budget{{Name: "team", Limit: 1e-9, Window: relay.Window{Every: time.Hour}}}
 	h := newHarness(t, relay.Config{Upstreams: []relay.Upstream{{Name: "a", BaseURL: a.URL}}, Budgets: tight}, relayprom.WithBudgets(tight...))
