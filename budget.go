@@ -3,15 +3,15 @@ package relay
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tokenrelay/relay/store"
 )
 
 // ErrBudgetExceeded: the request's worst-case cost did not fit in what is
@@ -187,159 +187,6 @@ type Currency struct {
 	PerUSD float64
 }
 
-// BudgetKey names one ledger entry: a budget, a scope key, and the window,
-// by its end.
-type BudgetKey struct {
-	Budget string    // the budget's name
-	Key    string    // the scope's key ("" for AllTraffic)
-	Window time.Time // the end of the window
-}
-
-// Ledger keeps budget spend: reservations and settled spend per budget key.
-// Amounts are in nano-units (1e-9) of the billing currency, so sums are
-// exact. LocalLedger, the default, keeps it in the process; a shared ledger
-// (package redisstate) keeps one for a whole fleet of replicas.
-// Implementations are safe for concurrent use, and Reserve is atomic: two
-// requests never both take the last of a budget.
-type Ledger interface {
-	// Reserve sets hold h.ID of k to h.Amount (a new hold, a top-up of
-	// one, or a smaller amount, which always fits) if k's spend plus its
-	// reservations, with h at its new amount, stay within limit, and
-	// reports whether it did. Reserving the same
-	// hold twice at the same amount changes nothing, so a call that may
-	// or may not have been applied (a timeout) can be repeated or settled.
-	// A hold no longer counts after h.Expires (a shared ledger must honour
-	// it; an in-process one may ignore it, since its holds end with it).
-	Reserve(ctx context.Context, k BudgetKey, limit int64, h Hold) (bool, error)
-	// Settle ends hold id of k, whatever it holds (nothing when there is
-	// no such hold: never made, settled, or expired), and adds spent to
-	// k's spend.
-	Settle(ctx context.Context, k BudgetKey, id string, spent int64) error
-	// Usage returns k's spend and what its live holds reserve.
-	Usage(ctx context.Context, k BudgetKey) (spent, reserved int64, err error)
-	// Keys returns the keys budget has ledgers for in the window ending at
-	// end, for Router.Spend.
-	Keys(ctx context.Context, budget string, end time.Time) ([]string, error)
-}
-
-// Hold is one request's reservation in one ledger.
-type Hold struct {
-	ID      string    // the request's, unique in the fleet
-	Amount  int64     // all it reserves, in nano-units of the billing currency
-	Expires time.Time // when it stops counting if never settled (Budget.HoldFor)
-}
-
-// NewLocalLedger returns an in-process Ledger. It keeps the current window
-// of each key; a settlement for a window that has ended is dropped.
-func NewLocalLedger() Ledger { return &localLedger{m: map[string]map[string]*account{}} }
-
-type localLedger struct {
-	mu     sync.Mutex
-	m      map[string]map[string]*account // budget, key
-	latest map[string]time.Time           // by budget: the newest window seen
-}
-
-type account struct {
-	window          time.Time
-	spent, reserved int64
-	holds           map[string]int64 // by id; they end with the process, so Expires is not kept
-}
-
-// at returns k's account for k's window, starting it if k's window is
-// newer; nil when k's window has ended.
-func (l *localLedger) at(k BudgetKey) *account {
-	keys := l.m[k.Budget]
-	if keys == nil {
-		keys = map[string]*account{}
-		l.m[k.Budget] = keys
-	}
-	if last, ok := l.latest[k.Budget]; !ok || last.Before(k.Window) {
-		// A new window: the ledgers of ended ones that hold nothing go
-		// (a PerHeader scope would otherwise keep every key ever seen).
-		if l.latest == nil {
-			l.latest = map[string]time.Time{}
-		}
-		l.latest[k.Budget] = k.Window
-		for key, a := range keys {
-			if a.window.Before(k.Window) && a.reserved == 0 {
-				delete(keys, key)
-			}
-		}
-	}
-	a := keys[k.Key]
-	switch {
-	case a == nil && k.Window.Before(l.latest[k.Budget]):
-		return nil // an ended window (its ledger may have gone with it)
-	case a == nil:
-		a = &account{window: k.Window}
-		keys[k.Key] = a
-	case a.window.Before(k.Window):
-		*a = account{window: k.Window}
-	case k.Window.Before(a.window):
-		return nil
-	}
-	return a
-}
-
-func (l *localLedger) Reserve(_ context.Context, k BudgetKey, limit int64, h Hold) (bool, error) {
-	if h.Amount < 0 {
-		return false, fmt.Errorf("relay: reserve %s: negative amount %d", k.Budget, h.Amount)
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	a := l.at(k)
-	if a == nil {
-		return false, nil
-	}
-	delta := h.Amount - a.holds[h.ID]
-	if delta > 0 && a.spent+a.reserved+delta > limit {
-		return false, nil
-	}
-	if a.holds == nil {
-		a.holds = map[string]int64{}
-	}
-	a.holds[h.ID] = h.Amount
-	a.reserved += delta
-	return true, nil
-}
-
-func (l *localLedger) Settle(_ context.Context, k BudgetKey, id string, spent int64) error {
-	if spent < 0 {
-		return fmt.Errorf("relay: settle %s: negative amount %d", k.Budget, spent)
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if a := l.at(k); a != nil {
-		if n, ok := a.holds[id]; ok {
-			a.reserved -= n
-			delete(a.holds, id)
-		}
-		a.spent = min(a.spent, math.MaxInt64-spent) + spent // saturating
-	}
-	return nil
-}
-
-func (l *localLedger) Usage(_ context.Context, k BudgetKey) (int64, int64, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if a := l.m[k.Budget][k.Key]; a != nil && a.window.Equal(k.Window) {
-		return a.spent, a.reserved, nil
-	}
-	return 0, 0, nil
-}
-
-func (l *localLedger) Keys(_ context.Context, budget string, end time.Time) ([]string, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var keys []string
-	for k, a := range l.m[budget] {
-		if a.window.Equal(end) {
-			keys = append(keys, k)
-		}
-	}
-	return keys, nil
-}
-
 // maxBudgetLimit bounds Budget.Limit, in units of the billing currency:
 // half of what int64 nano-units hold, so that spend, reservations and one
 // more request add up without wrapping.
@@ -414,8 +261,9 @@ const defaultHoldFor = 10 * time.Minute
 
 // held is one reservation a request holds.
 type held struct {
-	b *budgetSettings
-	k BudgetKey // in the window where the request first reserved: top-ups go there too
+	b  *budgetSettings
+	k  store.BudgetKey // in the window where the request first reserved: top-ups go there too
+	id string          // the hold's id in its ledgers, unique in the fleet (reservations.newID)
 	// What it holds in the router's ledger, and in the in-process fallback
 	// ledger (when the shared one did not answer): a top-up may land in
 	// the other one, and each part is settled where it was reserved.
@@ -431,7 +279,8 @@ func (h *held) amount() int64 { return h.shared + h.local }
 // reservations are what one request holds in its budgets, and the budget
 // that last refused it.
 type reservations struct {
-	id        string // the request's hold id in every ledger
+	id        string // the request's: the hold ids of its holds start with it
+	n         int    // holds it made
 	list      []held
 	buf       [4]held
 	refused   *budgetSettings
@@ -470,7 +319,7 @@ func (t *trip) reserve(ctx context.Context, c *candidate, now time.Time) bool {
 		if need < 0 {
 			need = t.worstCase(c)
 		}
-		k := BudgetKey{Budget: b.Name, Key: key, Window: b.windowEnd(now)}
+		k := store.BudgetKey{Budget: b.Name, Key: key, Window: b.windowEnd(now)}
 		h := res.find(k)
 		if h != nil && h.amount() >= need {
 			continue
@@ -481,20 +330,17 @@ func (t *trip) reserve(ctx context.Context, c *candidate, now time.Time) bool {
 			// A top-up after the hold's window ended: the hold moves to
 			// the current window (a ledger keeps its current window, and
 			// one settlement must release all of it).
-			t.r.settleLedger(t, h, res.id, 0)
-			*h = held{b: b, k: k}
+			t.r.settleLedger(t, h, 0)
+			*h = held{b: b, k: k, id: res.newID()}
 		case h != nil:
 			have, onlyLocal = h.amount(), h.local > 0 && h.shared == 0
 		}
 		isNew := h == nil
 		if isNew {
-			res.list = append(res.list, held{b: b, k: k})
+			res.list = append(res.list, held{b: b, k: k, id: res.newID()})
 			h = &res.list[len(res.list)-1]
 		}
-		if res.id == "" {
-			res.id = newHoldID()
-		}
-		if !t.r.reserveLedger(ctx, t, h, res.id, need-have, onlyLocal, now.Add(b.holdFor)) {
+		if !t.r.reserveLedger(ctx, t, h, need-have, onlyLocal, now.Add(b.holdFor)) {
 			if isNew && !h.uncertain {
 				res.list = res.list[:len(res.list)-1] // nothing held, nothing to settle
 			}
@@ -533,25 +379,32 @@ func (t *trip) dropHolds(ctx context.Context, n0 int, c *candidate) {
 				if h.amount() > need && (h.local == 0 || h.shared == 0) && !h.uncertain {
 					// Reserving less always fits; a ledger that does not
 					// answer keeps the larger hold, which the settlement ends.
-					t.r.reserveLedger(ctx, t, &h, res.id, need-h.amount(), h.local > 0, t.r.s.clock.Now().Add(h.b.holdFor))
+					t.r.reserveLedger(ctx, t, &h, need-h.amount(), h.local > 0, t.r.s.clock.Now().Add(h.b.holdFor))
 				}
 				keep = append(keep, h)
 				continue
 			}
 		}
-		t.r.settleLedger(t, &h, res.id, 0)
+		t.r.settleLedger(t, &h, 0)
 	}
 	res.list = keep
 }
 
-// newHoldID returns a reservation id that no other request of the fleet
-// has: 64 random bits.
-func newHoldID() string {
-	return strconv.FormatUint(rand.Uint64(), 36)
+// newID returns the id of a new hold of the request: one that no other
+// hold of the fleet has (the request's 64 random bits, and the hold's
+// number), so that a hold given back (a candidate passed over) and made
+// again in the same ledger is a new one, which a ledger does not take for
+// the late reply of a settled one.
+func (res *reservations) newID() string {
+	if res.id == "" {
+		res.id = strconv.FormatUint(rand.Uint64(), 36)
+	}
+	res.n++
+	return res.id + "." + strconv.Itoa(res.n)
 }
 
 // find returns the hold of k's budget and key, in whatever window.
-func (res *reservations) find(k BudgetKey) *held {
+func (res *reservations) find(k store.BudgetKey) *held {
 	for i := range res.list {
 		if h := &res.list[i]; h.k.Budget == k.Budget && h.k.Key == k.Key {
 			return h
@@ -596,7 +449,7 @@ func (t *trip) settle(parts []costPart) (spends []SpendEvent, late *hookPanic) {
 				charges[i] += spent
 				continue
 			}
-			loose = append(loose, held{b: b, k: BudgetKey{Budget: b.Name, Key: key, Window: b.windowEnd(t.r.s.clock.Now())}})
+			loose = append(loose, held{b: b, k: store.BudgetKey{Budget: b.Name, Key: key, Window: b.windowEnd(t.r.s.clock.Now())}})
 			looseCh = append(looseCh, spent)
 		}
 	}
@@ -638,7 +491,7 @@ type costPart struct {
 // Hooks.OnSpend (called once every ledger is settled: a panicking hook
 // then leaves no hold behind).
 func (t *trip) settleCharge(spends []SpendEvent, h *held, spent int64) []SpendEvent {
-	t.r.settleLedger(t, h, t.res.id, spent)
+	t.r.settleLedger(t, h, spent)
 	if t.r.s.hooks.OnSpend != nil && spent > 0 {
 		spends = append(spends, SpendEvent{Context: t.ctx, Budget: h.b.Name, Key: h.k.Key, Amount: float64(spent) / 1e9, Currency: t.r.s.currency.Code})
 	}
@@ -727,7 +580,7 @@ func (v budgetView) share(b *budgetSettings) (float64, bool) {
 	}
 	most := 0.0
 	for _, key := range keys {
-		spent, reserved, err := v.r.usage(v.ctx, BudgetKey{Budget: b.Name, Key: key, Window: end})
+		spent, reserved, err := v.r.usage(v.ctx, b, store.BudgetKey{Budget: b.Name, Key: key, Window: end})
 		if err == nil {
 			most = max(most, float64(spent+reserved)/float64(b.limit))
 		}
@@ -735,25 +588,33 @@ func (v budgetView) share(b *budgetSettings) (float64, bool) {
 	return most, true
 }
 
-// usage reads k's spend and reservations from the router's ledger: a
-// shared one within StateTimeout, falling back to the in-process ledger
-// (whose share of the limit is the replica's) when it does not answer.
-func (r *Router) usage(ctx context.Context, k BudgetKey) (spent, reserved int64, err error) {
+// usage reads the spend and reservations of b's ledger k: a shared
+// ledger's within StateTimeout; when it does not answer, the fleet's as of
+// its last answer with this replica's since, Replicas times (see
+// budgetShares).
+func (r *Router) usage(ctx context.Context, b *budgetSettings, k store.BudgetKey) (spent, reserved int64, err error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	if r.fallbackLedger == nil {
-		return r.ledger.Usage(ctx, k)
+	now := r.s.clock.Now()
+	if !r.sharedLedger {
+		return r.ledger.Usage(ctx, k, now)
 	}
-	sctx, cancel := r.stateCtx(ctx)
-	spent, reserved, err = r.ledger.Usage(sctx, k)
-	cancel()
-	if err == nil {
+	if r.shared(ctx, nil, "usage", func(ctx context.Context) (err error) {
+		spent, reserved, err = r.ledger.Usage(ctx, k, now)
+		return err
+	}) {
+		r.budgets.sync(r.local, k, b.limit-spent-reserved, r.s.replicas, now)
 		return spent, reserved, nil
 	}
-	r.stateFailed(nil, "usage", err)
-	spent, reserved, err = r.fallbackLedger.Usage(ctx, k)
-	return spent * int64(r.s.replicas), reserved * int64(r.s.replicas), err
+	spent, reserved, err = r.local.Usage(ctx, k, now)
+	n := int64(r.s.replicas)
+	if limit, ok := r.budgets.limit(k); ok {
+		used := b.limit - n*(limit-spent-reserved) // the fleet's at its last answer, and this replica's since
+		reserved = min(n*reserved, max(used, 0))
+		return max(used-reserved, 0), reserved, err
+	}
+	return spent * n, reserved * n, err
 }
 
 // noBudgets is the view when no budget is configured.
@@ -774,11 +635,15 @@ type BudgetSpend struct {
 
 // Spend returns, for every budget and every ledger it has in the current
 // window, the spend and reservations, in configuration order and then by
-// key. With a shared Ledger the figures are the fleet's; each call to it
+// key. With a shared Ledger the figures are the fleet's (settlements it
+// did not take when they were made are made again first); each call to it
 // is bounded by Config.StateTimeout, and when it does not answer the
-// figures are this replica's in-process ledger's, times Replicas. It is
-// safe for concurrent use.
+// figures are the fleet's as of its last answer with this replica's since,
+// Replicas times. It is safe for concurrent use.
 func (r *Router) Spend() []BudgetSpend {
+	if r.sharedLedger {
+		r.settlePending(nil)
+	}
 	now := r.s.clock.Now()
 	var out []BudgetSpend
 	for i := range r.s.budgets {
@@ -787,7 +652,7 @@ func (r *Router) Spend() []BudgetSpend {
 		keys := r.keys(b.Name, end)
 		slices.Sort(keys)
 		for _, key := range keys {
-			spent, reserved, _ := r.usage(context.Background(), BudgetKey{Budget: b.Name, Key: key, Window: end})
+			spent, reserved, _ := r.usage(context.Background(), b, store.BudgetKey{Budget: b.Name, Key: key, Window: end})
 			out = append(out, BudgetSpend{Budget: b.Name, Key: key, Spent: float64(spent) / 1e9, Reserved: float64(reserved) / 1e9,
 				Limit: b.Limit, WindowEnd: end})
 		}
@@ -798,67 +663,84 @@ func (r *Router) Spend() []BudgetSpend {
 // keys lists the keys of budget's ledgers in the window ending at end, as
 // usage reads them.
 func (r *Router) keys(budget string, end time.Time) []string {
-	if r.fallbackLedger == nil {
-		keys, _ := r.ledger.Keys(context.Background(), budget, end)
+	var keys []string
+	if !r.sharedLedger {
+		keys, _ = r.ledger.Keys(context.Background(), budget, end)
 		return keys
 	}
-	ctx, cancel := r.stateCtx(context.Background())
-	keys, err := r.ledger.Keys(ctx, budget, end)
-	cancel()
-	if err != nil {
-		r.stateFailed(nil, "usage", err)
-		keys, _ = r.fallbackLedger.Keys(context.Background(), budget, end)
+	if !r.shared(context.Background(), nil, "usage", func(ctx context.Context) (err error) {
+		keys, err = r.ledger.Keys(ctx, budget, end)
+		return err
+	}) {
+		keys, _ = r.local.Keys(context.Background(), budget, end)
 	}
 	return keys
 }
 
 // reserveLedger changes h's reservation by delta (a negative delta lowers
-// it), in the router's ledger, as hold id until expires. A shared ledger
-// (one other than the in-process default) is called within StateTimeout;
-// when it does not answer, the in-process fallback ledger decides, with
-// the limit divided by Replicas. onlyLocal keeps the change in the
-// fallback ledger, where the reservation is. It reports whether the
-// reservation fits.
-func (r *Router) reserveLedger(ctx context.Context, t *trip, h *held, id string, delta int64, onlyLocal bool, expires time.Time) bool {
-	limit := h.b.limit
-	if r.fallbackLedger == nil {
-		ok, _ := r.ledger.Reserve(ctx, h.k, limit, Hold{ID: id, Amount: h.shared + delta, Expires: expires})
-		if ok {
+// it), as hold h.id until expires, and reports whether it fits. A shared
+// ledger is called within StateTimeout; when it does not answer, the local
+// share decides (onlyLocal keeps the change there, where the reservation
+// is): with the limit of this replica's share of what the fleet had left
+// at its last answer (budgetShares), and a refusal for a ledger it never
+// answered for: a budget never falls back to an empty ledger.
+func (r *Router) reserveLedger(ctx context.Context, t *trip, h *held, delta int64, onlyLocal bool, expires time.Time) bool {
+	now := r.s.clock.Now()
+	if !r.sharedLedger {
+		res, _ := r.ledger.Reserve(ctx, h.k, h.b.limit, store.Hold{ID: h.id, Amount: h.shared + delta, Expires: expires}, now)
+		if res.OK {
 			h.shared += delta
 		}
-		return ok
+		return res.OK
 	}
 	if !onlyLocal {
-		sctx, cancel := r.stateCtx(ctx)
-		ok, err := r.ledger.Reserve(sctx, h.k, limit, Hold{ID: id, Amount: h.shared + delta, Expires: expires})
-		cancel()
-		if err == nil {
-			if ok {
+		r.settlePending(t) // the spend of an outage goes to the fleet's ledger before a new reservation
+		var res store.Reservation
+		if r.shared(ctx, t, "reserve", func(ctx context.Context) (err error) {
+			res, err = r.ledger.Reserve(ctx, h.k, h.b.limit, store.Hold{ID: h.id, Amount: h.shared + delta, Expires: expires}, now)
+			return err
+		}) {
+			r.budgets.sync(r.local, h.k, res.Left, r.s.replicas, now)
+			if res.OK {
 				h.shared += delta
 			}
-			return ok
+			return res.OK
 		}
 		h.uncertain = true
-		r.stateFailed(t, "reserve", err)
 	}
-	ok, _ := r.fallbackLedger.Reserve(ctx, h.k, limit/int64(r.s.replicas), Hold{ID: id, Amount: h.local + delta, Expires: expires})
-	if ok {
+	limit, ok := r.budgets.limit(h.k)
+	if !ok {
+		limit, ok = r.budgets.fresh(h.b, h.k, r.s.replicas)
+	}
+	if !ok {
+		return delta <= 0 // nothing known of what the fleet has left: fail closed
+	}
+	res, _ := r.local.Reserve(ctx, h.k, limit, store.Hold{ID: h.id, Amount: h.local + delta, Expires: expires}, now)
+	if res.OK {
 		h.local += delta
 	}
-	return ok
+	return res.OK
 }
 
 // settleLedger ends h's reservation in each ledger that holds a part of
 // it (or may: a shared Reserve that did not answer), and charges spent to
-// the router's ledger when it holds a part, else to the fallback ledger.
-func (r *Router) settleLedger(t *trip, h *held, id string, spent int64) {
+// the shared ledger when it holds a part, else to the local share (whose
+// spend goes to the shared ledger once it answers again). A shared
+// settlement that fails is kept and made again after the next one that
+// succeeds (pendingSettles): no hold outlives its request's settlement
+// by more than the store's outage.
+func (r *Router) settleLedger(t *trip, h *held, spent int64) {
+	ctx, now := context.Background(), r.s.clock.Now()
 	toShared := h.shared > 0 || h.local == 0
 	if h.local > 0 {
 		toLocal := spent
 		if toShared {
 			toLocal = 0
 		}
-		r.fallbackLedger.Settle(context.Background(), h.k, id, toLocal)
+		r.local.Settle(ctx, h.k, h.id, toLocal, now)
+		if toLocal > 0 {
+			r.pending.add(pendingSettle{k: h.k, spent: toLocal})
+		}
 	}
 	if !toShared && !h.uncertain {
 		return
@@ -867,13 +749,13 @@ func (r *Router) settleLedger(t *trip, h *held, id string, spent int64) {
 	if toShared {
 		toMain = spent
 	}
-	if r.fallbackLedger == nil {
-		r.ledger.Settle(context.Background(), h.k, id, toMain)
+	if !r.sharedLedger {
+		r.ledger.Settle(ctx, h.k, h.id, toMain, now)
 		return
 	}
-	ctx, cancel := r.stateCtx(context.Background())
-	defer cancel()
-	if err := r.ledger.Settle(ctx, h.k, id, toMain); err != nil {
-		r.stateFailed(t, "settle", err)
+	if !r.shared(ctx, t, "settle", func(ctx context.Context) error { return r.ledger.Settle(ctx, h.k, h.id, toMain, now) }) {
+		r.pending.add(pendingSettle{k: h.k, id: h.id, spent: toMain})
+		return
 	}
+	r.settlePending(t)
 }

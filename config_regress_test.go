@@ -76,7 +76,7 @@ func lastProbe(t *testing.T, header http.Header, probePath string) relaytest.Rec
 	})
 	send(t, r, chatBody("gpt-4.1", "x"))
 	send(t, r, chatBody("gpt-4.1", "x"))
-	require.Equal(t, StateOpen, r.byName["a"].br.stateAt(clock.Now()))
+	require.Equal(t, StateOpen, stateOf(r, r.byName["a"], clock.Now()))
 	clock.Advance(time.Minute)
 	srv.SetDefault(relaytest.Fault{})
 	r.Probe(context.Background())

@@ -38,12 +38,7 @@ type Router struct {
 	byName  map[string]*upstream
 	counter *counter
 	hedges  hedgeBudget
-	ledger  Ledger
-	// fallbackLedger decides budgets while a shared ledger does not
-	// answer; nil when the ledger is the in-process one.
-	fallbackLedger Ledger
-
-	stateCount stateCounters
+	stores  // the store admissions are decided on (state.go)
 }
 
 var _ http.RoundTripper = (*Router)(nil)
@@ -56,10 +51,8 @@ func New(cfg Config) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Router{s: s, byName: make(map[string]*upstream, len(s.upstreams)), ledger: s.ledger}
-	if _, local := s.ledger.(*localLedger); !local {
-		r.fallbackLedger = NewLocalLedger()
-	}
+	r := &Router{s: s, byName: make(map[string]*upstream, len(s.upstreams))}
+	r.initStores()
 	r.counter = newCounter(s.memoEntries, s.imageTokens)
 	r.hedges.deposit = s.hedge.deposit
 	r.hedges.bal.Store(hedgeReserve) // the reserve is there from the start: it orders hedges, it does not delay the first

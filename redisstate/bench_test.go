@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tokenrelay/relay"
+	"github.com/tokenrelay/relay/store"
 )
 
 // The benchmarks report, per Admit: p50 and p99 latency in µs (from every
@@ -21,7 +22,7 @@ import (
 
 // admitLimits always admit: the longest path of the script (both buckets
 // read and written).
-var admitLimits = relay.Limits{Name: "bench", RPM: 1_000_000_000, TPM: 1_000_000_000}
+var admitLimits = store.Limits{Name: "bench", RPM: 1_000_000_000, TPM: 1_000_000_000}
 
 // BenchmarkAdmit: one caller, loopback redis-server (RELAY_TEST_REDIS).
 func BenchmarkAdmit(b *testing.B) {
@@ -36,7 +37,7 @@ func BenchmarkAdmit(b *testing.B) {
 	b.ResetTimer()
 	for b.Loop() {
 		start := time.Now()
-		v, err := s.Admit(ctx, admitLimits, 500, false, start)
+		v, err := s.Admit(ctx, admitLimits, store.Ask{Tokens: 500}, start)
 		lat = append(lat, time.Since(start))
 		if err != nil || !v.Taken {
 			b.Fatal(v, err)
@@ -64,7 +65,7 @@ func BenchmarkAdmitParallel(b *testing.B) {
 		var mine []time.Duration
 		for pb.Next() {
 			start := time.Now()
-			v, err := s.Admit(ctx, admitLimits, 500, false, start)
+			v, err := s.Admit(ctx, admitLimits, store.Ask{Tokens: 500}, start)
 			mine = append(mine, time.Since(start))
 			if err != nil || !v.Taken {
 				b.Error(v, err)
@@ -79,17 +80,18 @@ func BenchmarkAdmitParallel(b *testing.B) {
 	report(b, lat, be.calls.n.Load()-sent, sub(evalshaCalls(b, be), evals))
 }
 
-// BenchmarkAdmitLocal is the in-process equivalent: the router's
-// x/time/rate buckets, delay then take, as limit.go does.
+// BenchmarkAdmitLocal is the in-process equivalent: store.Local, the
+// router's default store.
 func BenchmarkAdmitLocal(b *testing.B) {
-	l := newLocal(admitLimits.RPM, admitLimits.TPM)
+	l := store.NewLocal()
+	ctx := context.Background()
 	lat := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
 	for b.Loop() {
 		start := time.Now()
-		ok, _ := l.admit(start, 500)
+		v, _ := l.Admit(ctx, admitLimits, store.Ask{Tokens: 500}, start)
 		lat = append(lat, time.Since(start))
-		if !ok {
+		if !v.Taken {
 			b.Fatal("refused")
 		}
 	}
@@ -152,7 +154,7 @@ func BenchmarkRouterShared(b *testing.B) {
 	for _, shared := range []bool{false, true} {
 		b.Run(map[bool]string{false: "in-process", true: "redis"}[shared], func(b *testing.B) {
 			be := newReal(b)
-			var st relay.State
+			var st store.State
 			if shared {
 				s := be.state(b)
 				noErr(b, s.Load(context.Background()))

@@ -30,7 +30,7 @@ var _ State = (*Local)(nil)
 type Option func(*Local)
 
 // WithFailureRun sets how long a run of consecutive failures is
-// remembered after its last failure (default one minute): failures
+// remembered after its last failure (default DefaultFailureRun): failures
 // further apart never add up to an open circuit.
 func WithFailureRun(d time.Duration) Option {
 	return func(l *Local) {
@@ -51,8 +51,10 @@ func NewLocal(opts ...Option) *Local {
 }
 
 // DefaultFailureRun is how long a failure run is remembered after its last
-// failure, unless the store is told otherwise.
-const DefaultFailureRun = time.Minute
+// failure, unless the store is told otherwise: a day, so that the
+// failures of an upstream that fails every request open its circuit
+// however seldom it is called.
+const DefaultFailureRun = 24 * time.Hour
 
 // OpenKeep is how long a circuit stays half-open, waiting for a probe,
 // after its open period ends: then it is forgotten (closed), as a shared
@@ -222,7 +224,7 @@ func (l *Local) Outcome(_ context.Context, upstream string, p CircuitPolicy, o O
 		}
 	case Failure:
 		switch {
-		case half:
+		case half && o.Probe != "" && claimOf(o.Probe) == u.period:
 			cool := max(u.cool, int64(p.Cooldown))
 			if int64(p.MaxCooldown) > cool {
 				cool = min(2*cool, int64(p.MaxCooldown))

@@ -67,12 +67,13 @@ type State interface {
 	// circuit. A Success ends the failure run; with o.Probe, the token of
 	// a claim made in the current open period, it closes the circuit. A
 	// Failure while the circuit is closed adds to the run, which opens it
-	// for p.Cooldown (or o.Hint, if longer) once it passes p.Failures; a
-	// Failure once the open period has passed (half-open: the probe's, or
-	// another attempt's) opens it again for twice the last period, at
-	// most p.MaxCooldown (or o.Hint, if longer); a Failure while it is
-	// open counts nothing. A Neutral outcome of the probe ends its claim's
-	// lock, so that another attempt may probe at once.
+	// for p.Cooldown (or o.Hint, if longer) once it passes p.Failures; the
+	// Failure of the probe (o.Probe a claim of the current open period)
+	// opens it again for twice the last period, at most p.MaxCooldown (or
+	// o.Hint, if longer); any other Failure while it is open or half-open
+	// counts nothing (an attempt admitted before it opened, or forced
+	// past it). A Neutral outcome of the probe ends its claim's lock, so
+	// that another attempt may probe at once.
 	Outcome(ctx context.Context, upstream string, p CircuitPolicy, o Outcome, now time.Time) (Change, error)
 	// Open opens upstream's circuit until until, or leaves it open until a
 	// later end already set. A new open period ends the failure run and

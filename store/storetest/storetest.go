@@ -383,6 +383,9 @@ func testCircuitCycle(t *testing.T, s store.State) {
 	if v := admit(t, s, u, store.Ask{Force: true}, half); !v.Taken || v.Probe != "" {
 		t.Fatalf("forced while probing: %+v, want taken, no claim", v)
 	}
+	if c := outcome(t, s, "a", policy, fail, half); c != (store.Change{}) {
+		t.Fatalf("a failure that was not the probe's, half-open: %+v, want no change", c)
+	}
 	// The probe fails: open again for twice the period.
 	c = outcome(t, s, "a", policy, store.Outcome{Result: store.Failure, Probe: first.Probe}, half)
 	reopened := half.Add(2 * policy.Cooldown)
