@@ -231,7 +231,7 @@ func (r *Router) rate(ctx context.Context, a admission, c *candidate, now time.T
 // estimate and c's view of the circuit.
 func (r *Router) take(ctx context.Context, a admission, c *candidate, now time.Time) (wait time.Duration, open bool) {
 	lim := &c.up.lim
-	v, took := r.admitIn(ctx, a.trip, &lim.fleet, &lim.share, store.Ask{Tokens: a.tokens, Force: c.forced, Probe: r.probeFor()}, now)
+	v, took := r.admitIn(ctx, a.trip, &lim.fleet, &lim.share, &lim.owed, store.Ask{Tokens: a.tokens, Force: c.forced, Probe: r.probeFor()}, now)
 	lim.turns.record(v, lim.limitsOf(took), now)
 	r.saw(a.trip, c, v, now)
 	switch {

@@ -252,7 +252,7 @@ func (r *Router) Probe(ctx context.Context) []string {
 		}
 		c := candidate{up: u}
 		bare := store.Limits{Name: u.cfg.Name} // the probe takes no rate tokens
-		v, took := r.admitIn(ctx, nil, &bare, &bare, store.Ask{Probe: r.probeTTL()}, now)
+		v, took := r.admitIn(ctx, nil, &bare, &bare, nil, store.Ask{Probe: r.probeTTL()}, now)
 		c.took = took
 		switch {
 		case v.Open:

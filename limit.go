@@ -21,6 +21,7 @@ type limiter struct {
 	share store.Limits // this replica's share (Replicas), for the local share
 	slots *slots       // nil: no in-flight cap
 	turns turns        // the requests waiting for the limits
+	owed  owed         // what the local share admitted, not yet told to the shared store
 }
 
 func (l *limiter) init(name string, rpm, tpm, replicas, maxInFlight int) {

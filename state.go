@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -113,22 +114,92 @@ const (
 
 // admitIn asks the store for an admission on the fleet's limits (share:
 // this replica's, for the local share), and says where the tokens were
-// taken, if they were.
-func (r *Router) admitIn(ctx context.Context, t *trip, fleet, share *store.Limits, a store.Ask, now time.Time) (store.Verdict, uint8) {
+// taken, if they were. What the local share admitted while the shared
+// store did not answer (owed; nil for an admission that takes no tokens)
+// goes with the next call that reaches it.
+func (r *Router) admitIn(ctx context.Context, t *trip, fleet, share *store.Limits, o *owed, a store.Ask, now time.Time) (store.Verdict, uint8) {
 	if !r.sharedSt {
 		v, _ := r.st.Admit(ctx, *fleet, a, now)
 		return v, tookStore
 	}
 	var v store.Verdict
+	if o != nil {
+		a.Owed = o.load(fleet, now)
+	}
 	if r.shared(ctx, t, "admit", func(ctx context.Context) (err error) {
 		v, err = r.st.Admit(ctx, *fleet, a, now)
 		return err
 	}) {
+		if o != nil {
+			o.paid(fleet, a.Owed)
+		}
 		r.local.Mirror(*share, v, a.Force, now)
 		return v, tookStore
 	}
+	a.Owed = store.Owed{}
 	v, _ = r.local.Admit(ctx, *share, a, now)
+	if v.Taken && o != nil {
+		o.add(fleet, 1, a.Tokens, now)
+	}
 	return v, tookShare
+}
+
+// owed is what this replica's local share admitted on an upstream's
+// limits while the shared store did not answer, not yet told to it: as
+// the backlog those admissions would have made in the fleet's buckets
+// (GCRA's arrival times, at the fleet's rates), so that what the refill
+// has made up for since is not owed any more.
+type owed struct {
+	requests, tokens atomic.Int64 // Unix ns
+}
+
+// load returns what is owed at now.
+func (o *owed) load(fleet *store.Limits, now time.Time) store.Owed {
+	return store.Owed{Requests: owedAt(&o.requests, fleet.RPM, now), Tokens: owedAt(&o.tokens, fleet.TPM, now)}
+}
+
+func owedAt(tat *atomic.Int64, limit int, now time.Time) int {
+	if limit <= 0 {
+		return 0
+	}
+	left := tat.Load() - now.UnixNano()
+	if left <= 0 {
+		return 0
+	}
+	return int(math.Ceil(float64(left) * float64(limit) / float64(time.Minute)))
+}
+
+// add records an admission of the local share: a request of tokens.
+func (o *owed) add(fleet *store.Limits, requests, tokens int, now time.Time) {
+	owe(&o.requests, fleet.RPM, requests, now.UnixNano())
+	owe(&o.tokens, fleet.TPM, min(max(tokens, 1), max(fleet.TPM, 1)), now.UnixNano())
+}
+
+// paid takes what the store was told off (p), never below nothing; a
+// negative p adds to it.
+func (o *owed) paid(fleet *store.Limits, p store.Owed) {
+	owe(&o.requests, fleet.RPM, -p.Requests, 0)
+	owe(&o.tokens, fleet.TPM, -p.Tokens, 0)
+}
+
+// owe moves a backlog's arrival time by n tokens of a bucket of limit a
+// minute, from now at the earliest (n > 0) or down to now at the latest
+// (n < 0).
+func owe(tat *atomic.Int64, limit, n int, now int64) {
+	if limit <= 0 || n == 0 {
+		return
+	}
+	d := int64(float64(n) * float64(time.Minute) / float64(limit))
+	for {
+		old := tat.Load()
+		v := max(old, now) + d
+		if n < 0 {
+			v = max(old+d, now)
+		}
+		if tat.CompareAndSwap(old, v) {
+			return
+		}
+	}
 }
 
 // refundIn gives requests and tokens back where they were taken (took).
@@ -139,6 +210,7 @@ func (r *Router) refundIn(ctx context.Context, t *trip, u *upstream, took uint8,
 	switch {
 	case took == tookShare:
 		r.local.Refund(ctx, u.lim.share, requests, tokens, now)
+		u.lim.owed.paid(&u.lim.fleet, store.Owed{Requests: requests, Tokens: tokens}) // given back before the store was told
 	case !r.sharedSt:
 		r.st.Refund(ctx, u.lim.fleet, requests, tokens, now)
 	default:

@@ -166,8 +166,14 @@ func (b *fleetBase) perMinute(upstream string) []int {
 
 // send makes one chat request through r, reads and closes the answer.
 func send(r *relay.Router, prompt string) (int, error) {
-	body := `{"model":"m","max_tokens":92,"messages":[{"role":"user","content":"` + prompt + `"}]}`
-	req, _ := http.NewRequest(http.MethodPost, "http://relay.test/v1/chat/completions", strings.NewReader(body))
+	return sendWith(context.Background(), r, prompt, 92)
+}
+
+// sendWith sends one chat request of model m asking for maxTokens, reads
+// and closes the answer.
+func sendWith(ctx context.Context, r http.RoundTripper, prompt string, maxTokens int) (int, error) {
+	body := fmt.Sprintf(`{"model":"m","max_tokens":%d,"messages":[{"role":"user","content":%q}]}`, maxTokens, prompt)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://relay.test/v1/chat/completions", strings.NewReader(body))
 	resp, err := r.RoundTrip(req)
 	if err != nil {
 		return 0, err

@@ -124,7 +124,7 @@ func TestReserveTimeoutLeavesNoHold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	warm(t, r) // a connection in the pool, and the budget known
+	warm(t, r)                                  // a connection in the pool, and the budget known
 	p.delay.Store(int64(60 * time.Millisecond)) // Redis answers late
 	for i := range 3 {
 		if _, err := send(r, fmt.Sprintf("slow %d", i)); err != nil {

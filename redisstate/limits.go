@@ -28,7 +28,7 @@ func (s *State) Admit(ctx context.Context, u store.Limits, a store.Ask, now time
 		force = 1
 	}
 	r, err := s.eval(ctx, &k.ff, admitScript, k.state, s.upArgs(now, force, a.Probe.Microseconds(),
-		strconv.FormatUint(rand.Uint64(), 36), rpm, tpmLimit, charge)...).Slice()
+		strconv.FormatUint(rand.Uint64(), 36), rpm, tpmLimit, charge, max(a.Owed.Requests, 0), max(a.Owed.Tokens, 0))...).Slice()
 	if err != nil {
 		return store.Verdict{}, wrap("admit "+u.Name, err)
 	}

@@ -20,6 +20,9 @@ func TestMain(m *testing.M) {
 	// The outage tests kill servers on purpose: go-redis would log every
 	// refused dial.
 	redis.SetLogger(quiet{})
+	if cfg := os.Getenv(replicaEnv); cfg != "" {
+		os.Exit(runReplica(cfg)) // a replica of the fleet harness
+	}
 	goleak.VerifyTestMain(m)
 }
 

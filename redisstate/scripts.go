@@ -107,12 +107,26 @@ end
 //
 // KEYS: the upstream's hash. ARGV: now, keep (ms), open keep, failure run,
 // force (0 or 1), probe claim (µs; 0: none), claim's random part, rpm
-// limit, tpm limit, tpm charge. Returns {0, failing, requests backlog,
+// limit, tpm limit, tpm charge, requests owed, tokens owed. Returns {0, failing, requests backlog,
 // tokens backlog, claim token or ""} when taken, {1, until} when the
 // circuit keeps the attempt out, {2, wait, hold's end or 0, requests
 // backlog, tokens backlog} when the hold or the limits do.
 var admitScript = newScript(luaUpstream + `
 local f = redis.call('HMGET', KEYS[1], 'r', 'k', 'h', 'o', 'p', 'l', 'n', 't')
+local rpm, tpm, n = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local owed = false
+if rpm > 0 and tonumber(ARGV[11]) > 0 then
+  f[1] = num(gcra(f[1], rpm, tonumber(ARGV[11])))
+  owed = true
+end
+if tpm > 0 and tonumber(ARGV[12]) > 0 then
+  f[2] = num(gcra(f[2], tpm, tonumber(ARGV[12])))
+  owed = true
+end
+if owed then
+  redis.call('HSET', KEYS[1], 'r', f[1] or num(now), 'k', f[2] or num(now))
+  keep()
+end
 local open = circuit(f[4])
 local claim = false
 if open and ARGV[5] == '0' then
@@ -125,7 +139,6 @@ end
 local wait = 0
 local hold = tonumber(f[3])
 if hold and hold > now then wait = hold - now else hold = 0 end
-local rpm, tpm, n = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local rtat, ttat, w = f[1], f[2]
 if rpm > 0 then
   rtat, w = gcra(f[1], rpm, 1)

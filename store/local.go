@@ -128,6 +128,7 @@ func (l *Local) Admit(_ context.Context, lim Limits, a Ask, now time.Time) (Verd
 	u := l.get(lim.Name)
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	u.owe(lim, a.Owed, t)
 	claim := false
 	if open, half := u.isOpen(t, l.openKeep); open && !a.Force {
 		switch {
@@ -167,6 +168,17 @@ func (l *Local) Admit(_ context.Context, lim Limits, a Ask, now time.Time) (Verd
 		u.lock, u.holder = t+int64(a.Probe), v.Probe
 	}
 	return v, nil
+}
+
+// owe takes what a caller admitted without the store from u's buckets,
+// whatever is there.
+func (u *upstream) owe(lim Limits, o Owed, now int64) {
+	if lim.RPM > 0 && o.Requests > 0 {
+		u.rpm = max(u.rpm, now) + increment(lim.RPM, o.Requests)
+	}
+	if lim.TPM > 0 && o.Tokens > 0 {
+		u.tpm = max(u.tpm, now) + increment(lim.TPM, o.Tokens)
+	}
 }
 
 // failing reports whether a failure run is in progress.

@@ -51,10 +51,11 @@ type State interface {
 	//     claims it).
 	//  2. The hold: while one is set, nothing is taken; Wait says how
 	//     long and Until when it ends. Force does not pass a hold.
-	//  3. The limits: one request from RPM and a.Tokens (clamped to
-	//     [1, TPM]) from TPM, both or neither. When they are short,
-	//     nothing is taken and Wait says how long until they would be
-	//     there.
+	//  3. The limits: a.Owed is taken whatever is there (before the
+	//     circuit keeps the attempt out, too); then one request from RPM
+	//     and a.Tokens (clamped to [1, TPM]) from TPM, both or neither.
+	//     When they are short, nothing more is taken and Wait says how
+	//     long until they would be there.
 	Admit(ctx context.Context, u Limits, a Ask, now time.Time) (Verdict, error)
 	// Refund gives back requests and tokens taken from u's limits (a call
 	// that never went out, the part of a TPM charge a request did not
@@ -102,6 +103,17 @@ type Ask struct {
 	// Probe, when positive, claims a half-open circuit's probe for that
 	// long; 0 never claims (the circuit then waits for an active probe).
 	Probe time.Duration
+	// Owed are requests and tokens the caller admitted on its own while
+	// the store did not answer (its local share): they are taken from the
+	// limits first, whether or not they are there (a bucket may then owe
+	// more than its minute, and the next requests wait it out), so that
+	// the fleet's bound holds across an outage.
+	Owed Owed
+}
+
+// Owed is what a replica admitted without the store.
+type Owed struct {
+	Requests, Tokens int
 }
 
 // Verdict is the answer of Admit.

@@ -40,6 +40,7 @@ func Run(t *testing.T, open func(t *testing.T) store.State) {
 		{"Backlogs", testBacklogs},
 		{"Refund", testRefund},
 		{"Hold", testHold},
+		{"Owed", testOwed},
 		{"LikeLocal", testLikeLocal},
 		{"ConcurrentAdmits", testConcurrentAdmits},
 		{"CircuitCycle", testCircuitCycle},
@@ -257,6 +258,28 @@ func testHold(t *testing.T, s store.State) {
 	}
 	if v := admit(t, s, store.Limits{Name: "b", RPM: 1}, store.Ask{}, T0); !v.Taken {
 		t.Fatalf("upstream b: %+v", v)
+	}
+}
+
+// testOwed: what a replica admitted without the store is taken from the
+// limits first, whatever is there, past a minute's quota too, and while
+// the circuit keeps the attempt out.
+func testOwed(t *testing.T, s store.State) {
+	u := store.Limits{Name: "a", RPM: 60, TPM: 6000}
+	v := admit(t, s, u, store.Ask{Tokens: 100, Owed: store.Owed{Requests: 50, Tokens: 3000}}, T0)
+	if !v.Taken || !near(v.Requests, 51*time.Second) || !near(v.Tokens, 31*time.Second) {
+		t.Fatalf("%+v, want taken with backlogs of 51s and 31s", v)
+	}
+	v = admit(t, s, u, store.Ask{Owed: store.Owed{Requests: 20}}, T0)
+	if v.Taken || !near(v.Wait, 12*time.Second) || !near(v.Requests, 71*time.Second) {
+		t.Fatalf("owed past the minute: %+v, want a 12s wait, a backlog of 71s", v)
+	}
+	noErr(t, s.Open(ctxOf(t), "a", at(time.Minute), T0))
+	if v := admit(t, s, u, store.Ask{Owed: store.Owed{Requests: 5}}, T0); !v.Open {
+		t.Fatalf("%+v, want open", v)
+	}
+	if v := admit(t, s, u, store.Ask{Force: true}, T0); v.Taken || !near(v.Wait, 17*time.Second) {
+		t.Fatalf("%+v, want the 5 owed while open taken too: a 17s wait", v)
 	}
 }
 
