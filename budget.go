@@ -23,7 +23,7 @@ var ErrBudgetExceeded = errors.New("relay: budget exceeded")
 //
 // Reserve, then settle: before any upstream call, each covering budget
 // reserves the request's worst-case cost (its prompt tokens at the input
-// price plus its max_tokens, or Limits.DefaultMaxTokens, at the output
+// price plus its max_tokens, or Config.Limits.DefaultMaxTokens, at the output
 // price, for the model and upstream chosen, after the upstream's price
 // factor); a request whose reservation does not fit in what is left does not
 // go out. When the request's report is made, the reservation is replaced by

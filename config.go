@@ -99,7 +99,7 @@ type Config struct {
 
 	// Limits configures backpressure waits; per-upstream rates are in
 	// Upstream.
-	Limits LimitConfig
+	Limits Limits
 
 	// Budgets cap spend (see Budget); none by default.
 	Budgets []Budget
@@ -339,7 +339,7 @@ type BreakerConfig struct {
 	OnChange func(BreakerEvent)
 }
 
-// LimitConfig configures backpressure. Per-upstream rates and caps are in
+// Limits configures backpressure. Per-upstream rates and caps are in
 // Upstream (RPM, TPM, MaxInFlight).
 //
 // Each upstream's RPM and TPM are buckets that refill continuously and hold
@@ -361,7 +361,7 @@ type BreakerConfig struct {
 // -tokens (Go durations such as "6m0s", "120ms"; at most an hour); a 429
 // holds it for its Retry-After (1 s when it gives none, a minute at most). A
 // hold affects that upstream only, never the whole model.
-type LimitConfig struct {
+type Limits struct {
 	// MaxWait bounds the wait for an upstream's rate-limit tokens or
 	// in-flight slot. If 0, 2 s; negative: off (never wait).
 	MaxWait time.Duration
@@ -370,6 +370,11 @@ type LimitConfig struct {
 	// charge is the prompt alone).
 	DefaultMaxTokens int
 }
+
+// LimitConfig is Limits' other name.
+//
+// Deprecated: use Limits.
+type LimitConfig = Limits
 
 // StreamConfig configures the handling of server-sent-event answers
 // (2xx responses with Content-Type text/event-stream).

@@ -13,7 +13,7 @@ import (
 
 // limiter is what the router keeps of one upstream's limits: their
 // values, for the store (Upstream.RPM and TPM, and this replica's share of
-// them), its in-flight cap (LimitConfig), and the queues of this
+// them), its in-flight cap (Limits), and the queues of this
 // process's requests that wait for them (queue.go). The limits
 // themselves are kept by the store.
 type limiter struct {

@@ -110,7 +110,7 @@ func gatedRouter(t *testing.T, rpm int) (*Router, *gatedBase, *fakeClock) {
 	clock := newFakeClock()
 	base := &gatedBase{clock: clock, gate: make(chan struct{})}
 	r, _ := newTestRouter(t, Config{Clock: clock, Base: base,
-		Limits:    LimitConfig{MaxWait: 10 * time.Minute},
+		Limits:    Limits{MaxWait: 10 * time.Minute},
 		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: rpm, MaxInFlight: 1}}})
 	return r, base, clock
 }
@@ -180,7 +180,7 @@ func TestRegressCancelBeforeSendRefundsFleet(t *testing.T) {
 		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}, nil
 	})
 	r, err := New(Config{Base: base, Clock: clock, State: st, StateTimeout: time.Second, Strategy: StrategyPriority,
-		Limits:    LimitConfig{MaxWait: 5 * time.Minute},
+		Limits:    Limits{MaxWait: 5 * time.Minute},
 		Hooks:     Hooks{OnWait: func(WaitEvent) { cancel() }}, // the caller gives up just as the wait ends
 		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 2}}})
 	require.NoError(t, err)
@@ -256,7 +256,7 @@ func TestSlotWaiterMovesOnWhenFleetOpens(t *testing.T) {
 		}
 		return base.RoundTrip(req)
 	}), Clock: clock, State: st, StateTimeout: time.Second, Strategy: StrategyPriority,
-		Limits: LimitConfig{MaxWait: time.Minute},
+		Limits: Limits{MaxWait: time.Minute},
 		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", MaxInFlight: 1},
 			{Name: "b", BaseURL: "http://b.test/v1", MaxInFlight: 1}}})
 	require.NoError(t, err)
@@ -318,7 +318,7 @@ func (b *maxTokensUsage) calls() []int {
 func TestSlotNotHeldWhileWaitingForTokens(t *testing.T) {
 	clock := newFakeClock()
 	base := &maxTokensUsage{gate: make(chan struct{})}
-	r, _ := newTestRouter(t, Config{Base: base, Clock: clock, Limits: LimitConfig{MaxWait: time.Minute},
+	r, _ := newTestRouter(t, Config{Base: base, Clock: clock, Limits: Limits{MaxWait: time.Minute},
 		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", TPM: 6000, MaxInFlight: 1}}})
 	u := r.ups[0]
 	send := func(maxTokens int, prio string) <-chan error {

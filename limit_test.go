@@ -23,7 +23,7 @@ func TestLimiterRPMWaitsThenMovesOn(t *testing.T) {
 	r, reps := newTestRouter(t, Config{
 		Clock:     clock,
 		Upstreams: []Upstream{{Name: "a", BaseURL: srvs[0].URL, RPM: 2}, {Name: "b", BaseURL: srvs[1].URL, RPM: 1}},
-		Limits:    LimitConfig{MaxWait: time.Minute},
+		Limits:    Limits{MaxWait: time.Minute},
 	})
 	var ups []string
 	for range 4 {
@@ -62,7 +62,7 @@ func TestLimiterTPMCharge(t *testing.T) {
 	r, _ := newTestRouter(t, Config{
 		Clock:     clock,
 		Upstreams: []Upstream{{Name: "a", BaseURL: srv.URL, TPM: 6000}},
-		Limits:    LimitConfig{MaxWait: time.Minute},
+		Limits:    Limits{MaxWait: time.Minute},
 	})
 	body := `{"model":"gpt-4.1","max_tokens":2990,"messages":[{"role":"user","content":"x"}]}` // ~3000 tokens
 	for range 2 {
@@ -86,7 +86,7 @@ func TestLimiterCancelDuringWaitGivesTokensBack(t *testing.T) {
 	r, reps := newTestRouter(t, Config{
 		Clock:     clock,
 		Upstreams: []Upstream{{Name: "a", BaseURL: srvs[0].URL, RPM: 1}},
-		Limits:    LimitConfig{MaxWait: 2 * time.Minute},
+		Limits:    Limits{MaxWait: 2 * time.Minute},
 	})
 	_, _, err := send(t, r, chatBody("gpt-4.1", "x"))
 	require.NoError(t, err)
@@ -115,7 +115,7 @@ func TestLimiterMaxInFlight(t *testing.T) {
 	})
 	r, reps := newTestRouter(t, Config{
 		Upstreams: []Upstream{{Name: "a", BaseURL: srv, MaxInFlight: 2}},
-		Limits:    LimitConfig{MaxWait: time.Minute},
+		Limits:    Limits{MaxWait: time.Minute},
 	})
 	var wg sync.WaitGroup
 	for range 6 {
@@ -266,7 +266,7 @@ func TestLimiterTPMSettles(t *testing.T) {
 	srv := relaytest.NewServer() // answers 8 completion tokens
 	t.Cleanup(srv.Close)
 	clock := newAutoClock()
-	r, _ := newTestRouter(t, Config{Clock: clock, Upstreams: []Upstream{{Name: "a", BaseURL: srv.URL, TPM: 6000}}, Limits: LimitConfig{MaxWait: time.Minute}})
+	r, _ := newTestRouter(t, Config{Clock: clock, Upstreams: []Upstream{{Name: "a", BaseURL: srv.URL, TPM: 6000}}, Limits: Limits{MaxWait: time.Minute}})
 	body := `{"model":"gpt-4.1","max_tokens":2990,"messages":[{"role":"user","content":"x"}]}`
 	for range 10 {
 		_, _, err := send(t, r, body)
@@ -296,7 +296,7 @@ func TestWaitGoesWhereTheQueueIsShorter(t *testing.T) {
 		mu.Unlock()
 		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}, nil
 	})
-	r, _ := newTestRouter(t, Config{Clock: clock, Base: base, Strategy: StrategyPriority, Limits: LimitConfig{MaxWait: time.Minute},
+	r, _ := newTestRouter(t, Config{Clock: clock, Base: base, Strategy: StrategyPriority, Limits: Limits{MaxWait: time.Minute},
 		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 60}, {Name: "b", BaseURL: "http://b.test/v1", RPM: 60}}})
 	a, b := &r.ups[0].lim, &r.ups[1].lim
 	spend(t, r, r.ups[0], 60, clock.Now())                  // a's minute is spent: a token a second from now

@@ -69,7 +69,7 @@ func TestFleetOpenedRescanKeepsMaxWait(t *testing.T) {
 		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}, nil
 	})
 	r, _ := newTestRouter(t, Config{Base: base, Clock: clock, State: st, StateTimeout: time.Second,
-		Limits: LimitConfig{MaxWait: 30 * time.Second},
+		Limits: Limits{MaxWait: 30 * time.Second},
 		Upstreams: []Upstream{
 			{Name: "a", BaseURL: "http://a.test/v1", RPM: 2}, // a token every 30 s
 			{Name: "b", BaseURL: "http://b.test/v1", RPM: 1}, // a token every 60 s
@@ -110,7 +110,7 @@ func maxTokensBody(model string, maxTokens int) string {
 func TestSettledTPMWakesRateQueue(t *testing.T) {
 	clock := newFakeClock()
 	r, _ := newTestRouter(t, Config{Base: usageJSON(1, 1), Clock: clock,
-		Limits:    LimitConfig{MaxWait: time.Minute},
+		Limits:    Limits{MaxWait: time.Minute},
 		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", TPM: 6000}}})
 	u := r.ups[0]
 	req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(maxTokensBody("gpt-4.1", 5000)))

@@ -117,7 +117,7 @@ func newFleet(t *testing.T, n int, st store.State, clock Clock, up Upstream) *fl
 	})
 	for range n {
 		cfg := Config{Base: base, Clock: clock, Upstreams: []Upstream{up}, Replicas: n, OnReport: f.reps.add,
-			Retry: RetryConfig{MaxAttempts: 1}, Limits: LimitConfig{MaxWait: -1}, StateTimeout: time.Second}
+			Retry: RetryConfig{MaxAttempts: 1}, Limits: Limits{MaxWait: -1}, StateTimeout: time.Second}
 		if st != nil {
 			cfg.State = st
 		}
@@ -412,7 +412,7 @@ func hostsRouter(t *testing.T, st store.State, rpm int) (*Router, func() map[str
 	})
 	r, err := New(Config{Base: base, Clock: newAutoClock(), State: st, StateTimeout: time.Second, Strategy: StrategyPriority,
 		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: rpm}, {Name: "b", BaseURL: "http://b.test/v1", RPM: rpm}},
-		Limits:    LimitConfig{MaxWait: time.Second}})
+		Limits:    Limits{MaxWait: time.Second}})
 	require.NoError(t, err)
 	return r, func() map[string]int { mu.Lock(); defer mu.Unlock(); return maps.Clone(calls) }
 }
@@ -495,7 +495,7 @@ func (s *countingState) Admit(ctx context.Context, u store.Limits, a store.Ask, 
 func TestOpenCircuitEndsWaitsWithoutStorm(t *testing.T) {
 	clock := newFakeClock()
 	st := &countingState{memState: newMemState()}
-	r, err := New(Config{Clock: clock, State: st, StateTimeout: time.Second, Limits: LimitConfig{MaxWait: time.Minute},
+	r, err := New(Config{Clock: clock, State: st, StateTimeout: time.Second, Limits: Limits{MaxWait: time.Minute},
 		Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
 			return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}, nil
 		}),
@@ -547,7 +547,7 @@ func TestOpenCircuitEndsWaitsWithoutStorm(t *testing.T) {
 func TestRefusedAtOnceWhenItsTurnIsTooLate(t *testing.T) {
 	for _, shared := range []bool{true, false} {
 		clock := newFakeClock()
-		cfg := Config{Clock: clock, Limits: LimitConfig{MaxWait: 10 * time.Second},
+		cfg := Config{Clock: clock, Limits: Limits{MaxWait: 10 * time.Second},
 			Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
 				return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}, nil
 			}),

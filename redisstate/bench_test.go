@@ -232,7 +232,7 @@ func BenchmarkRefusal(b *testing.B) {
 				st = s
 			}
 			r, err := relay.New(relay.Config{Base: newFleetBase(newFleetClock()), State: st, Replicas: 4,
-				Limits:    relay.LimitConfig{MaxWait: 1500 * time.Millisecond},
+				Limits:    relay.Limits{MaxWait: 1500 * time.Millisecond},
 				Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 60}}})
 			if err != nil {
 				b.Fatal(err)

@@ -290,7 +290,7 @@ func TestFleetRPM(t *testing.T) {
 		}
 		rs := replicas(t, st, relay.Config{Base: base, Clock: clock,
 			Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 120}},
-			Limits:    relay.LimitConfig{MaxWait: -1}, Retry: relay.RetryConfig{MaxAttempts: 1}})
+			Limits:    relay.Limits{MaxWait: -1}, Retry: relay.RetryConfig{MaxAttempts: 1}})
 		refused, first := load(rs, clock, 2400, 3*time.Minute)
 		got := base.count("a")
 		t.Logf("upstream got %d (per minute of arrival %v), %d refused, the first: %v", got, base.perMinute("a"), refused, first)
@@ -369,7 +369,7 @@ func TestFleetTPM(t *testing.T) {
 		base := newFleetBase(clock)
 		rs := replicas(t, st, relay.Config{Base: base, Clock: clock,
 			Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1", TPM: 12000}},
-			Limits:    relay.LimitConfig{MaxWait: -1}, Retry: relay.RetryConfig{MaxAttempts: 1}})
+			Limits:    relay.Limits{MaxWait: -1}, Retry: relay.RetryConfig{MaxAttempts: 1}})
 		load(rs, clock, 4800, 3*time.Minute)
 		used := base.count("a") * (base.prompt + base.completion)
 		t.Logf("upstream used %d tokens (%d requests)", used, base.count("a"))
@@ -524,7 +524,7 @@ func TestFleetRedisDown(t *testing.T) {
 		clocks[i] = newFleetClock()
 		r, err := relay.New(relay.Config{Base: base, Clock: clocks[i], State: st, Replicas: 4, StateTimeout: time.Second,
 			Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 120}},
-			Limits:    relay.LimitConfig{MaxWait: -1}, Retry: relay.RetryConfig{MaxAttempts: 1}})
+			Limits:    relay.Limits{MaxWait: -1}, Retry: relay.RetryConfig{MaxAttempts: 1}})
 		if err != nil {
 			t.Fatal(err)
 		}

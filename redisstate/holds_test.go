@@ -294,7 +294,7 @@ func TestCancelledWaiterGivesFleetTokensBack(t *testing.T) {
 	const tpm = 60000 // 1000 tokens a second
 	r, err := relay.New(relay.Config{
 		Clock: clock, State: spy, StateTimeout: time.Second, Base: base,
-		Limits:    relay.LimitConfig{MaxWait: time.Minute},
+		Limits:    relay.Limits{MaxWait: time.Minute},
 		Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1", TPM: tpm, MaxInFlight: 1}},
 	})
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 func waitRouter(t *testing.T, st store.State, clock relay.Clock, maxWait time.Duration) *relay.Router {
 	t.Helper()
 	r, err := relay.New(relay.Config{State: st, Clock: clock, StateTimeout: time.Second, Base: newFleetBase(newFleetClock()),
-		Limits:    relay.LimitConfig{MaxWait: maxWait},
+		Limits:    relay.Limits{MaxWait: maxWait},
 		Retry:     relay.RetryConfig{MaxAttempts: 1},
 		Breaker:   relay.BreakerConfig{P99: -1},
 		Upstreams: []relay.Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 60}}})
