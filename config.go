@@ -117,10 +117,10 @@ type Config struct {
 	State store.State
 	// StateTimeout bounds each call to a shared State or Ledger on the
 	// request path; a call that fails or times out is decided from this
-	// replica's share instead (see docs/fleet-state.md). If 0, 500 ms: a
-	// healthy Redis shared by busy replicas on one host answers well
-	// within it, and one that stalls costs a request this long once,
-	// before its calls fail fast.
+	// replica's share instead (see docs/fleet-state.md). If 0, 1 s: a
+	// healthy Redis shared by busy replicas on one loaded host answers
+	// within half of it, and one that stalls costs the requests in flight
+	// this long once a call, before its calls fail fast.
 	StateTimeout time.Duration
 	// Replicas is how many replicas share State: while it does not answer,
 	// each replica decides from its share of the limits (RPM/Replicas and
@@ -578,7 +578,7 @@ func notNegative[T ~int | ~int64 | ~float64](bad func(string, ...any), name stri
 }
 
 // defaultStateTimeout is Config.StateTimeout's default.
-const defaultStateTimeout = 500 * time.Millisecond
+const defaultStateTimeout = time.Second
 
 // resolveShared fills in what replicas share: the State, its bounds, the
 // ledger.
