@@ -242,7 +242,8 @@ func (r *Router) take(ctx context.Context, a admission, c *candidate, now time.T
 	}
 	c.took, c.failing, c.probe = took, v.Failing, nil
 	if v.Probe != "" {
-		c.probe = &v.Probe
+		token := v.Probe // (a copy: the verdict itself stays on the stack)
+		c.probe = &token
 	}
 	return 0, false
 }
