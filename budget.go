@@ -299,7 +299,8 @@ func (t *trip) scope(b *budgetSettings, model, upstream string) (key string, cov
 // reserve makes sure the trip holds, in every budget covering c, at least
 // c's worst-case cost, reserving (or topping up) what is missing. It
 // reports false, with the refusing budget noted, when one does not fit. A
-// ledger error admits the request (a ledger that is down never fails one).
+// shared ledger that does not answer is decided by the local share
+// (reserveLedger).
 func (t *trip) reserve(ctx context.Context, c *candidate, now time.Time) bool {
 	bs := t.r.s.budgets
 	if len(bs) == 0 {
