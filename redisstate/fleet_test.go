@@ -172,15 +172,8 @@ func send(r *relay.Router, prompt string) (int, error) {
 // sendWith sends one chat request of model m asking for maxTokens, reads
 // and closes the answer.
 func sendWith(ctx context.Context, r http.RoundTripper, prompt string, maxTokens int) (int, error) {
-	body := fmt.Sprintf(`{"model":"m","max_tokens":%d,"messages":[{"role":"user","content":%q}]}`, maxTokens, prompt)
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://relay.test/v1/chat/completions", strings.NewReader(body))
-	resp, err := r.RoundTrip(req)
-	if err != nil {
-		return 0, err
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode, nil
+	status, _, err := answer(ctx, r, prompt, maxTokens)
+	return status, err
 }
 
 // costs adds up the cost of the reports it is given.
@@ -202,15 +195,15 @@ func (c *costs) sum() float64 {
 }
 
 // replicas returns 4 routers of cfg sharing st (nil: each on its own).
-// The State's calls get a second each: these tests check what the fleet
-// shares, not what the routers do when it is slow (a loaded 2-core
-// machine misses the default 5 ms now and then); each checks at its end
-// that no call fell back to in-process state.
+// The State's calls get 5 s each: these tests check what the fleet shares,
+// not what the routers do when it is slow (a loaded 2-core machine, with
+// the race detector, has missed a second); each checks at its end that no
+// call fell back to the local share.
 func replicas(t *testing.T, st store.State, cfg relay.Config) []*relay.Router {
 	out := make([]*relay.Router, 4)
 	for i := range out {
 		c := cfg
-		c.State, c.Replicas, c.StateTimeout = st, 4, time.Second
+		c.State, c.Replicas, c.StateTimeout = st, 4, 5*time.Second
 		// The fleet's clock jumps ahead while a goroutine waits for a
 		// core: the latency a request measures on it is not the
 		// upstream's, and must not open the latency breaker.

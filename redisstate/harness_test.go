@@ -61,7 +61,7 @@ type replicaConfig struct {
 type replicaResult struct {
 	OK, Refused, Failed int
 	Errors              map[string]int
-	LateAnswers         int           // answered after the request's deadline
+	LateAnswers         int           // answered (RoundTrip returned) after the request's deadline
 	Slowest             time.Duration // the slowest answer
 	Fallbacks           uint64        // Router.StateFallbacks
 	StateCalls          int
@@ -150,11 +150,9 @@ func replica(cfg replicaConfig) (replicaResult, error) {
 				if cfg.Requests == 0 && !time.Now().Before(cfg.Until) {
 					return
 				}
-				start := time.Now()
 				ctx, cancel := context.WithTimeout(context.Background(), cfg.Deadline)
-				status, err := sendWith(ctx, r, fmt.Sprintf("replica %d caller %d request %d", cfg.ID, c, i), cfg.MaxTokens)
+				status, took, err := answer(ctx, r, fmt.Sprintf("replica %d caller %d request %d", cfg.ID, c, i), cfg.MaxTokens)
 				cancel()
-				took := time.Since(start)
 				mu.Lock()
 				res.Slowest = max(res.Slowest, took)
 				if took > cfg.Deadline+cfg.Deadline/10 {
@@ -201,6 +199,24 @@ func replica(cfg replicaConfig) (replicaResult, error) {
 	return res, nil
 }
 
+// answer sends one chat request of model m asking for maxTokens, reads
+// and closes the answer, and says how long the answer (the response's
+// headers, or an error) took: reading the body and closing it settle the
+// request after that.
+func answer(ctx context.Context, r http.RoundTripper, prompt string, maxTokens int) (int, time.Duration, error) {
+	body := fmt.Sprintf(`{"model":"m","max_tokens":%d,"messages":[{"role":"user","content":%q}]}`, maxTokens, prompt)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://relay.test/v1/chat/completions", strings.NewReader(body))
+	start := time.Now()
+	resp, err := r.RoundTrip(req)
+	took := time.Since(start)
+	if err != nil {
+		return 0, took, err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, took, nil
+}
+
 // limitedUpstream is an OpenAI-compatible upstream on loopback that
 // enforces an RPM and a TPM limit of its own (buckets of a minute of
 // quota, as the router's; TPM charged with the tokens each call reports
@@ -211,7 +227,7 @@ type limitedUpstream struct {
 	lim   store.Limits
 	st    *store.Local
 	delay time.Duration
-	hold  time.Time // when set, calls are answered at this time at the earliest
+	hold  atomic.Int64 // Unix ns; when set, calls are answered at this time at the earliest
 	mu    sync.Mutex
 	at    []time.Time // of each call it served
 	all   []time.Time // of each call that came, 429s too
@@ -246,7 +262,7 @@ func (u *limitedUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
 	u.at = append(u.at, time.Now())
 	u.mu.Unlock()
-	time.Sleep(max(u.delay, time.Until(u.hold)))
+	time.Sleep(max(u.delay, time.Until(time.Unix(0, u.hold.Load()))))
 	w.Header().Set("Content-Type", "application/json")
 	fmt.Fprintf(w, `{"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":%d,"completion_tokens":%d}}`, prompt, completion)
 }
@@ -434,7 +450,7 @@ func TestHarnessBudget(t *testing.T) {
 	srv, up, cfg := harnessFleet(t, 0, 0, 0)
 	cfg.MaxTokens, cfg.Requests, cfg.Budget, cfg.Deadline = 1000, 1, 37.8, 10*time.Second
 	cfg.Start = time.Now().Add(2 * time.Second)
-	up.hold = cfg.Start.Add(3 * time.Second)
+	up.hold.Store(cfg.Start.Add(3 * time.Second).UnixNano())
 	rs := runFleet(t, 4, cfg)
 	checkReplicas(t, rs)
 	calls := up.served(cfg.Start.Add(-time.Hour), time.Now())
