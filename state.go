@@ -267,6 +267,135 @@ func (r *Router) openIn(ctx context.Context, t *trip, u *upstream, until, now ti
 	r.tell(ctx, t, func(ctx context.Context, s store.State) error { return s.Open(ctx, u.cfg.Name, until, now) })
 }
 
+// usage reads the spend and reservations of b's ledger k: a shared
+// ledger's within StateTimeout; when it does not answer, the fleet's as of
+// its last answer with this replica's since, Replicas times (see
+// budgetShares).
+func (r *Router) usage(ctx context.Context, b *budgetSettings, k store.BudgetKey) (spent, reserved int64, err error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	now := r.s.clock.Now()
+	if !r.sharedLedger {
+		return r.ledger.Usage(ctx, k, now)
+	}
+	if r.shared(ctx, nil, "usage", func(ctx context.Context) (err error) {
+		spent, reserved, err = r.ledger.Usage(ctx, k, now)
+		return err
+	}) {
+		r.budgets.sync(r.local, k, b.limit-spent-reserved, r.s.replicas, now)
+		return spent, reserved, nil
+	}
+	spent, reserved, err = r.local.Usage(ctx, k, now)
+	n := int64(r.s.replicas)
+	if limit, ok := r.budgets.limit(k); ok {
+		used := b.limit - n*(limit-spent-reserved) // the fleet's at its last answer, and this replica's since
+		reserved = min(n*reserved, max(used, 0))
+		return max(used-reserved, 0), reserved, err
+	}
+	return spent * n, reserved * n, err
+}
+
+// keys lists the keys of budget's ledgers in the window ending at end, as
+// usage reads them.
+func (r *Router) keys(budget string, end time.Time) []string {
+	var keys []string
+	if !r.sharedLedger {
+		keys, _ = r.ledger.Keys(context.Background(), budget, end)
+		return keys
+	}
+	if !r.shared(context.Background(), nil, "usage", func(ctx context.Context) (err error) {
+		keys, err = r.ledger.Keys(ctx, budget, end)
+		return err
+	}) {
+		keys, _ = r.local.Keys(context.Background(), budget, end)
+	}
+	return keys
+}
+
+// reserveLedger changes h's reservation by delta (a negative delta lowers
+// it), as hold h.id until expires, and reports whether it fits. A shared
+// ledger is called within StateTimeout; when it does not answer, the local
+// share decides (onlyLocal keeps the change there, where the reservation
+// is): with the limit of this replica's share of what the fleet had left
+// at its last answer (budgetShares), and a refusal for a ledger it never
+// answered for: a budget never falls back to an empty ledger.
+func (r *Router) reserveLedger(ctx context.Context, t *trip, h *held, delta int64, onlyLocal bool, expires time.Time) bool {
+	now := r.s.clock.Now()
+	if !r.sharedLedger {
+		res, _ := r.ledger.Reserve(ctx, h.k, h.b.limit, store.Hold{ID: h.id, Amount: h.shared + delta, Expires: expires}, now)
+		if res.OK {
+			h.shared += delta
+		}
+		return res.OK
+	}
+	if !onlyLocal {
+		r.settlePending(t) // the spend of an outage goes to the fleet's ledger before a new reservation
+		var res store.Reservation
+		if r.shared(ctx, t, "reserve", func(ctx context.Context) (err error) {
+			res, err = r.ledger.Reserve(ctx, h.k, h.b.limit, store.Hold{ID: h.id, Amount: h.shared + delta, Expires: expires}, now)
+			return err
+		}) {
+			r.budgets.sync(r.local, h.k, res.Left, r.s.replicas, now)
+			if res.OK {
+				h.shared += delta
+			}
+			return res.OK
+		}
+		h.uncertain = true
+	}
+	limit, ok := r.budgets.limit(h.k)
+	if !ok {
+		limit, ok = r.budgets.fresh(h.b, h.k, r.s.replicas)
+	}
+	if !ok {
+		return delta <= 0 // nothing known of what the fleet has left: fail closed
+	}
+	res, _ := r.local.Reserve(ctx, h.k, limit, store.Hold{ID: h.id, Amount: h.local + delta, Expires: expires}, now)
+	if res.OK {
+		h.local += delta
+	}
+	return res.OK
+}
+
+// settleLedger ends h's reservation in each ledger that holds a part of
+// it (or may: a shared Reserve that did not answer), and charges spent to
+// the shared ledger when it holds a part, else to the local share (whose
+// spend goes to the shared ledger once it answers again). A shared
+// settlement that fails is kept and made again after the next one that
+// succeeds (pendingSettles): no hold outlives its request's settlement
+// by more than the store's outage.
+func (r *Router) settleLedger(t *trip, h *held, spent int64) {
+	ctx, now := context.Background(), r.s.clock.Now()
+	toShared := h.shared > 0 || h.local == 0
+	if h.local > 0 {
+		toLocal := spent
+		if toShared {
+			toLocal = 0
+		}
+		r.local.Settle(ctx, h.k, h.id, toLocal, now)
+		if toLocal > 0 {
+			r.pending.add(pendingSettle{k: h.k, spent: toLocal})
+		}
+	}
+	if !toShared && !h.uncertain {
+		return
+	}
+	toMain := int64(0)
+	if toShared {
+		toMain = spent
+	}
+	if !r.sharedLedger {
+		r.ledger.Settle(ctx, h.k, h.id, toMain, now)
+		return
+	}
+	if !r.shared(ctx, t, "settle", func(ctx context.Context) error { return r.ledger.Settle(ctx, h.k, h.id, toMain, now) }) {
+		r.pending.add(pendingSettle{k: h.k, id: h.id, spent: toMain})
+		return
+	}
+	r.settlePending(t)
+}
+
 // budgetShares keeps this replica's share of what the fleet had left of
 // each budget ledger at the shared ledger's last answer for it: the limit
 // the local share's ledger reserves against while the shared ledger does
