@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/tokenrelay/relay/store"
 )
 
 // admission is what the admission step knows of one request.
@@ -40,7 +42,6 @@ func (r *Router) admissionOf(c *classified) admission {
 // scanResult is what one pass over the candidates found.
 type scanResult struct {
 	pick     int // admitted now; -1 if none
-	tk       ticket
 	best     int // the candidate whose limits clear soonest; -1 if none
 	bestD    time.Duration
 	slotWait int // the first candidate waiting only for an in-flight slot
@@ -50,39 +51,39 @@ type scanResult struct {
 }
 
 // acquire is the admission step: it picks the candidate of the next
-// attempt, walking cands from start: the first whose breaker admits it and
-// whose limits can take the request now. When none can, it waits for the
-// one that can soonest, at most Limits.MaxWait (none when !a.mayWait) and
-// never past the context's deadline. It returns the candidate's index, the
-// breaker's ticket and how long it waited; the candidate's tokens, its
-// in-flight count and slot are taken, to be given back by attempt.release.
-func (r *Router) acquire(ctx context.Context, cands []candidate, start int, a admission) (int, ticket, time.Duration, error) {
+// attempt, walking cands from start: the first whose circuit and limits
+// admit it now. When none can, it waits for the one that can soonest, at
+// most Limits.MaxWait (none when !a.mayWait) and never past the context's
+// deadline. It returns the candidate's index and how long it waited; the
+// candidate's tokens, its in-flight count and slot are taken, to be given
+// back by attempt.release.
+func (r *Router) acquire(ctx context.Context, cands []candidate, start int, a admission) (int, time.Duration, error) {
 	if a.trip == nil || len(r.s.budgets) == 0 {
 		return r.admit(ctx, cands, start, a)
 	}
 	n0 := len(a.trip.res.list)
-	i, tk, waited, err := r.admit(ctx, cands, start, a)
+	i, waited, err := r.admit(ctx, cands, start, a)
 	var picked *candidate
 	if err == nil {
 		picked = &cands[i]
 	}
 	a.trip.dropHolds(ctx, n0, picked)
-	return i, tk, waited, err
+	return i, waited, err
 }
 
 // admit is acquire's work, before the holds of candidates passed over are
 // given back.
-func (r *Router) admit(ctx context.Context, cands []candidate, start int, a admission) (int, ticket, time.Duration, error) {
+func (r *Router) admit(ctx context.Context, cands []candidate, start int, a admission) (int, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
-		return -1, ticket{}, 0, err // a request that cannot go out takes no tokens
+		return -1, 0, err // a request that cannot go out takes no tokens
 	}
 	now := r.s.clock.Now()
 	sc := r.scan(ctx, cands, start, a, now)
 	if sc.pick >= 0 {
-		return sc.pick, sc.tk, 0, nil
+		return sc.pick, 0, nil
 	}
-	if i, tk, ok := r.takeOverCap(ctx, cands, sc, a, now); ok {
-		return i, tk, 0, nil
+	if i, ok := r.takeOverCap(ctx, cands, sc, a, now); ok {
+		return i, 0, nil
 	}
 	maxWait := r.s.maxWait
 	if a.maxWait > 0 {
@@ -105,68 +106,56 @@ func (r *Router) admit(ctx context.Context, cands []candidate, start int, a admi
 		pick, delay = sc.slotWait, -1
 	}
 	if pick >= 0 {
-		i, tk, waited, err := r.await(ctx, cands, pick, delay, a, maxWait, tooLong)
+		i, waited, err := r.await(ctx, cands, pick, delay, a, maxWait, tooLong)
 		if err == errFleetOpened {
 			// Scan again with what is left of the wait; the scan now
-			// skips the candidate the fleet opened. Nothing left: the
+			// skips the candidate whose circuit opened. Nothing left: the
 			// wait is over (a.maxWait 0 would mean a whole MaxWait).
 			if maxWait-waited <= 0 {
-				return -1, ticket{}, waited, tooLong
+				return -1, waited, tooLong
 			}
 			a.maxWait = maxWait - waited
-			i, tk, more, err := r.admit(ctx, cands, start, a)
-			return i, tk, waited + more, err
+			i, more, err := r.admit(ctx, cands, start, a)
+			return i, waited + more, err
 		}
-		return i, tk, waited, err
+		return i, waited, err
 	}
 	switch {
 	case sc.best < 0 && sc.slotWait < 0 && sc.open > 0:
 		if !a.mayWait {
-			return -1, ticket{}, 0, ErrCircuitOpen // a hedge is never forced
+			return -1, 0, ErrCircuitOpen // a hedge is never forced
 		}
-		i, tk, err := r.forceSoonest(cands, a, now)
-		return i, tk, 0, err
+		i, err := r.forceSoonest(cands, a, now)
+		return i, 0, err
 	case tooLong != ErrRateLimited && (sc.slotWait >= 0 || (sc.best >= 0 && sc.bestD <= r.s.maxWait)):
-		return -1, ticket{}, 0, tooLong
+		return -1, 0, tooLong
 	case sc.best < 0 && sc.slotWait < 0 && sc.budget > 0:
-		return -1, ticket{}, 0, ErrBudgetExceeded
+		return -1, 0, ErrBudgetExceeded
 	}
-	return -1, ticket{}, 0, ErrRateLimited
+	return -1, 0, ErrRateLimited
 }
 
 // takeOverCap admits the first candidate at its bounded-load cap when every
 // candidate that could take the request now is at its cap: the first in
 // hash order takes it, as a consistent-hashing ring would.
-func (r *Router) takeOverCap(ctx context.Context, cands []candidate, sc scanResult, a admission, now time.Time) (int, ticket, bool) {
+func (r *Router) takeOverCap(ctx context.Context, cands []candidate, sc scanResult, a admission, now time.Time) (int, bool) {
 	if sc.overCap < 0 || sc.best >= 0 || sc.slotWait >= 0 {
-		return -1, ticket{}, false
+		return -1, false
 	}
 	c := &cands[sc.overCap]
-	tpm := c.up.lim.charge(a.tokens)
-	d, taken, open := r.rate(ctx, a, c, tpm, now)
-	if d > 0 || open {
-		return -1, ticket{}, false
-	}
 	if r.claim(cands, c, false, a.prio) != claimed {
-		r.untake(ctx, a, c, now, taken)
-		return -1, ticket{}, false
+		return -1, false
 	}
-	tk, ok := c.up.br.allow(now, c.forced, a.trip)
-	if !ok {
+	if d, open := r.rate(ctx, a, c, now); d > 0 || open {
 		c.up.unclaim()
-		r.untake(ctx, a, c, now, taken)
-		return -1, ticket{}, false
+		return -1, false
 	}
-	if !taken {
-		c.up.lim.take(now, tpm)
-	}
-	c.fleetTPM = taken
-	return sc.overCap, tk, true
+	return sc.overCap, true
 }
 
-// errFleetOpened: the candidate waited for was opened for the fleet
-// (shared State) during the wait; acquire scans the others again.
-var errFleetOpened = errors.New("relay: circuit opened for the fleet during the wait")
+// errFleetOpened: the circuit of the candidate waited for opened during
+// the wait; acquire scans the others again.
+var errFleetOpened = errors.New("relay: circuit opened during the wait")
 
 // errWaitPastDeadline: the wait for an upstream's limits would end after
 // the request's deadline.
@@ -175,6 +164,7 @@ var errWaitPastDeadline = fmt.Errorf("%w: %w", ErrRateLimited, context.DeadlineE
 // scan walks the candidates once and admits the first that can go now.
 func (r *Router) scan(ctx context.Context, cands []candidate, start int, a admission, now time.Time) scanResult {
 	sc := scanResult{pick: -1, best: -1, bestD: time.Duration(math.MaxInt64), slotWait: -1, overCap: -1}
+	active := r.s.breaker.probePath != ""
 	n := len(cands)
 	for k := range n {
 		i := (start + k) % n
@@ -182,18 +172,15 @@ func (r *Router) scan(ctx context.Context, cands []candidate, start int, a admis
 		if (c.forced && a.tried&(1<<(i%64)) != 0) || c.up == a.exclude {
 			continue
 		}
-		if !c.forced {
-			if _, isOpen := c.up.br.openUntil(now); isOpen {
-				sc.open++
-				continue
-			}
+		if _, isOpen := c.up.circ.openUntil(now, active); isOpen && !c.forced {
+			sc.open++
+			continue
 		}
 		if a.trip != nil && !a.trip.reserve(ctx, c, now) {
 			sc.budget++
 			continue
 		}
-		tpm := c.up.lim.charge(a.tokens)
-		d, taken, open := r.rate(ctx, a, c, tpm, now)
+		d, open := r.rate(ctx, a, c, now)
 		if open {
 			sc.open++
 			continue
@@ -209,42 +196,86 @@ func (r *Router) scan(ctx context.Context, cands []candidate, start int, a admis
 			if sc.slotWait < 0 {
 				sc.slotWait = i
 			}
-			r.untake(ctx, a, c, now, taken)
+			r.untake(ctx, a.trip, c, a.tokens, now)
 			continue
 		case claimOverCap:
 			if sc.overCap < 0 {
 				sc.overCap = i
 			}
-			r.untake(ctx, a, c, now, taken)
+			r.untake(ctx, a.trip, c, a.tokens, now)
 			continue
 		}
-		tk, ok := c.up.br.allow(now, c.forced, a.trip)
-		if !ok {
-			c.up.unclaim()
-			r.untake(ctx, a, c, now, taken)
-			sc.open++
-			continue
-		}
-		if !taken {
-			c.up.lim.take(now, tpm)
-		}
-		c.fleetTPM = taken
-		sc.pick, sc.tk = i, tk
+		sc.pick = i
 		return sc
 	}
 	return sc
 }
 
-// await waits for cands[pick]: for its buckets to clear (delay >= 0, the
-// tokens reserved now, so that requests arriving during the wait queue
-// behind this one) and then for an in-flight slot, within maxWait in all
-// (then tooLong). Every failure gives the tokens back. It reports how long
-// it waited, to Hooks.OnWait too.
-func (r *Router) await(ctx context.Context, cands []candidate, pick int, delay time.Duration, a admission, maxWait time.Duration, tooLong error) (int, ticket, time.Duration, error) {
+// rate is the rate-limit step of c's admission: when requests of at
+// least its priority wait for c's limits in this process, it queues
+// behind them (how long until its turn would come), without asking the
+// store; else take.
+func (r *Router) rate(ctx context.Context, a admission, c *candidate, now time.Time) (wait time.Duration, open bool) {
+	lim := &c.up.lim
+	if d, behind := lim.turns.behind(a.prio, lim.charge(a.tokens, tookStore), now); behind {
+		return d, false
+	}
+	return r.take(ctx, a, c, now)
+}
+
+// take asks the store for c's admission at now: its circuit (unless c is
+// forced: then past it; in half-open, it claims the probe), its hold and
+// its limits. It returns 0 when the tokens were taken (c.took says where,
+// c.probe carries the probe's claim), how long until they would be there,
+// or open when the circuit keeps c out. The verdict renews c's queue's
+// estimate and c's view of the circuit.
+func (r *Router) take(ctx context.Context, a admission, c *candidate, now time.Time) (wait time.Duration, open bool) {
+	lim := &c.up.lim
+	v, took := r.admitIn(ctx, a.trip, &lim.fleet, &lim.share, &lim.owed, store.Ask{Tokens: a.tokens, Force: c.forced, Probe: r.probeFor(c)}, now)
+	lim.turns.record(v, lim.limitsOf(took), now)
+	r.saw(a.trip, c, v, now)
+	switch {
+	case v.Open:
+		return 0, true
+	case !v.Taken:
+		return max(v.Wait, 1), false
+	}
+	c.took, c.failing, c.probe = took, v.Failing, nil
+	if v.Probe != "" {
+		token := v.Probe // (a copy: the verdict itself stays on the stack)
+		c.probe = &token
+	}
+	return 0, false
+}
+
+// untake gives back the tokens c's admission took, for a request that does
+// not go to c (no slot, its circuit opened, its caller gave up): to where
+// they were taken, and the waiters for them look again. A probe's claim
+// taken with them ends.
+func (r *Router) untake(ctx context.Context, t *trip, c *candidate, tokens int, now time.Time) {
+	if c.took == tookNone {
+		return
+	}
+	lim := &c.up.lim
+	r.refundIn(ctx, t, c.up, c.took, 1, lim.charge(tokens, c.took), now)
+	if c.probe != nil {
+		r.outcomeIn(ctx, t, c.up, c.took, store.Outcome{Result: store.Neutral, Probe: *c.probe}, now)
+		r.see(t, c.up, StateHalfOpen, now, "")
+		c.probe = nil
+	}
+	c.took = tookNone
+	lim.turns.refunded()
+}
+
+// await waits for cands[pick]: for its limits (delay >= 0) and then for an
+// in-flight slot, within maxWait in all (then tooLong). Every failure
+// gives back what was taken. It reports how long it waited, to
+// Hooks.OnWait too.
+func (r *Router) await(ctx context.Context, cands []candidate, pick int, delay time.Duration, a admission, maxWait time.Duration, tooLong error) (int, time.Duration, error) {
 	clock := r.s.clock
 	start := clock.Now()
 	c := &cands[pick]
-	i, tk, err := r.waitFor(ctx, cands, c, delay, a, maxWait, tooLong)
+	i, err := r.waitFor(ctx, cands, c, delay, a, maxWait, tooLong)
 	if err == nil && i < 0 {
 		i = pick
 	}
@@ -261,7 +292,7 @@ func (r *Router) await(ctx context.Context, cands []candidate, pick int, delay t
 			h(ev)
 		}
 	}
-	return i, tk, waited, err
+	return i, waited, err
 }
 
 // onWait calls Hooks.OnWait; a panic is kept (see trip.catch).
@@ -272,37 +303,32 @@ func (t *trip) onWait(h func(WaitEvent), ev WaitEvent) {
 
 // waitFor does await's waiting, in the upstream's queues, by priority (see
 // queue.go); i is -1 unless the never-empty rule forced another candidate.
-// Tokens are taken when the wait ends, and given back if the request does
-// not go. A request that waits for a slot (delay < 0: its tokens were there
-// when the scan looked) asks for its tokens again once it has the slot;
-// when others took them meanwhile it gives the slot back and waits for
-// the tokens, then for a slot again: waiting for a slot never takes a
-// request past the rate limits, and no request holds a slot while it
-// waits for tokens.
-func (r *Router) waitFor(ctx context.Context, cands []candidate, c *candidate, delay time.Duration, a admission, maxWait time.Duration, tooLong error) (int, ticket, error) {
+// A request that waits for a slot (delay < 0: its tokens were there when
+// the scan looked) asks for its tokens again once it has the slot; when
+// others took them meanwhile it gives the slot back and waits for the
+// tokens, then for a slot again: waiting for a slot never takes a request
+// past the rate limits, and no request holds a slot while it waits for
+// tokens.
+func (r *Router) waitFor(ctx context.Context, cands []candidate, c *candidate, delay time.Duration, a admission, maxWait time.Duration, tooLong error) (int, error) {
 	clock := r.s.clock
 	lim := &c.up.lim
-	tpm := lim.charge(a.tokens)
 	start := clock.Now()
 	slotFirst := delay < 0
 	if slotFirst {
 		if r.claim(cands, c, false, a.prio) != claimed {
 			if err := lim.waitSlot(ctx, clock, a.prio, maxWait, tooLong); err != nil {
-				return -1, ticket{}, err
+				return -1, err
 			}
 			c.up.inflight.Add(1)
 		}
 		now := clock.Now()
-		d, taken, open := r.rate(ctx, a, c, tpm, now)
+		d, open := r.rate(ctx, a, c, now)
 		switch {
 		case open:
 			c.up.unclaim()
-			return -1, ticket{}, errFleetOpened
-		case taken || d == 0:
-			if !taken {
-				lim.take(now, tpm)
-			}
-			return r.admitAfterWait(ctx, cands, c, a, tpm, taken, now)
+			return -1, errFleetOpened
+		case d == 0:
+			return -1, nil
 		}
 		// Others took the tokens while it waited for the slot (or a
 		// request of higher priority queued for them): it gives the slot
@@ -312,123 +338,78 @@ func (r *Router) waitFor(ctx context.Context, cands []candidate, c *candidate, d
 		// before it for them, which then waited for the slot: a priority
 		// inversion.
 		c.up.unclaim()
-		delay, maxWait = d, maxWait-now.Sub(start)
-		if delay > maxWait {
-			return -1, ticket{}, tooLong
+		maxWait -= now.Sub(start)
+		if d > maxWait {
+			return -1, tooLong
 		}
-		start, slotFirst = now, false
+		start = now
 	}
-	shared := r.s.state != nil
-	if shared {
-		fellBack, err := r.waitShared(ctx, a, c, tpm, delay, maxWait, tooLong)
-		if err != nil && slotFirst {
-			c.up.unclaim()
+	w := &waiter{prio: a.prio, tpm: lim.charge(a.tokens, tookStore), deadline: start.Add(maxWait).UnixNano(), tooLong: tooLong}
+	if err := lim.turns.wait(ctx, clock, w, func(now time.Time) (bool, error) {
+		d, open := r.take(ctx, a, c, now)
+		if open {
+			return false, errFleetOpened
 		}
-		if err == ErrCircuitOpen {
-			// c's circuit opened for the fleet while we waited: the
-			// others may still take the request (acquire scans again).
-			return -1, ticket{}, errFleetOpened
-		}
-		if err != nil {
-			return -1, ticket{}, err
-		}
-		shared = !fellBack
-	}
-	if !shared {
-		w := &waiter{prio: a.prio, tpm: tpm, deadline: start.Add(maxWait), tooLong: tooLong}
-		if err := lim.waitRate(ctx, clock, w); err != nil {
-			if slotFirst {
-				c.up.unclaim()
-			}
-			return -1, ticket{}, err
-		}
+		return d == 0, nil
+	}); err != nil {
+		return -1, err
 	}
 	// A request that waited for this upstream takes it now, even past a
 	// bounded-load cap: the wait already queued it there.
-	if !slotFirst && r.claim(cands, c, false, a.prio) != claimed {
+	if r.claim(cands, c, false, a.prio) != claimed {
 		if err := lim.waitSlot(ctx, clock, a.prio, maxWait-clock.Now().Sub(start), tooLong); err != nil {
-			r.giveTokens(ctx, a, c, tpm, shared, clock.Now())
-			return -1, ticket{}, err
+			r.untake(ctx, a.trip, c, a.tokens, clock.Now())
+			return -1, err
 		}
 		c.up.inflight.Add(1)
 	}
-	return r.admitAfterWait(ctx, cands, c, a, tpm, shared, clock.Now())
-}
-
-// admitAfterWait is the end of waitFor: c holds a slot and its tokens
-// (from the fleet's limits when fleet is set); the breaker decides.
-func (r *Router) admitAfterWait(ctx context.Context, cands []candidate, c *candidate, a admission, tpm int, fleet bool, now time.Time) (int, ticket, error) {
-	tk, ok := c.up.br.allow(now, c.forced, a.trip)
-	if !ok { // its circuit opened while we waited
+	now := clock.Now()
+	if _, open := c.up.circ.openUntil(now, r.s.breaker.probePath != ""); open && c.probe == nil && !c.forced {
+		// Its circuit opened while it waited for the slot.
 		c.up.unclaim()
-		r.giveTokens(ctx, a, c, tpm, fleet, now)
-		return r.forceSoonest(cands, a, now)
+		r.untake(ctx, a.trip, c, a.tokens, now)
+		return -1, errFleetOpened
 	}
-	c.fleetTPM = fleet
-	return -1, tk, nil
-}
-
-// giveTokens gives back the tokens a request took for c and does not use:
-// to the fleet's limits when it took them there, else to the in-process
-// ones.
-func (r *Router) giveTokens(ctx context.Context, a admission, c *candidate, tpm int, fleet bool, now time.Time) {
-	if fleet {
-		r.refundShared(ctx, a.trip, c.up, 1, fleetCharge(a.tokens, c.up), now)
-		return
-	}
-	c.up.lim.giveBack(r.s.clock, now, tpm)
+	return -1, nil
 }
 
 // forceSoonest is the never-empty rule at admission: when every candidate
 // left is held out by an open circuit (circuits that opened while the
 // request was routed or waited), the one whose cooldown ends first is tried
-// anyway, as the plan does for a model whose upstreams are all open. It is
-// marked forced, so the attempt loop tries it once.
-func (r *Router) forceSoonest(cands []candidate, a admission, now time.Time) (int, ticket, error) {
+// anyway, as the plan does for a model whose upstreams are all open: past
+// its circuit, not past its hold or limits. It is marked forced, so the
+// attempt loop tries it once.
+func (r *Router) forceSoonest(cands []candidate, a admission, now time.Time) (int, error) {
 	pick := -1
 	var soonest time.Time
+	active := r.s.breaker.probePath != ""
 	for i := range cands {
 		c := &cands[i]
 		if c.up == a.exclude || (c.forced && a.tried&(1<<(i%64)) != 0) {
 			continue
 		}
-		until, open := c.up.br.openUntil(now)
-		if !open && c.fleetOpen.After(now) {
-			until, open = c.fleetOpen, true // open for the fleet (shared State)
-		}
-		if open && (pick < 0 || until.Before(soonest)) {
+		if until, open := c.up.circ.openUntil(now, active); open && (pick < 0 || until.Before(soonest)) {
 			pick, soonest = i, until
 		}
 	}
 	if pick < 0 {
-		return -1, ticket{}, ErrCircuitOpen
+		return -1, ErrCircuitOpen
 	}
 	c := &cands[pick]
-	tpm := c.up.lim.charge(a.tokens)
-	if a.trip != nil && !a.trip.reserve(context.Background(), c, now) {
-		return -1, ticket{}, ErrBudgetExceeded // (the forced try does not fit the budget: a refusal, not a circuit)
+	ctx := context.Background()
+	if a.trip != nil && !a.trip.reserve(ctx, c, now) {
+		return -1, ErrBudgetExceeded // (the forced try does not fit the budget: a refusal, not a circuit)
 	}
 	if r.claim(cands, c, false, a.prio) != claimed {
-		return -1, ticket{}, ErrCircuitOpen
+		return -1, ErrCircuitOpen
 	}
 	c.forced = true
-	// A shared State admits the forced candidate past the fleet's circuit
-	// (not past its limits); in-process, the local limiter does.
-	d, taken := c.up.lim.delay(now, tpm), false
-	if r.s.state != nil {
-		d, taken, _ = r.rate(context.Background(), a, c, tpm, now)
-	}
-	if d > 0 {
+	if d, _ := r.take(ctx, a, c, now); d > 0 {
 		c.forced = false
 		c.up.unclaim()
-		return -1, ticket{}, ErrCircuitOpen
+		return -1, ErrCircuitOpen
 	}
-	tk, _ := c.up.br.allow(now, true, a.trip)
-	if !taken {
-		c.up.lim.take(now, tpm)
-	}
-	c.fleetTPM = taken
-	return pick, tk, nil
+	return pick, nil
 }
 
 // Outcomes of claim.

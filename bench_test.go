@@ -172,11 +172,11 @@ func BenchmarkAcquire(b *testing.B) {
 	resp := &http.Response{StatusCode: 200, Header: http.Header{}}
 	one := func(t *trip, start int) {
 		cands := r.plan(t.cbuf[:0], "gpt-4.1", nil, uint64(start), true, nil)
-		i, tk, _, err := r.acquire(context.Background(), cands, start, r.admissionOf(&t.c))
+		i, _, err := r.acquire(context.Background(), cands, start, r.admissionOf(&t.c))
 		if err != nil {
 			b.Fatal(err)
 		}
-		a := attempt{cand: cands[i], tk: tk, resp: resp, held: true}
+		a := attempt{cand: cands[i], resp: resp, held: true}
 		t.observe(&a, r.s.clock.Now())
 		a.release()
 	}

@@ -7,9 +7,10 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tokenrelay/relay/store"
 )
 
 // BreakerState is the state of a circuit breaker.
@@ -68,251 +69,177 @@ func outcomeOf(resp *http.Response, err error) outcome {
 	return outcomeSuccess
 }
 
-// breaker is the circuit breaker of one upstream (BreakerConfig describes
-// its states). Its mutex guards only this upstream's state; OnChange runs
-// after it is released.
-type breaker struct {
-	name string
-	s    *breakerSettings
-
-	// out is false while the breaker is closed, so the common case reads one
-	// atomic and takes no lock; otherwise the state is read under mu.
-	out atomic.Bool
-	// quiet is true while the breaker is closed with no failure counted:
-	// an attempt's success then changes nothing (unless the p99 is over
-	// its bound), and is recorded without the lock.
-	quiet atomic.Bool
-
-	// changes counts state changes: it is the generation of a ticket, and
-	// an outcome of an attempt let through before the last change is
-	// stale and dropped. It is written under mu and read without it (an
-	// attempt's latency is kept only if no change came during it).
+// circuit is the router's view of one upstream's circuit, made of the
+// store's answers (the store decides): it drops an upstream the store
+// said is open from the candidate order (region.go) without asking the
+// store again, names the state in Stats and in BreakerEvents, and counts
+// the changes that make an attempt's latency stale. Lock-free.
+type circuit struct {
+	// view is 0 while closed; the end of the open period (Unix ns) while
+	// open; minus the end of the probe's claim while half-open with a
+	// probe of this replica in flight.
+	view    atomic.Int64
 	changes atomic.Uint64
-
-	mu       sync.Mutex
-	state    BreakerState
-	fails    int
-	until    time.Time     // end of the open period
-	cooldown time.Duration // the current open period
-	probing  bool          // a half-open probe is in flight
 }
 
-// ticket is a breaker's permission for one attempt.
-type ticket struct {
-	gen   uint64
-	probe bool
+// stored returns the state a view stands for, and the time it names.
+func stored(v int64) (BreakerState, int64) {
+	switch {
+	case v > 0:
+		return StateOpen, v
+	case v < 0:
+		return StateHalfOpen, -v
+	}
+	return StateClosed, 0
 }
 
-func (b *breaker) init(name string, s *breakerSettings) {
-	b.name, b.s, b.cooldown = name, s, s.cooldown
-	b.quiet.Store(true)
-}
-
-// settleLocked updates quiet after a change of state or failure count.
-func (b *breaker) settleLocked() { b.quiet.Store(b.state == StateClosed && b.fails == 0) }
-
-// openUntil reports whether the breaker keeps the upstream out of the
-// candidate order at now, and until when. A half-open breaker whose probe is
-// in flight is out too (until now).
-func (b *breaker) openUntil(now time.Time) (time.Time, bool) {
-	if !b.out.Load() {
+// openUntil reports whether the view keeps the upstream out at now, and
+// until when: open before its end (with an active probe, until the probe
+// closes it), half-open while the probe is in flight.
+func (c *circuit) openUntil(now time.Time, active bool) (time.Time, bool) {
+	st, at := stored(c.view.Load())
+	if st == StateClosed || (now.UnixNano() >= at && (st == StateHalfOpen || !active)) {
 		return time.Time{}, false
 	}
-	active := b.s.probePath != ""
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	switch b.state {
+	return time.Unix(0, at), true
+}
+
+// stateAt returns the state as of now: an open circuit whose period has
+// passed is half-open (with an active probe, open until the probe).
+func (c *circuit) stateAt(now time.Time, active bool) BreakerState {
+	st, at := stored(c.view.Load())
+	if st == StateOpen && now.UnixNano() >= at && !active {
+		return StateHalfOpen
+	}
+	return st
+}
+
+// see sets u's view to state to (until its end at, for open and
+// half-open) and tells Hooks.OnBreaker of a change, with reason. t, when
+// not nil, is the request that saw it: a panic in the hook is its (see
+// trip.catch).
+func (r *Router) see(t *trip, u *upstream, to BreakerState, at time.Time, reason string) {
+	v := int64(0)
+	switch to {
 	case StateOpen:
-		if now.Before(b.until) || active {
-			return b.until, true
-		}
+		v = max(at.UnixNano(), 1)
 	case StateHalfOpen:
-		if b.probing || active {
-			return now, true
-		}
+		v = -max(at.UnixNano(), 1)
 	}
-	return time.Time{}, false
-}
-
-// allow asks for one attempt. forced attempts (the soonest-to-recover
-// upstream of an all-open pool) are let through whatever the state. t, when
-// not nil, is the request asking: a panic in the OnBreaker hook is its
-// (see emit).
-func (b *breaker) allow(now time.Time, forced bool, tr *trip) (ticket, bool) {
-	// Closed: let the attempt through without the lock. The generation is
-	// read first, so a change that comes before out is read makes its
-	// outcome stale (done drops it) rather than counted against the next
-	// state.
-	if g := b.changes.Load(); !b.out.Load() {
-		return ticket{gen: g}, true
-	}
-	b.mu.Lock()
-	var ev *BreakerEvent
-	tk := ticket{gen: b.changes.Load()}
-	ok := true
-	switch b.state {
-	case StateOpen:
-		if now.Before(b.until) || b.s.probePath != "" {
-			ok = forced
-			break
-		}
-		ev = b.setLocked(StateHalfOpen, "cooldown ended")
-		fallthrough
-	case StateHalfOpen:
-		if b.probing && !forced {
-			ok = false
-			break
-		}
-		b.probing = true
-		tk = ticket{gen: b.changes.Load(), probe: true}
-	}
-	b.settleLocked()
-	b.mu.Unlock()
-	b.emit(ev, tr)
-	return tk, ok
-}
-
-// done records an attempt's outcome. hint is a Retry-After the upstream
-// sent (0 if none). lat is the upstream's latency window, with this
-// attempt's latency already in it: a closed breaker trips when its p99
-// passes the bound, and an opening breaker empties it, so that stale
-// latencies do not open it again after recovery. It returns the end of the
-// open period when this outcome opened the breaker, zero otherwise. tr, when
-// not nil, is the request whose attempt it was (see emit).
-func (b *breaker) done(t ticket, o outcome, hint time.Duration, lat *latencyWindow, now time.Time, tr *trip) (opened time.Time) {
-	// The outcomes that change nothing, without the lock: a neutral one
-	// while closed, and a success while closed with no failure counted
-	// and the p99 within its bound (the locked path checks all of it
-	// again when the bound is passed).
-	if !t.probe && t.gen == b.changes.Load() && !b.out.Load() {
-		switch {
-		case o == outcomeNeutral:
-			return time.Time{}
-		case o == outcomeSuccess && b.quiet.Load() && !b.p99Over(lat):
-			return time.Time{}
-		}
-	}
-	hint = min(hint, b.s.maxCooldown) // an absurd hint does not bench an upstream for years
-	b.mu.Lock()
-	wasOpen := b.state == StateOpen
-	gen := b.changes.Load()
-	var ev *BreakerEvent
-	switch {
-	case t.probe && t.gen == gen && b.state == StateHalfOpen:
-		b.probing = false
-		switch o {
-		case outcomeSuccess:
-			b.fails, b.cooldown = 0, b.s.cooldown
-			ev = b.setLocked(StateClosed, "probe succeeded")
-		case outcomeFailure:
-			b.cooldown = min(2*b.cooldown, b.s.maxCooldown)
-			ev = b.openLocked("probe failed", max(b.cooldown, hint), lat, now)
-		}
-	case t.gen == gen && b.state == StateClosed:
-		switch o {
-		case outcomeSuccess:
-			b.fails = 0
-			if b.p99Over(lat) {
-				p := lat.p99()
-				ev = b.openLocked(fmt.Sprintf("p99 %s over %s", p.Round(time.Millisecond), b.s.p99), b.cooldown, lat, now)
-			}
-		case outcomeFailure:
-			b.fails++
-			if b.s.failures > 0 && b.fails > b.s.failures {
-				ev = b.openLocked(fmt.Sprintf("%d consecutive failures", b.fails), max(b.cooldown, hint), lat, now)
-			}
-		}
-	}
-	if b.state == StateOpen && !wasOpen {
-		opened = b.until
-	}
-	b.settleLocked()
-	b.mu.Unlock()
-	b.emit(ev, tr)
-	return opened
-}
-
-// p99Over reports whether the latency window has enough samples and its
-// p99 is over the breaker's bound (never when there is no bound).
-func (b *breaker) p99Over(lat *latencyWindow) bool {
-	return b.s.p99 > 0 && lat.count() >= b.s.minSamples && lat.p99() > b.s.p99
-}
-
-// due reports whether the breaker is out of the closed state with its
-// cooldown ended: time for an active probe.
-func (b *breaker) due(now time.Time) bool {
-	if !b.out.Load() {
-		return false
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.state != StateClosed && !now.Before(b.until)
-}
-
-// reset closes the breaker after a successful active probe.
-func (b *breaker) reset() {
-	b.mu.Lock()
-	var ev *BreakerEvent
-	if b.state != StateClosed {
-		b.fails, b.probing, b.cooldown = 0, false, b.s.cooldown
-		ev = b.setLocked(StateClosed, "health probe succeeded")
-	}
-	b.settleLocked()
-	b.mu.Unlock()
-	b.emit(ev, nil) // Probe's caller gets a panic
-}
-
-func (b *breaker) openLocked(reason string, d time.Duration, lat *latencyWindow, now time.Time) *BreakerEvent {
-	b.until = now.Add(d)
-	b.fails = 0
-	lat.reset()
-	return b.setLocked(StateOpen, reason)
-}
-
-func (b *breaker) setLocked(to BreakerState, reason string) *BreakerEvent {
-	from := b.state
-	b.state = to
-	b.out.Store(to != StateClosed)
-	b.changes.Add(1)
-	if b.s.onChange == nil {
-		return nil
-	}
-	ev := &BreakerEvent{Upstream: b.name, From: from, To: to, Reason: reason}
-	if to == StateOpen {
-		ev.Until = b.until
-	}
-	return ev
-}
-
-// emit calls the OnBreaker hook with ev, if there is one. A panic in it
-// while a request t runs is t's, as for its other hooks (trip.catch): the
-// request unwinds, and RoundTrip panics with the value.
-func (b *breaker) emit(ev *BreakerEvent, t *trip) {
-	if ev == nil {
+	old := u.circ.view.Swap(v)
+	from, _ := stored(old)
+	if from == to {
 		return
+	}
+	u.circ.changes.Add(1)
+	if to == StateOpen {
+		u.lat.reset() // latencies from before the opening would open it again after recovery
+	}
+	h := r.s.breaker.onChange
+	if h == nil {
+		return
+	}
+	ev := BreakerEvent{Upstream: u.cfg.Name, From: from, To: to, Reason: reason}
+	if to == StateOpen {
+		ev.Until = at
 	}
 	if t != nil {
 		defer t.catch()
 	}
-	b.s.onChange(*ev)
+	h(ev)
 }
 
-// stateAt returns the breaker's state as of now.
-func (b *breaker) stateAt(now time.Time) BreakerState {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.state == StateOpen && !now.Before(b.until) && b.s.probePath == "" {
-		return StateHalfOpen
+// saw updates c's view from the verdict of its admission.
+func (r *Router) saw(t *trip, c *candidate, v store.Verdict, now time.Time) {
+	switch {
+	case v.Open:
+		r.see(t, c.up, StateOpen, v.Until, "open for the fleet")
+	case v.Probe != "":
+		r.see(t, c.up, StateHalfOpen, now.Add(r.probeTTL(c)), "cooldown ended")
+	case v.Taken && !c.forced && c.up.circ.view.Load() != 0:
+		r.see(t, c.up, StateClosed, time.Time{}, "closed for the fleet")
 	}
-	return b.state
+}
+
+// probeTTL bounds the claim on a half-open circuit's probe: a replica
+// that dies while probing keeps the others off at most this long. c is
+// the candidate the probe would be sent to: its attempt timeout bounds it.
+func (r *Router) probeTTL(c *candidate) time.Duration {
+	ttl := 10 * time.Second
+	if d := c.timeouts().Attempt; d > 0 {
+		ttl = d
+	}
+	return min(ttl, r.s.breaker.cooldown)
+}
+
+// probeFor is how long an admission claims a half-open circuit's probe
+// for: 0 with an active probe (ProbePath), which alone probes.
+func (r *Router) probeFor(c *candidate) time.Duration {
+	if r.s.breaker.probePath != "" {
+		return 0
+	}
+	return r.probeTTL(c)
+}
+
+// record tells the store what an attempt on c learned: a hold (a 429, an
+// exhausted x-ratelimit-remaining-*), and its outcome for the circuit. A
+// success ends a failure run and closes the circuit when it was the
+// probe; a success whose latency puts the p99 over its bound opens it; a
+// failure counts. hint is a Retry-After the upstream sent (0 if none).
+// Outcomes that change nothing (a success with no run and no probe, a
+// neutral outcome that was not the probe, a failure with counting off)
+// cost the store no call.
+func (r *Router) record(ctx context.Context, t *trip, c *candidate, resp *http.Response, o outcome, hint time.Duration, now time.Time) {
+	u := c.up
+	if hold := holdOf(resp, now); !hold.IsZero() {
+		r.holdIn(ctx, t, u, hold, now)
+	}
+	probe := c.probeToken()
+	so := store.Outcome{Probe: probe}
+	switch {
+	case o == outcomeSuccess && probe == "" && r.p99Over(&u.lat) && u.circ.view.Load() == 0:
+		until := now.Add(r.s.breaker.cooldown)
+		reason := fmt.Sprintf("p99 %s over %s", u.lat.p99().Round(time.Millisecond), r.s.breaker.p99)
+		r.openIn(ctx, t, u, until, now)
+		r.see(t, u, StateOpen, until, reason)
+		return
+	case o == outcomeSuccess && (probe != "" || c.failing):
+		so.Result = store.Success
+	case o == outcomeFailure && (probe != "" || r.s.breaker.failures > 0):
+		so.Result, so.Hint = store.Failure, min(hint, r.s.breaker.maxCooldown)
+	case o == outcomeNeutral && probe != "":
+		so.Result = store.Neutral
+	default:
+		return
+	}
+	ch := r.outcomeIn(ctx, t, u, c.took, so, now)
+	switch {
+	case ch.Closed:
+		r.see(t, u, StateClosed, time.Time{}, "probe succeeded")
+	case !ch.Opened.IsZero() && ch.Run > 0:
+		r.see(t, u, StateOpen, ch.Opened, fmt.Sprintf("%d consecutive failures", ch.Run))
+	case !ch.Opened.IsZero():
+		r.see(t, u, StateOpen, ch.Opened, "probe failed")
+	case so.Result == store.Neutral && u.circ.view.Load() < 0:
+		r.see(t, u, StateHalfOpen, now, "") // the claim ended: the next attempt probes
+	}
+}
+
+// p99Over reports whether the latency window has enough samples and its
+// p99 is over the breaker's bound (never when there is no bound).
+func (r *Router) p99Over(lat *latencyWindow) bool {
+	b := &r.s.breaker
+	return b.p99 > 0 && lat.count() >= b.minSamples && lat.p99() > b.p99
 }
 
 // Probe runs the active health probe (BreakerConfig.ProbePath) against every
-// upstream whose breaker is open with its cooldown ended, and closes the
-// breakers of those that answer 2xx. It returns the names of the upstreams
-// it re-admitted. Call it from your own ticker; the router starts no
-// goroutine. Without ProbePath it does nothing. It is safe for concurrent
-// use.
+// upstream whose circuit is open with its cooldown ended, and closes the
+// circuits of those that answer 2xx. With a shared State, it claims each
+// circuit's probe first, so that one replica probes for the fleet, and
+// one that another replica closed is back without a probe. It returns the
+// names of the upstreams it re-admitted. Call it from your own ticker;
+// the router starts no goroutine. Without ProbePath it does nothing. It
+// is safe for concurrent use.
 func (r *Router) Probe(ctx context.Context) []string {
 	if r.s.breaker.probePath == "" {
 		return nil
@@ -320,27 +247,54 @@ func (r *Router) Probe(ctx context.Context) []string {
 	path, query, _ := strings.Cut(strings.TrimLeft(r.s.breaker.probePath, "/"), "?")
 	var back []string
 	for _, u := range r.ups {
-		if !u.br.due(r.s.clock.Now()) {
+		now := r.s.clock.Now()
+		if st := u.circ.stateAt(now, false); st == StateClosed || st == StateOpen {
+			continue // closed, or its cooldown not over
+		}
+		c := candidate{up: u}
+		bare := store.Limits{Name: u.cfg.Name} // the probe takes no rate tokens
+		v, took := r.admitIn(ctx, nil, &bare, &bare, nil, store.Ask{Probe: r.probeTTL(&c)}, now)
+		c.took = took
+		switch {
+		case v.Open:
+			r.saw(nil, &c, v, now)
+			continue
+		case !v.Taken:
+			continue // held
+		case v.Probe == "":
+			r.see(nil, u, StateClosed, time.Time{}, "closed for the fleet")
+			back = append(back, u.cfg.Name)
 			continue
 		}
-		pu := u.pathURL(path, "", query) // as a request for the path has it (on Azure, under /openai)
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, pu.String(), nil)
-		if err != nil {
-			continue
+		c.probe = &v.Probe
+		o := store.Outcome{Result: store.Neutral, Probe: v.Probe}
+		if r.probeOK(ctx, u, path, query) {
+			o.Result = store.Success
 		}
-		// The upstream's headers as a request carries them (an Azure
-		// Api-Key, its Authorization).
-		req.Header = outHeader(nil, u)
-		resp, err := r.s.base.RoundTrip(req)
-		if err != nil {
-			continue
-		}
-		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		resp.Body.Close()
-		if resp.StatusCode < 300 {
-			u.br.reset()
+		if ch := r.outcomeIn(ctx, nil, u, took, o, r.s.clock.Now()); ch.Closed {
+			r.see(nil, u, StateClosed, time.Time{}, "health probe succeeded")
 			back = append(back, u.cfg.Name)
 		}
 	}
 	return back
+}
+
+// probeOK sends the active health probe to u and reports whether it
+// answered 2xx.
+func (r *Router) probeOK(ctx context.Context, u *upstream, path, query string) bool {
+	pu := u.pathURL(path, "", query) // as a request for the path has it (on Azure, under /openai)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, pu.String(), nil)
+	if err != nil {
+		return false
+	}
+	// The upstream's headers as a request carries them (an Azure
+	// Api-Key, its Authorization).
+	req.Header = outHeader(nil, u)
+	resp, err := r.s.base.RoundTrip(req)
+	if err != nil {
+		return false
+	}
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	return resp.StatusCode < 300
 }

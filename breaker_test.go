@@ -44,18 +44,24 @@ func (g *breakerRig) evs() []string {
 	return append([]string(nil), g.events...)
 }
 
-// call runs one attempt through the breaker: allow, then done with the
-// outcome. It reports whether the breaker let it through.
+// call runs one attempt through the circuit: its admission, then its
+// outcome. It reports whether the circuit let it through.
 func (g *breakerRig) call(o outcome, latency time.Duration, hint time.Duration) bool {
 	now := g.clock.Now()
-	tk, ok := g.u.br.allow(now, false, nil)
-	if !ok {
+	c := candidate{up: g.u}
+	if _, open := g.u.circ.openUntil(now, false); open {
+		return false
+	}
+	if d, open := g.r.take(context.Background(), admission{tokens: 1}, &c, now); open || d > 0 {
 		return false
 	}
 	g.u.lat.add(latency, now)
-	g.u.br.done(tk, o, hint, &g.u.lat, now, nil)
+	g.r.record(context.Background(), nil, &c, nil, o, hint, now)
 	return true
 }
+
+// state returns the circuit's state in the router's view.
+func (g *breakerRig) state() BreakerState { return stateOf(g.r, g.u, g.clock.Now()) }
 
 func TestBreakerSteps(t *testing.T) {
 	const (
@@ -119,7 +125,7 @@ func TestBreakerSteps(t *testing.T) {
 				g.clock.Advance(s.advance)
 				allowed := g.call(s.o, 10*time.Millisecond, 0)
 				assert.Equal(t, s.allowed, allowed, "step %d allowed", i)
-				assert.Equal(t, s.state, g.u.br.stateAt(g.clock.Now()), "step %d state", i)
+				assert.Equal(t, s.state, g.state(), "step %d state", i)
 			}
 			assert.Equal(t, c.events, g.evs())
 		})
@@ -131,13 +137,13 @@ func TestBreakerOpensOnP99(t *testing.T) {
 	for range 19 {
 		g.call(outcomeSuccess, 3*time.Second, 0)
 	}
-	assert.Equal(t, StateClosed, g.u.br.stateAt(g.clock.Now()), "not before MinSamples")
+	assert.Equal(t, StateClosed, g.state(), "not before MinSamples")
 	g.call(outcomeSuccess, 3*time.Second, 0)
-	assert.Equal(t, StateOpen, g.u.br.stateAt(g.clock.Now()))
+	assert.Equal(t, StateOpen, g.state())
 	assert.Zero(t, g.u.lat.count(), "window reset on opening")
 	g.clock.Advance(30 * time.Second)
 	assert.True(t, g.call(outcomeSuccess, 10*time.Millisecond, 0), "probe")
-	assert.Equal(t, StateClosed, g.u.br.stateAt(g.clock.Now()))
+	assert.Equal(t, StateClosed, g.state())
 }
 
 func TestBreakerRetryAfterStretchesCooldown(t *testing.T) {
@@ -156,16 +162,15 @@ func TestBreakerOneProbeAtATime(t *testing.T) {
 	g.call(outcomeFailure, time.Millisecond, 0)
 	g.clock.Advance(30 * time.Second)
 	now := g.clock.Now()
-	tk, ok := g.u.br.allow(now, false, nil)
-	require.True(t, ok)
-	assert.True(t, tk.probe)
-	_, ok = g.u.br.allow(now, false, nil)
-	assert.False(t, ok, "second request while the probe is in flight")
-	// A stale outcome from before the state change is ignored.
-	g.u.br.done(ticket{gen: tk.gen - 2}, outcomeFailure, 0, &g.u.lat, now, nil)
-	assert.Equal(t, StateHalfOpen, g.u.br.stateAt(now))
-	g.u.br.done(tk, outcomeSuccess, 0, &g.u.lat, now, nil)
-	assert.Equal(t, StateClosed, g.u.br.stateAt(now))
+	probe := candidate{up: g.u}
+	d, open := g.r.take(context.Background(), admission{tokens: 1}, &probe, now)
+	require.True(t, d == 0 && !open && probe.probe != nil, "the probe is claimed")
+	assert.False(t, g.call(outcomeSuccess, time.Millisecond, 0), "second request while the probe is in flight")
+	// A stale outcome, of an attempt that was not the probe, changes nothing.
+	g.r.record(context.Background(), nil, &candidate{up: g.u}, nil, outcomeFailure, 0, now)
+	assert.Equal(t, StateHalfOpen, g.state())
+	g.r.record(context.Background(), nil, &probe, nil, outcomeSuccess, 0, now)
+	assert.Equal(t, StateClosed, g.state())
 }
 
 func TestOutcomeOf(t *testing.T) {
@@ -210,14 +215,14 @@ func TestRegionDeadThenBack(t *testing.T) {
 		require.Equal(t, 200, resp.StatusCode)
 	}
 	assert.Equal(t, 3, srvs[0].Calls(), "the dead region saw 3 failures, then its circuit opened")
-	assert.Equal(t, StateOpen, r.byName["dead"].br.stateAt(clock.Now()))
+	assert.Equal(t, StateOpen, stateOf(r, r.byName["dead"], clock.Now()))
 
 	srvs[0].SetDefault(relaytest.Fault{})
 	clock.Advance(31 * time.Second)
 	resp, _, err := send(t, r, chatBody("gpt-4.1", "x"))
 	require.NoError(t, err)
 	assert.Equal(t, "dead", resp.Header.Get(HeaderUpstream), "the probe went to the recovered region")
-	assert.Equal(t, StateClosed, r.byName["dead"].br.stateAt(clock.Now()))
+	assert.Equal(t, StateClosed, stateOf(r, r.byName["dead"], clock.Now()))
 	mu.Lock()
 	defer mu.Unlock()
 	var trans []string
@@ -244,8 +249,8 @@ func TestAllOpenStillTriesSoonest(t *testing.T) {
 		send(t, r, chatBody("gpt-4.1", "x"))
 	}
 	now := clock.Now()
-	require.Equal(t, StateOpen, r.byName["a"].br.stateAt(now))
-	require.Equal(t, StateOpen, r.byName["b"].br.stateAt(now))
+	require.Equal(t, StateOpen, stateOf(r, r.byName["a"], now))
+	require.Equal(t, StateOpen, stateOf(r, r.byName["b"], now))
 	calls := srvs[0].Calls() + srvs[1].Calls()
 	resp, _, err := send(t, r, chatBody("gpt-4.1", "x"))
 	require.NoError(t, err, "a pool never runs empty: the soonest to recover is tried")
@@ -266,13 +271,13 @@ func TestProbeReadmits(t *testing.T) {
 	})
 	send(t, r, chatBody("gpt-4.1", "x"))
 	send(t, r, chatBody("gpt-4.1", "x"))
-	require.Equal(t, StateOpen, r.byName["a"].br.stateAt(clock.Now()))
+	require.Equal(t, StateOpen, stateOf(r, r.byName["a"], clock.Now()))
 	assert.Empty(t, r.Probe(context.Background()), "cooldown not over")
 	clock.Advance(time.Minute)
-	assert.Equal(t, StateOpen, r.byName["a"].br.stateAt(clock.Now()), "with a probe path, no user request is the probe")
+	assert.Equal(t, StateOpen, stateOf(r, r.byName["a"], clock.Now()), "with a probe path, no user request is the probe")
 	srvs[0].SetDefault(relaytest.Fault{})
 	assert.Equal(t, []string{"a"}, r.Probe(context.Background()))
-	assert.Equal(t, StateClosed, r.byName["a"].br.stateAt(clock.Now()))
+	assert.Equal(t, StateClosed, stateOf(r, r.byName["a"], clock.Now()))
 	last := srvs[0].Requests()[srvs[0].Calls()-1]
 	assert.Equal(t, "GET", last.Method)
 	assert.Equal(t, "/v1/models", last.Path)
@@ -289,54 +294,45 @@ func TestCallerDeadlineDoesNotTripBreaker(t *testing.T) {
 		cancel()
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 	}
-	assert.Equal(t, StateClosed, r.ups[0].br.stateAt(r.s.clock.Now()), "the caller's own deadline is not the upstream's failure")
+	assert.Equal(t, StateClosed, stateOf(r, r.ups[0], r.s.clock.Now()), "the caller's own deadline is not the upstream's failure")
 }
 
-// A closed breaker lets attempts through and takes their successes without
-// its lock (quiet); a success after a failure, a failure, and a success
-// with the p99 over its bound still take the locked path: the failures
-// that are not consecutive never open it, the ones that are do, and a
-// success whose p99 passes the bound opens it at once.
-func TestBreakerQuietPath(t *testing.T) {
+// A closed circuit lets attempts through; a success after failures ends
+// the run: failures that are not consecutive never open it, the ones that
+// are do, and a success whose p99 passes the bound opens it at once.
+func TestBreakerRunsAndP99(t *testing.T) {
 	g := newBreakerRig(t, BreakerConfig{Failures: 2})
 	for range 5 { // fail, fail, succeed: never three in a row
 		g.call(outcomeFailure, time.Millisecond, 0)
-		assert.False(t, g.u.br.quiet.Load(), "a failure is counted")
 		g.call(outcomeFailure, time.Millisecond, 0)
 		g.call(outcomeSuccess, time.Millisecond, 0)
-		assert.True(t, g.u.br.quiet.Load(), "the success cleared the count")
 	}
 	g.call(outcomeNeutral, time.Millisecond, 0)
-	assert.Equal(t, StateClosed, g.u.br.stateAt(g.clock.Now()))
+	assert.Equal(t, StateClosed, g.state())
 	for range 3 {
 		g.call(outcomeFailure, time.Millisecond, 0)
 	}
-	assert.Equal(t, StateOpen, g.u.br.stateAt(g.clock.Now()))
-	assert.False(t, g.u.br.quiet.Load())
+	assert.Equal(t, StateOpen, g.state())
 
 	p := newBreakerRig(t, BreakerConfig{P99: 100 * time.Millisecond, MinSamples: 10})
 	for range 9 {
 		p.call(outcomeSuccess, time.Second, 0)
 	}
-	assert.Equal(t, StateClosed, p.u.br.stateAt(p.clock.Now()), "9 samples: below MinSamples")
+	assert.Equal(t, StateClosed, p.state(), "9 samples: below MinSamples")
 	p.call(outcomeSuccess, time.Second, 0)
-	assert.Equal(t, StateOpen, p.u.br.stateAt(p.clock.Now()), "a success whose p99 is over the bound opens it")
+	assert.Equal(t, StateOpen, p.state(), "a success whose p99 is over the bound opens it")
 }
 
-// Attempts let through and recorded from many goroutines at once, while
-// the breaker is opened again and again (and so probes and closes), leave
-// it consistent: quiet is exactly "closed with no failure counted", and
-// afterwards consecutive failures open it and a probe's success closes
-// it. Run with -race.
+// Attempts admitted and recorded from many goroutines at once, while the
+// circuit is opened again and again (and so probed and closed), leave the
+// router's view and the store agreeing; afterwards consecutive failures
+// open it and a probe's success closes it. Run with -race.
 func TestBreakerConcurrentOutcomes(t *testing.T) {
 	g := newBreakerRig(t, BreakerConfig{Failures: 3, Cooldown: time.Second})
-	b := &g.u.br
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := 0; ; i++ {
 				select {
 				case <-stop:
@@ -346,31 +342,25 @@ func TestBreakerConcurrentOutcomes(t *testing.T) {
 				o := []outcome{outcomeSuccess, outcomeSuccess, outcomeNeutral, outcomeFailure}[(i+w)%4]
 				g.call(o, time.Millisecond, 0)
 			}
-		}()
+		})
 	}
 	for range 300 {
-		b.mu.Lock()
-		b.probing = false // a probe in flight is stale from here on
-		b.openLocked("test", time.Second, &g.u.lat, g.clock.Now())
-		b.settleLocked()
-		b.mu.Unlock()
+		now := g.clock.Now()
+		openFor(g.r, g.u, now.Add(time.Second), now)
 		g.clock.Advance(2 * time.Second) // its cooldown ends: the next attempt probes
 	}
 	close(stop)
 	wg.Wait()
-	require.GreaterOrEqual(t, b.changes.Load(), uint64(300))
-	b.mu.Lock()
-	assert.Equal(t, b.state == StateClosed && b.fails == 0, b.quiet.Load(), "quiet as the state says")
-	b.mu.Unlock()
-	g.clock.Advance(2 * time.Second)
+	require.GreaterOrEqual(t, g.u.circ.changes.Load(), uint64(300))
+	g.clock.Advance(20 * time.Second)           // past a probe's claim
 	g.call(outcomeSuccess, time.Millisecond, 0) // a probe if open: closes it
-	require.Equal(t, StateClosed, b.stateAt(g.clock.Now()))
+	require.Equal(t, StateClosed, g.state())
+	require.True(t, openUntil(t, g.r.st, "a", g.clock.Now()).IsZero(), "the store agrees")
 	for range 4 {
 		g.call(outcomeFailure, time.Millisecond, 0)
 	}
-	assert.Equal(t, StateOpen, b.stateAt(g.clock.Now()))
+	assert.Equal(t, StateOpen, g.state())
 	g.clock.Advance(2 * time.Second)
 	assert.True(t, g.call(outcomeSuccess, time.Millisecond, 0), "the probe")
-	assert.Equal(t, StateClosed, b.stateAt(g.clock.Now()))
-	assert.True(t, b.quiet.Load())
+	assert.Equal(t, StateClosed, g.state())
 }

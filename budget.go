@@ -9,9 +9,10 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tokenrelay/relay/store"
 )
 
 // ErrBudgetExceeded: the request's worst-case cost did not fit in what is
@@ -23,11 +24,11 @@ var ErrBudgetExceeded = errors.New("relay: budget exceeded")
 //
 // Reserve, then settle: before any upstream call, each covering budget
 // reserves the request's worst-case cost (its prompt tokens at the input
-// price plus its max_tokens, or Limits.DefaultMaxTokens, at the output
-// price, at the rates of the long-context tier its prompt falls in and of
-// the service tier it asks for, a dearer cache-read or cache-write price
-// taken for the input price, for the model and upstream chosen, after the
-// upstream's price factor); a request whose reservation does not fit in what is left does not
+// price plus its max_tokens, or Config.Limits.DefaultMaxTokens, at the
+// output price, at the rates of the long-context tier its prompt falls in
+// and of the service tier it asks for, a dearer cache-read or cache-write
+// price taken for the input price, for the model and upstream chosen, after
+// the upstream's price factor); a request whose reservation does not fit in what is left does not
 // go out. When the request's report is made, the reservation is replaced by
 // the actual cost (a refund, or a top-up when the upstream billed more than
 // the worst case, as when it counted more prompt tokens than the router;
@@ -204,159 +205,6 @@ type Currency struct {
 	PerUSD float64
 }
 
-// BudgetKey names one ledger entry: a budget, a scope key, and the window,
-// by its end.
-type BudgetKey struct {
-	Budget string    // the budget's name
-	Key    string    // the scope's key ("" for AllTraffic)
-	Window time.Time // the end of the window
-}
-
-// Ledger keeps budget spend: reservations and settled spend per budget key.
-// Amounts are in nano-units (1e-9) of the billing currency, so sums are
-// exact. LocalLedger, the default, keeps it in the process; a shared ledger
-// (package redisstate) keeps one for a whole fleet of replicas.
-// Implementations are safe for concurrent use, and Reserve is atomic: two
-// requests never both take the last of a budget.
-type Ledger interface {
-	// Reserve sets hold h.ID of k to h.Amount (a new hold, a top-up of
-	// one, or a smaller amount, which always fits) if k's spend plus its
-	// reservations, with h at its new amount, stay within limit, and
-	// reports whether it did. Reserving the same
-	// hold twice at the same amount changes nothing, so a call that may
-	// or may not have been applied (a timeout) can be repeated or settled.
-	// A hold no longer counts after h.Expires (a shared ledger must honour
-	// it; an in-process one may ignore it, since its holds end with it).
-	Reserve(ctx context.Context, k BudgetKey, limit int64, h Hold) (bool, error)
-	// Settle ends hold id of k, whatever it holds (nothing when there is
-	// no such hold: never made, settled, or expired), and adds spent to
-	// k's spend.
-	Settle(ctx context.Context, k BudgetKey, id string, spent int64) error
-	// Usage returns k's spend and what its live holds reserve.
-	Usage(ctx context.Context, k BudgetKey) (spent, reserved int64, err error)
-	// Keys returns the keys budget has ledgers for in the window ending at
-	// end, for Router.Spend.
-	Keys(ctx context.Context, budget string, end time.Time) ([]string, error)
-}
-
-// Hold is one request's reservation in one ledger.
-type Hold struct {
-	ID      string    // the request's, unique in the fleet
-	Amount  int64     // all it reserves, in nano-units of the billing currency
-	Expires time.Time // when it stops counting if never settled (Budget.HoldFor)
-}
-
-// NewLocalLedger returns an in-process Ledger. It keeps the current window
-// of each key; a settlement for a window that has ended is dropped.
-func NewLocalLedger() Ledger { return &localLedger{m: map[string]map[string]*account{}} }
-
-type localLedger struct {
-	mu     sync.Mutex
-	m      map[string]map[string]*account // budget, key
-	latest map[string]time.Time           // by budget: the newest window seen
-}
-
-type account struct {
-	window          time.Time
-	spent, reserved int64
-	holds           map[string]int64 // by id; they end with the process, so Expires is not kept
-}
-
-// at returns k's account for k's window, starting it if k's window is
-// newer; nil when k's window has ended.
-func (l *localLedger) at(k BudgetKey) *account {
-	keys := l.m[k.Budget]
-	if keys == nil {
-		keys = map[string]*account{}
-		l.m[k.Budget] = keys
-	}
-	if last, ok := l.latest[k.Budget]; !ok || last.Before(k.Window) {
-		// A new window: the ledgers of ended ones that hold nothing go
-		// (a PerHeader scope would otherwise keep every key ever seen).
-		if l.latest == nil {
-			l.latest = map[string]time.Time{}
-		}
-		l.latest[k.Budget] = k.Window
-		for key, a := range keys {
-			if a.window.Before(k.Window) && a.reserved == 0 {
-				delete(keys, key)
-			}
-		}
-	}
-	a := keys[k.Key]
-	switch {
-	case a == nil && k.Window.Before(l.latest[k.Budget]):
-		return nil // an ended window (its ledger may have gone with it)
-	case a == nil:
-		a = &account{window: k.Window}
-		keys[k.Key] = a
-	case a.window.Before(k.Window):
-		*a = account{window: k.Window}
-	case k.Window.Before(a.window):
-		return nil
-	}
-	return a
-}
-
-func (l *localLedger) Reserve(_ context.Context, k BudgetKey, limit int64, h Hold) (bool, error) {
-	if h.Amount < 0 {
-		return false, fmt.Errorf("relay: reserve %s: negative amount %d", k.Budget, h.Amount)
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	a := l.at(k)
-	if a == nil {
-		return false, nil
-	}
-	delta := h.Amount - a.holds[h.ID]
-	if delta > 0 && a.spent+a.reserved+delta > limit {
-		return false, nil
-	}
-	if a.holds == nil {
-		a.holds = map[string]int64{}
-	}
-	a.holds[h.ID] = h.Amount
-	a.reserved += delta
-	return true, nil
-}
-
-func (l *localLedger) Settle(_ context.Context, k BudgetKey, id string, spent int64) error {
-	if spent < 0 {
-		return fmt.Errorf("relay: settle %s: negative amount %d", k.Budget, spent)
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if a := l.at(k); a != nil {
-		if n, ok := a.holds[id]; ok {
-			a.reserved -= n
-			delete(a.holds, id)
-		}
-		a.spent = min(a.spent, math.MaxInt64-spent) + spent // saturating
-	}
-	return nil
-}
-
-func (l *localLedger) Usage(_ context.Context, k BudgetKey) (int64, int64, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if a := l.m[k.Budget][k.Key]; a != nil && a.window.Equal(k.Window) {
-		return a.spent, a.reserved, nil
-	}
-	return 0, 0, nil
-}
-
-func (l *localLedger) Keys(_ context.Context, budget string, end time.Time) ([]string, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var keys []string
-	for k, a := range l.m[budget] {
-		if a.window.Equal(end) {
-			keys = append(keys, k)
-		}
-	}
-	return keys, nil
-}
-
 // maxBudgetLimit bounds Budget.Limit, in units of the billing currency:
 // half of what int64 nano-units hold, so that spend, reservations and one
 // more request add up without wrapping.
@@ -431,8 +279,9 @@ const defaultHoldFor = 10 * time.Minute
 
 // held is one reservation a request holds.
 type held struct {
-	b *budgetSettings
-	k BudgetKey // in the window where the request first reserved: top-ups go there too
+	b  *budgetSettings
+	k  store.BudgetKey // in the window where the request first reserved: top-ups go there too
+	id string          // the hold's id in its ledgers, unique in the fleet (reservations.newID)
 	// What it holds in the router's ledger, and in the in-process fallback
 	// ledger (when the shared one did not answer): a top-up may land in
 	// the other one, and each part is settled where it was reserved.
@@ -448,7 +297,8 @@ func (h *held) amount() int64 { return h.shared + h.local }
 // reservations are what one request holds in its budgets, and the budget
 // that last refused it.
 type reservations struct {
-	id        string // the request's hold id in every ledger
+	id        string // the request's: the hold ids of its holds start with it
+	n         int    // holds it made
 	list      []held
 	buf       [4]held
 	refused   *budgetSettings
@@ -468,7 +318,8 @@ func (t *trip) scope(b *budgetSettings, model, upstream string) (key string, cov
 // reserve makes sure the trip holds, in every budget covering c, at least
 // c's worst-case cost, reserving (or topping up) what is missing. It
 // reports false, with the refusing budget noted, when one does not fit. A
-// ledger error admits the request (a ledger that is down never fails one).
+// shared ledger that does not answer is decided by the local share
+// (reserveLedger).
 func (t *trip) reserve(ctx context.Context, c *candidate, now time.Time) bool {
 	bs := t.r.s.budgets
 	if len(bs) == 0 {
@@ -489,7 +340,7 @@ func (t *trip) reserve(ctx context.Context, c *candidate, now time.Time) bool {
 			res.refused, res.unpriced = b, c.model // it could not count the request's spend
 			return false
 		}
-		k := BudgetKey{Budget: b.Name, Key: key, Window: b.windowEnd(now)}
+		k := store.BudgetKey{Budget: b.Name, Key: key, Window: b.windowEnd(now)}
 		h := res.find(k)
 		if h != nil && h.amount() >= need {
 			continue
@@ -500,20 +351,17 @@ func (t *trip) reserve(ctx context.Context, c *candidate, now time.Time) bool {
 			// A top-up after the hold's window ended: the hold moves to
 			// the current window (a ledger keeps its current window, and
 			// one settlement must release all of it).
-			t.r.settleLedger(t, h, res.id, 0)
-			*h = held{b: b, k: k}
+			t.r.settleLedger(t, h, 0)
+			*h = held{b: b, k: k, id: res.newID()}
 		case h != nil:
 			have, onlyLocal = h.amount(), h.local > 0 && h.shared == 0
 		}
 		isNew := h == nil
 		if isNew {
-			res.list = append(res.list, held{b: b, k: k})
+			res.list = append(res.list, held{b: b, k: k, id: res.newID()})
 			h = &res.list[len(res.list)-1]
 		}
-		if res.id == "" {
-			res.id = newHoldID()
-		}
-		if !t.r.reserveLedger(ctx, t, h, res.id, need-have, onlyLocal, now.Add(b.holdFor)) {
+		if !t.r.reserveLedger(ctx, t, h, need-have, onlyLocal, now.Add(b.holdFor)) {
 			if isNew && !h.uncertain {
 				res.list = res.list[:len(res.list)-1] // nothing held, nothing to settle
 			}
@@ -549,25 +397,32 @@ func (t *trip) dropHolds(ctx context.Context, n0 int, c *candidate) {
 				if h.amount() > need && (h.local == 0 || h.shared == 0) && !h.uncertain {
 					// Reserving less always fits; a ledger that does not
 					// answer keeps the larger hold, which the settlement ends.
-					t.r.reserveLedger(ctx, t, &h, res.id, need-h.amount(), h.local > 0, t.r.s.clock.Now().Add(h.b.holdFor))
+					t.r.reserveLedger(ctx, t, &h, need-h.amount(), h.local > 0, t.r.s.clock.Now().Add(h.b.holdFor))
 				}
 				keep = append(keep, h)
 				continue
 			}
 		}
-		t.r.settleLedger(t, &h, res.id, 0)
+		t.r.settleLedger(t, &h, 0)
 	}
 	res.list = keep
 }
 
-// newHoldID returns a reservation id that no other request of the fleet
-// has: 64 random bits.
-func newHoldID() string {
-	return strconv.FormatUint(rand.Uint64(), 36)
+// newID returns the id of a new hold of the request: one that no other
+// hold of the fleet has (the request's 64 random bits, and the hold's
+// number), so that a hold given back (a candidate passed over) and made
+// again in the same ledger is a new one, which a ledger does not take for
+// the late reply of a settled one.
+func (res *reservations) newID() string {
+	if res.id == "" {
+		res.id = strconv.FormatUint(rand.Uint64(), 36)
+	}
+	res.n++
+	return res.id + "." + strconv.Itoa(res.n)
 }
 
 // find returns the hold of k's budget and key, in whatever window.
-func (res *reservations) find(k BudgetKey) *held {
+func (res *reservations) find(k store.BudgetKey) *held {
 	for i := range res.list {
 		if h := &res.list[i]; h.k.Budget == k.Budget && h.k.Key == k.Key {
 			return h
@@ -625,7 +480,7 @@ func (t *trip) settle(parts []costPart) (spends []SpendEvent, late *hookPanic) {
 				charges[i] += spent
 				continue
 			}
-			loose = append(loose, held{b: b, k: BudgetKey{Budget: b.Name, Key: key, Window: b.windowEnd(t.r.s.clock.Now())}})
+			loose = append(loose, held{b: b, k: store.BudgetKey{Budget: b.Name, Key: key, Window: b.windowEnd(t.r.s.clock.Now())}})
 			looseCh = append(looseCh, spent)
 		}
 	}
@@ -680,7 +535,7 @@ func (p *costPart) spent(b *budgetSettings, perUSD float64) int64 {
 // Hooks.OnSpend (called once every ledger is settled: a panicking hook
 // then leaves no hold behind).
 func (t *trip) settleCharge(spends []SpendEvent, h *held, spent int64) []SpendEvent {
-	t.r.settleLedger(t, h, t.res.id, spent)
+	t.r.settleLedger(t, h, spent)
 	if t.r.s.hooks.OnSpend != nil && spent > 0 {
 		spends = append(spends, SpendEvent{Context: t.ctx, Budget: h.b.Name, Key: h.k.Key, Amount: float64(spent) / 1e9, Currency: t.r.s.currency.Code})
 	}
@@ -773,33 +628,12 @@ func (v budgetView) share(b *budgetSettings) (float64, bool) {
 	}
 	most := 0.0
 	for _, key := range keys {
-		spent, reserved, err := v.r.usage(v.ctx, BudgetKey{Budget: b.Name, Key: key, Window: end})
+		spent, reserved, err := v.r.usage(v.ctx, b, store.BudgetKey{Budget: b.Name, Key: key, Window: end})
 		if err == nil {
 			most = max(most, float64(spent+reserved)/float64(b.limit))
 		}
 	}
 	return most, true
-}
-
-// usage reads k's spend and reservations from the router's ledger: a
-// shared one within StateTimeout, falling back to the in-process ledger
-// (whose share of the limit is the replica's) when it does not answer.
-func (r *Router) usage(ctx context.Context, k BudgetKey) (spent, reserved int64, err error) {
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	if r.fallbackLedger == nil {
-		return r.ledger.Usage(ctx, k)
-	}
-	sctx, cancel := r.stateCtx(ctx)
-	spent, reserved, err = r.ledger.Usage(sctx, k)
-	cancel()
-	if err == nil {
-		return spent, reserved, nil
-	}
-	r.stateFailed(nil, "usage", err)
-	spent, reserved, err = r.fallbackLedger.Usage(ctx, k)
-	return spent * int64(r.s.replicas), reserved * int64(r.s.replicas), err
 }
 
 // noBudgets is the view when no budget is configured.
@@ -820,11 +654,13 @@ type BudgetSpend struct {
 
 // Spend returns, for every budget and every ledger it has in the current
 // window, the spend and reservations, in configuration order and then by
-// key. With a shared Ledger the figures are the fleet's; each call to it
+// key. With a shared Ledger the figures are the fleet's (settlements it
+// did not take when they were made are made again first); each call to it
 // is bounded by Config.StateTimeout, and when it does not answer the
-// figures are this replica's in-process ledger's, times Replicas. It is
-// safe for concurrent use.
+// figures are the fleet's as of its last answer with this replica's since,
+// Replicas times. It is safe for concurrent use.
 func (r *Router) Spend() []BudgetSpend {
+	r.settlePending(nil)
 	now := r.s.clock.Now()
 	var out []BudgetSpend
 	for i := range r.s.budgets {
@@ -833,93 +669,10 @@ func (r *Router) Spend() []BudgetSpend {
 		keys := r.keys(b.Name, end)
 		slices.Sort(keys)
 		for _, key := range keys {
-			spent, reserved, _ := r.usage(context.Background(), BudgetKey{Budget: b.Name, Key: key, Window: end})
+			spent, reserved, _ := r.usage(context.Background(), b, store.BudgetKey{Budget: b.Name, Key: key, Window: end})
 			out = append(out, BudgetSpend{Budget: b.Name, Key: key, Spent: float64(spent) / 1e9, Reserved: float64(reserved) / 1e9,
 				Limit: b.Limit, WindowEnd: end})
 		}
 	}
 	return out
-}
-
-// keys lists the keys of budget's ledgers in the window ending at end, as
-// usage reads them.
-func (r *Router) keys(budget string, end time.Time) []string {
-	if r.fallbackLedger == nil {
-		keys, _ := r.ledger.Keys(context.Background(), budget, end)
-		return keys
-	}
-	ctx, cancel := r.stateCtx(context.Background())
-	keys, err := r.ledger.Keys(ctx, budget, end)
-	cancel()
-	if err != nil {
-		r.stateFailed(nil, "usage", err)
-		keys, _ = r.fallbackLedger.Keys(context.Background(), budget, end)
-	}
-	return keys
-}
-
-// reserveLedger changes h's reservation by delta (a negative delta lowers
-// it), in the router's ledger, as hold id until expires. A shared ledger
-// (one other than the in-process default) is called within StateTimeout;
-// when it does not answer, the in-process fallback ledger decides, with
-// the limit divided by Replicas. onlyLocal keeps the change in the
-// fallback ledger, where the reservation is. It reports whether the
-// reservation fits.
-func (r *Router) reserveLedger(ctx context.Context, t *trip, h *held, id string, delta int64, onlyLocal bool, expires time.Time) bool {
-	limit := h.b.limit
-	if r.fallbackLedger == nil {
-		ok, _ := r.ledger.Reserve(ctx, h.k, limit, Hold{ID: id, Amount: h.shared + delta, Expires: expires})
-		if ok {
-			h.shared += delta
-		}
-		return ok
-	}
-	if !onlyLocal {
-		sctx, cancel := r.stateCtx(ctx)
-		ok, err := r.ledger.Reserve(sctx, h.k, limit, Hold{ID: id, Amount: h.shared + delta, Expires: expires})
-		cancel()
-		if err == nil {
-			if ok {
-				h.shared += delta
-			}
-			return ok
-		}
-		h.uncertain = true
-		r.stateFailed(t, "reserve", err)
-	}
-	ok, _ := r.fallbackLedger.Reserve(ctx, h.k, limit/int64(r.s.replicas), Hold{ID: id, Amount: h.local + delta, Expires: expires})
-	if ok {
-		h.local += delta
-	}
-	return ok
-}
-
-// settleLedger ends h's reservation in each ledger that holds a part of
-// it (or may: a shared Reserve that did not answer), and charges spent to
-// the router's ledger when it holds a part, else to the fallback ledger.
-func (r *Router) settleLedger(t *trip, h *held, id string, spent int64) {
-	toShared := h.shared > 0 || h.local == 0
-	if h.local > 0 {
-		toLocal := spent
-		if toShared {
-			toLocal = 0
-		}
-		r.fallbackLedger.Settle(context.Background(), h.k, id, toLocal)
-	}
-	if !toShared && !h.uncertain {
-		return
-	}
-	toMain := int64(0)
-	if toShared {
-		toMain = spent
-	}
-	if r.fallbackLedger == nil {
-		r.ledger.Settle(context.Background(), h.k, id, toMain)
-		return
-	}
-	ctx, cancel := r.stateCtx(context.Background())
-	defer cancel()
-	if err := r.ledger.Settle(ctx, h.k, id, toMain); err != nil {
-		r.stateFailed(t, "settle", err)
-	}
 }

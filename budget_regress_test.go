@@ -191,7 +191,7 @@ func TestRegressBudgetLimitCappedInNanoUnits(t *testing.T) {
 	assert.ErrorIs(t, err, ErrBudgetExceeded, "a 5th request exceeds the limit")
 }
 
-// NewLocalLedger forgets the ledgers of ended windows that hold nothing
+// The in-process ledger forgets the ledgers of ended windows that hold nothing
 // (every PerHeader value ever seen kept an account, so a gateway whose
 // callers set the header grew without bound).
 func TestRegressLocalLedgerNeverEvictsEndedKeys(t *testing.T) {
@@ -201,7 +201,9 @@ func TestRegressLocalLedgerNeverEvictsEndedKeys(t *testing.T) {
 		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1"}},
 		Budgets:   []Budget{{Name: "team", Scope: PerHeader("X-Relay-Budget"), Limit: 100, Window: Window{Every: time.Hour}}}})
 	big := strings.Repeat("x", 64<<10)
+	var ends []time.Time
 	for hour := range 3 {
+		ends = append(ends, clock.Now().Truncate(time.Hour).Add(time.Hour))
 		for i := range 200 {
 			resp, err := r.RoundTrip(budgetRequest(context.Background(), "m", big+strconv.Itoa(hour*1000+i)))
 			require.NoError(t, err)
@@ -210,10 +212,12 @@ func TestRegressLocalLedgerNeverEvictsEndedKeys(t *testing.T) {
 		}
 		clock.Advance(time.Hour)
 	}
-	l := r.ledger.(*localLedger)
-	l.mu.Lock()
-	n := len(l.m["team"])
-	l.mu.Unlock()
+	n := 0
+	for _, end := range ends {
+		keys, err := r.ledger.Keys(context.Background(), "team", end)
+		require.NoError(t, err)
+		n += len(keys)
+	}
 	assert.Empty(t, r.Spend(), "no ledger in the current window")
 	assert.LessOrEqual(t, n, 200, "accounts kept for windows that ended: %d (each keyed by a 64 KiB header value: %d MiB)", n, n*64/1024)
 }
@@ -334,16 +338,14 @@ func TestRegressForcedTryOverBudgetIsARefusal(t *testing.T) {
 		Budgets:   []Budget{{Name: "tight", Limit: 10, Window: Window{Every: time.Hour}}}})
 	require.NoError(t, err)
 	u := r.ups[0]
-	u.br.mu.Lock()
-	u.br.openLocked("test", time.Minute, &u.lat, clock.Now()) // opened while the request was routed
-	u.br.mu.Unlock()
+	openFor(r, u, clock.Now().Add(time.Minute), clock.Now()) // opened while the request was routed
 	req := budgetRequest(context.Background(), "m", "")
 	tr := newTrip(r, req)
 	tr.c.req = Request{Endpoint: EndpointChat, Model: "m", PromptTokens: 100, Header: req.Header, Budget: noBudgets{}}
 	adm := r.admissionOf(&tr.c)
 	adm.trip, adm.mayWait = tr, true
 	tr.tokens = adm.tokens
-	_, _, err = r.forceSoonest([]candidate{{up: u, model: "m"}}, adm, clock.Now())
+	_, err = r.forceSoonest([]candidate{{up: u, model: "m"}}, adm, clock.Now())
 	require.ErrorIs(t, err, ErrBudgetExceeded)
 	assert.Equal(t, "tight", tr.res.refused.Name)
 }

@@ -15,6 +15,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tokenrelay/relay/store"
 )
 
 // budgetPrices makes every token of "m" cost $1 (and of "cheap" 10¢), so
@@ -187,7 +189,7 @@ func TestBudgetStreamEstimatedAndHedged(t *testing.T) {
 	a, b := newGatedUpstream(t), newGatedUpstream(t)
 	clock := newFakeClock()
 	var held []int64
-	ledger := &spyLedger{Ledger: NewLocalLedger(), reserved: &held}
+	ledger := &spyLedger{Ledger: store.NewLocal(), reserved: &held}
 	hr, hreps := newTestRouter(t, Config{Clock: clock, Hedge: HedgeConfig{Delay: 100 * time.Millisecond}, Ledger: ledger,
 		Prices:    map[string]Price{"gpt-4.1": {InputPerMTok: 1e6, OutputPerMTok: 1e6}},
 		Upstreams: []Upstream{{Name: "a", BaseURL: a.URL}, {Name: "b", BaseURL: b.URL}},
@@ -210,16 +212,16 @@ func TestBudgetStreamEstimatedAndHedged(t *testing.T) {
 
 // spyLedger records the reservations asked of a Ledger.
 type spyLedger struct {
-	Ledger
+	store.Ledger
 	mu       sync.Mutex
 	reserved *[]int64
 }
 
-func (l *spyLedger) Reserve(ctx context.Context, k BudgetKey, limit int64, h Hold) (bool, error) {
+func (l *spyLedger) Reserve(ctx context.Context, k store.BudgetKey, limit int64, h store.Hold, now time.Time) (store.Reservation, error) {
 	l.mu.Lock()
 	*l.reserved = append(*l.reserved, h.Amount)
 	l.mu.Unlock()
-	return l.Ledger.Reserve(ctx, k, limit, h)
+	return l.Ledger.Reserve(ctx, k, limit, h, now)
 }
 
 // TestBudgetWindowsRollOver: a window's spend starts again at its end, on
@@ -373,11 +375,11 @@ func BenchmarkBudgetAdmission(b *testing.B) {
 				if len(c.budgets) > 0 {
 					adm.trip = t
 				}
-				i, tk, _, err := r.acquire(ctx, cands, 0, adm)
+				i, _, err := r.acquire(ctx, cands, 0, adm)
 				if err != nil {
 					b.Fatal(err)
 				}
-				a := attempt{cand: cands[i], tk: tk, held: true}
+				a := attempt{cand: cands[i], held: true}
 				a.release()
 				t.att = a
 				t.settle([]costPart{{model: "m", upstream: a.cand.up.cfg.Name, cost: 1}})
@@ -386,60 +388,76 @@ func BenchmarkBudgetAdmission(b *testing.B) {
 	}
 }
 
-// lateLedger is a shared Ledger whose Reserve applies the hold and then
-// answers too late (a timeout), as a slow Redis does; it records the
-// holds it made and the ids settled.
+// lateLedger is a shared Ledger whose Reserve, once late is set, applies
+// the hold and then answers too late (a timeout), as a slow Redis does;
+// it records the holds it made and the ids settled.
 type lateLedger struct {
-	Ledger
+	store.Ledger
+	late    atomic.Bool
 	mu      sync.Mutex
 	made    []string
 	settled []string
 }
 
-func (l *lateLedger) Reserve(ctx context.Context, k BudgetKey, limit int64, h Hold) (bool, error) {
-	l.Ledger.Reserve(ctx, k, limit, h)
+func (l *lateLedger) Reserve(ctx context.Context, k store.BudgetKey, limit int64, h store.Hold, now time.Time) (store.Reservation, error) {
+	res, err := l.Ledger.Reserve(ctx, k, limit, h, now)
 	l.mu.Lock()
 	l.made = append(l.made, h.ID)
 	l.mu.Unlock()
-	return false, context.DeadlineExceeded
+	if l.late.Load() {
+		return store.Reservation{}, context.DeadlineExceeded
+	}
+	return res, err
 }
 
-func (l *lateLedger) Settle(ctx context.Context, k BudgetKey, id string, spent int64) error {
-	l.mu.Lock()
-	l.settled = append(l.settled, id)
-	l.mu.Unlock()
-	return l.Ledger.Settle(ctx, k, id, spent)
+func (l *lateLedger) Settle(ctx context.Context, k store.BudgetKey, id string, spent int64, now time.Time) error {
+	if id != "" {
+		l.mu.Lock()
+		l.settled = append(l.settled, id)
+		l.mu.Unlock()
+	}
+	return l.Ledger.Settle(ctx, k, id, spent, now)
 }
 
 // TestBudgetSettlesUncertainHold: a shared Reserve that timed out may
-// have made its hold; the request reserves in-process, and its
-// settlement ends the shared hold too, by the request's id, so the shared
-// ledger holds nothing once no request is in flight. The spend goes to
-// the ledger that held the reservation (the in-process one).
+// have made its hold; the request reserves from the local share (what the
+// shared ledger had left when it last answered), and its settlement ends
+// the shared hold too, by its id, so the shared ledger holds nothing once
+// no request is in flight. The spend charged to the local share goes to
+// the shared ledger after its next settlement.
 func TestBudgetSettlesUncertainHold(t *testing.T) {
-	shared := &lateLedger{Ledger: NewLocalLedger()}
+	shared := &lateLedger{Ledger: store.NewLocal()}
 	base := &usageBase{prompt: 8, completion: 10}
 	r, reps := newTestRouter(t, Config{Base: base, Prices: budgetPrices, Ledger: shared,
 		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1"}},
 		Budgets:   []Budget{{Name: "all", Limit: 1000, Window: Window{Every: time.Hour}}}})
-	for range 3 {
+	send := func() {
 		resp, err := r.RoundTrip(budgetRequest(context.Background(), "m", ""))
 		require.NoError(t, err)
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 	}
-	require.Len(t, reps.all(), 3)
+	send() // the shared ledger answers: the local share knows what it has left
+	shared.late.Store(true)
+	for range 3 {
+		send()
+	}
+	require.Len(t, reps.all(), 4)
 	shared.mu.Lock()
 	made, settled := slices.Clone(shared.made), slices.Clone(shared.settled)
 	shared.mu.Unlock()
-	require.Len(t, made, 3)
+	require.Len(t, made, 4)
 	assert.ElementsMatch(t, made, settled, "every hold the shared ledger made was settled by its id")
-	assert.Len(t, slices.Compact(slices.Sorted(slices.Values(made))), 3, "one id per request")
-	k := BudgetKey{Budget: "all", Window: time.Now().Truncate(time.Hour).Add(time.Hour)}
-	spent, reserved, _ := shared.Ledger.Usage(context.Background(), k)
+	assert.Len(t, slices.Compact(slices.Sorted(slices.Values(made))), 4, "one id per request")
+	now := r.s.clock.Now()
+	k := store.BudgetKey{Budget: "all", Window: now.Truncate(time.Hour).Add(time.Hour)}
+	spent, reserved, _ := shared.Ledger.Usage(context.Background(), k, now)
 	assert.Zero(t, reserved, "the shared ledger holds nothing")
-	assert.Zero(t, spent, "the spend went to the in-process ledger, which held the reservation")
-	lspent, lreserved, _ := r.fallbackLedger.Usage(context.Background(), k)
+	var cost float64
+	for _, rep := range reps.all() {
+		cost += rep.Cost
+	}
+	assert.Equal(t, nanos(cost), spent, "every request's spend is in the shared ledger")
+	_, lreserved, _ := r.local.Usage(context.Background(), k, now)
 	assert.Zero(t, lreserved)
-	assert.Positive(t, lspent)
 }

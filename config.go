@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tokenrelay/relay/internal/prompt"
+	"github.com/tokenrelay/relay/store"
 )
 
 // Config configures a Router. New copies it and checks every field;
@@ -100,28 +101,34 @@ type Config struct {
 
 	// Limits configures backpressure waits; per-upstream rates are in
 	// Upstream.
-	Limits LimitConfig
+	Limits Limits
 
 	// Budgets cap spend (see Budget); none by default.
 	Budgets []Budget
 	// Currency is the billing currency: budgets are set in it and
 	// Report.Cost is given in it. The zero Currency is USD.
 	Currency Currency
-	// Ledger keeps budget spend. If nil, the State's when one is set,
-	// else NewLocalLedger(): this process only.
-	Ledger Ledger
+	// Ledger keeps budget spend (see store.Ledger). If nil, State's when
+	// one is set, else this process's.
+	Ledger store.Ledger
 
-	// State shares upstream limits, holds, circuits and budgets with the
-	// other replicas of the service (package redisstate). If nil, they live
-	// in this process only.
-	State State
-	// StateTimeout bounds each call to State on the request path; a call
-	// that fails or times out is decided from in-process state instead.
-	// If 0, 5 ms.
+	// State keeps the upstreams' limits, holds and circuits, and the
+	// budgets, shared with the other replicas of the service (package
+	// redisstate; see package store for the contract). If nil, they live
+	// in this process only (store.NewLocal).
+	State store.State
+	// StateTimeout bounds each call to a shared State or Ledger on the
+	// request path; a call that fails or times out is decided from this
+	// replica's share instead (see docs/fleet-state.md). If 0, 1 s: a
+	// healthy Redis shared by busy replicas on one loaded host answers
+	// within half of it, and one that stalls costs the requests in flight
+	// this long once a call, before its calls fail fast.
 	StateTimeout time.Duration
-	// Replicas is how many replicas share State: while it is unreachable,
-	// each replica holds its upstreams to RPM/Replicas and TPM/Replicas. If
-	// 0, 1.
+	// Replicas is how many replicas share State: while it does not answer,
+	// each replica decides from its share of the limits (RPM/Replicas and
+	// TPM/Replicas) and of what is left of each budget, kept in step with
+	// the fleet while it answers. Set it to at least the number of
+	// replicas. If 0, 1.
 	Replicas int
 
 	// Stream configures the handling of server-sent-event answers.
@@ -367,25 +374,29 @@ type BreakerConfig struct {
 	OnChange func(BreakerEvent)
 }
 
-// LimitConfig configures backpressure. Per-upstream rates and caps are in
+// Limits configures backpressure. Per-upstream rates and caps are in
 // Upstream (RPM, TPM, MaxInFlight).
 //
-// Each upstream's RPM and TPM are token buckets (golang.org/x/time/rate)
-// that refill continuously and hold at most one minute's quota. A request
+// Each upstream's RPM and TPM are buckets that refill continuously and hold
+// at most one minute's quota, kept by the router's store (package store;
+// GCRA). A request
 // takes one request token and a TPM charge of its prompt tokens plus its max
 // output tokens (DefaultMaxTokens when it sets none), clamped to the bucket
 // size. The router tries candidates in order and takes the first that can
 // serve the request now; when none can, it waits for the one that can serve
 // soonest, at most MaxWait and never past the request's context; when that
-// is too long for all of them, RoundTrip fails with ErrRateLimited and no
-// upstream is called.
+// is too long for all of them, RoundTrip fails with ErrRateLimited at once
+// and no upstream is called. Requests that wait for one upstream queue by
+// priority: only the head of the queue asks the store, once per answer,
+// and a request whose turn in the queue could not come in time is refused
+// at once.
 //
 // The upstream's own word counts too: x-ratelimit-remaining-requests or
 // -tokens of 0 hold the upstream until x-ratelimit-reset-requests or
 // -tokens (Go durations such as "6m0s", "120ms"; at most an hour); a 429
 // holds it for its Retry-After (1 s when it gives none, a minute at most). A
 // hold affects that upstream only, never the whole model.
-type LimitConfig struct {
+type Limits struct {
 	// MaxWait bounds the wait for an upstream's rate-limit tokens or
 	// in-flight slot. If 0, 2 s; negative: off (never wait).
 	MaxWait time.Duration
@@ -394,6 +405,11 @@ type LimitConfig struct {
 	// charge is the prompt alone).
 	DefaultMaxTokens int
 }
+
+// LimitConfig is Limits' other name.
+//
+// Deprecated: use Limits.
+type LimitConfig = Limits
 
 // StreamConfig configures the handling of server-sent-event answers
 // (2xx responses with Content-Type text/event-stream).
@@ -454,14 +470,14 @@ type settings struct {
 	defaultMaxTokens int
 	stream           streamSettings
 	upstreams        []upstreamSettings
-	secrets          secrets // what to redact from upstream text
-	state            State
+	secrets          secrets     // what to redact from upstream text
+	state            store.State // nil: in-process
 	stateTimeout     time.Duration
 	replicas         int
 	budgets          []budgetSettings
 	contextFallbacks []string
-	currency         Currency // Code and PerUSD set
-	ledger           Ledger
+	currency         Currency     // Code and PerUSD set
+	ledger           store.Ledger // nil: the State's
 }
 
 type retrySettings struct {
@@ -489,6 +505,7 @@ type breakerSettings struct {
 	maxCooldown time.Duration
 	probePath   string // "": user requests probe
 	onChange    func(BreakerEvent)
+	policy      store.CircuitPolicy // the rule the store applies
 }
 
 // streamSettings are the stream settings but for the timeouts, which are
@@ -604,20 +621,16 @@ func notNegative[T ~int | ~int64 | ~float64](bad func(string, ...any), name stri
 	}
 }
 
+// defaultStateTimeout is Config.StateTimeout's default.
+const defaultStateTimeout = time.Second
+
 // resolveShared fills in what replicas share: the State, its bounds, the
 // ledger.
 func resolveShared(s *settings, c Config, bad func(string, ...any)) {
-	s.state, s.stateTimeout, s.replicas = c.State, orDefault(c.StateTimeout, 5*time.Millisecond), orDefault(c.Replicas, 1)
+	s.state, s.stateTimeout, s.replicas = c.State, orDefault(c.StateTimeout, defaultStateTimeout), orDefault(c.Replicas, 1)
 	notNegative(bad, "StateTimeout", c.StateTimeout)
 	notNegative(bad, "Replicas", c.Replicas)
-	switch {
-	case c.Ledger != nil:
-		s.ledger = c.Ledger
-	case c.State != nil:
-		s.ledger = c.State
-	default:
-		s.ledger = NewLocalLedger()
-	}
+	s.ledger = c.Ledger
 }
 
 func resolveRetry(c RetryConfig, bad func(string, ...any)) retrySettings {
@@ -666,6 +679,7 @@ func resolveBreaker(c BreakerConfig, bad func(string, ...any)) breakerSettings {
 	notNegative(bad, "Breaker.Cooldown", c.Cooldown)
 	notNegative(bad, "Breaker.MaxCooldown", c.MaxCooldown)
 	b.maxCooldown = max(b.maxCooldown, b.cooldown)
+	b.policy = store.CircuitPolicy{Failures: b.failures, Cooldown: b.cooldown, MaxCooldown: b.maxCooldown}
 	return b
 }
 

@@ -76,7 +76,7 @@ func probeOnce(t *testing.T, srv *relaytest.Server, up Upstream, probePath strin
 	})
 	send(t, r, chatBody("gpt-4.1", "x"))
 	send(t, r, chatBody("gpt-4.1", "x"))
-	require.Equal(t, StateOpen, r.byName[up.Name].br.stateAt(clock.Now()))
+	require.Equal(t, StateOpen, stateOf(r, r.byName[up.Name], clock.Now()))
 	clock.Advance(time.Minute)
 	srv.SetDefault(relaytest.Fault{})
 	back := r.Probe(context.Background())

@@ -205,7 +205,7 @@ func TestPriorityUnderSharedLimits(t *testing.T) {
 		require.Len(t, interactive, 5, "nothing lost")
 		ratio := float64(p99(interactive)) / float64(p99(batch))
 		t.Logf("prioritized=%v: interactive p99 wait %s, batch p99 wait %s (%.2f); %d admissions asked of the State",
-			prioritized, p99(interactive), p99(batch), ratio, st.admits.Load())
+			prioritized, p99(interactive), p99(batch), ratio, st.Admits.Load())
 		if prioritized {
 			assert.Less(t, ratio, 0.10)
 		} else {
@@ -213,7 +213,7 @@ func TestPriorityUnderSharedLimits(t *testing.T) {
 		}
 		// 45 requests served one a second: each is admitted once, and each
 		// head asks once more to learn when its turn's token is due.
-		assert.LessOrEqual(t, st.admits.Load(), int64(3*45), "the State is asked per verdict, not per waiting request")
+		assert.LessOrEqual(t, st.Admits.Load(), int64(3*45), "the State is asked per verdict, not per waiting request")
 	}
 }
 
@@ -242,12 +242,11 @@ func priorityRun(t *testing.T, prioritized bool, st *memState) (batch, interacti
 		cfg.State, cfg.StateTimeout = st, time.Hour
 	}
 	r, _ := newTestRouter(t, cfg)
-	r.ups[0].lim.rpm.AllowN(clock.Now(), 60) // the minute's quota is spent
-	q := &r.ups[0].lim.rq.n
+	spend(t, r, r.ups[0], 60, clock.Now()) // the minute's quota is spent
 	if st != nil {
-		st.bucket(st.rpm, "a", 60).AllowN(clock.Now(), 60)
-		q = &r.ups[0].lim.turns.n
+		st.Admits.Store(0)
 	}
+	q := &r.ups[0].lim.turns.n
 	var wg sync.WaitGroup
 	send := func(id, prio string) {
 		defer wg.Done()
@@ -325,7 +324,7 @@ func TestPriorityShedsLowestFirst(t *testing.T) {
 	base := &usageBase{prompt: 1, completion: 1}
 	r, _ := newTestRouter(t, Config{Clock: clock, Base: base, Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 60}},
 		Limits: LimitConfig{MaxWait: 3 * time.Second}})
-	r.ups[0].lim.rpm.AllowN(clock.Now(), 60)
+	spend(t, r, r.ups[0], 60, clock.Now())
 	errs := make(chan error, 10)
 	sendPrio := func(prio string) {
 		req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(chatBody("gpt-4.1", "x")))
@@ -336,7 +335,7 @@ func TestPriorityShedsLowestFirst(t *testing.T) {
 		}
 		errs <- err
 	}
-	q := &r.ups[0].lim.rq
+	q := &r.ups[0].lim.turns
 	for i := range 3 {
 		go sendPrio("batch")
 		require.Eventually(t, func() bool { return int(q.n.Load()) == i+1 }, 5*time.Second, time.Millisecond)

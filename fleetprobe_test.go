@@ -11,11 +11,13 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tokenrelay/relay/store"
 )
 
 // newProbeReplicaWith is newProbeReplica with a breaker and retries of the
 // test's choice and a status that can change between calls.
-func newProbeReplicaWith(t *testing.T, st State, clock Clock, breaker BreakerConfig, retry RetryConfig, status *atomic.Int64, gated bool) *probeReplica {
+func newProbeReplicaWith(t *testing.T, st store.State, clock Clock, breaker BreakerConfig, retry RetryConfig, status *atomic.Int64, gated bool) *probeReplica {
 	p := &probeReplica{sent: make(chan struct{}, 1)}
 	if gated {
 		p.gate = make(chan struct{})
@@ -68,32 +70,28 @@ func TestStaleFailedProbeLeavesClosedCircuit(t *testing.T) {
 			one := RetryConfig{MaxAttempts: 1}
 			a := newProbeReplicaWith(t, st, clock, br, one, statusOf(503), true)
 			b := newProbeReplicaWith(t, st, clock, br, one, statusOf(200), false)
-			require.NoError(t, st.Open(context.Background(), "a", clock.Now().Add(30*time.Second)))
+			require.NoError(t, st.Open(context.Background(), "a", clock.Now().Add(30*time.Second), clock.Now()))
 			clock.Advance(31 * time.Second) // half-open
 			aDone := a.start()              // A claims the probe; its call is slow
-			st.lapse("a")                   // and outlives its lock
+			clock.Advance(11 * time.Second) // and outlives its lock (10 s)
 
 			resp, _, err := send(t, b, chatBody("gpt-4.1", "x"))
 			require.NoError(t, err)
 			require.Equal(t, 200, resp.StatusCode, "B's probe")
-			v, err := st.Admit(context.Background(), Limits{Name: "a"}, 0, false, clock.Now())
-			require.NoError(t, err)
-			require.True(t, v.Taken, "B's probe closed the circuit: %+v", v)
+			require.True(t, openUntil(t, st, "a", clock.Now()).IsZero(), "B's probe closed the circuit")
 
 			close(a.gate) // A's stale probe fails
 			require.NoError(t, <-aDone)
-			v, err = st.Admit(context.Background(), Limits{Name: "a"}, 0, false, clock.Now())
-			require.NoError(t, err)
-			assert.False(t, v.Open, "A's stale failed probe opened the closed circuit for the fleet: %+v", v)
+			assert.True(t, openUntil(t, st, "a", clock.Now()).IsZero(), "A's stale failed probe opened the closed circuit for the fleet")
 		})
 	}
 }
 
 // TestForcedRetryCarriesNoProbeClaim: the fleet's probe fails and opens
-// the circuit again for the cooldown (from t1); the request's retry goes
+// the circuit again for twice its period (from t1); the request's retry goes
 // back to the same upstream, forced (the never-empty rule: it is the only
 // one). A forced attempt claims nothing: its failure leaves the open
-// period at t1 + cooldown, with failure counting on or off. (The
+// period at t1 + 2·cooldown, with failure counting on or off. (The
 // candidate kept the probe's claim for the retry, and with counting off
 // its failure pushed the period back by the backoff.)
 func TestForcedRetryCarriesNoProbeClaim(t *testing.T) {
@@ -109,7 +107,7 @@ func TestForcedRetryCarriesNoProbeClaim(t *testing.T) {
 			st := newMemState()
 			r := newProbeReplicaWith(t, st, clock, BreakerConfig{Failures: c.failures, Cooldown: 30 * time.Second, P99: -1},
 				RetryConfig{MaxAttempts: 2, Backoff: func(int) time.Duration { return 5 * time.Second }}, statusOf(503), false)
-			require.NoError(t, st.Open(context.Background(), "a", clock.Now().Add(30*time.Second)))
+			require.NoError(t, st.Open(context.Background(), "a", clock.Now().Add(30*time.Second), clock.Now()))
 			clock.Advance(31 * time.Second) // half-open: this replica claims the probe
 			t1 := clock.Now()
 			resp, _, err := send(t, r, chatBody("gpt-4.1", "x"))
@@ -117,10 +115,8 @@ func TestForcedRetryCarriesNoProbeClaim(t *testing.T) {
 			require.Equal(t, 503, resp.StatusCode)
 			require.EqualValues(t, 2, r.calls.Load(), "the probe, then the forced retry")
 			require.Equal(t, t1.Add(5*time.Second), clock.Now(), "the retry came after the backoff")
-			st.mu.Lock()
-			until := st.open["a"]
-			st.mu.Unlock()
-			assert.Equal(t, t1.Add(30*time.Second), until,
+			until := openUntil(t, st, "a", clock.Now())
+			assert.Equal(t, t1.Add(60*time.Second), until,
 				"the fleet's open period: the failed probe's; the forced retry (no claim) must not move it")
 		})
 	}

@@ -72,23 +72,21 @@ type loserUsage struct {
 // candidate that can take the request at once (never the upstream already
 // in flight), and returns the first good answer. The second return is the
 // index after the hedge's candidate, or -1 when there was no hedge.
-func (t *trip) sendHedged(ctx context.Context, cands []candidate, idx int, tk ticket, adm admission, out outBody, at time.Time) (attempt, int) {
+func (t *trip) sendHedged(ctx context.Context, cands []candidate, idx int, adm admission, out outBody, at time.Time) (attempt, int) {
 	r := t.r
 	cand := cands[idx]
 	if !r.s.hedge.on {
-		a := t.send(ctx, cand, out, t.attempts, false, at)
-		a.tk = tk
-		return a, -1
+		return t.send(ctx, cand, out, t.attempts, false, at), -1
 	}
 	results := make(chan attempt, 2)
 	var cancels [2]context.CancelFunc
-	launch := func(n int, c candidate, tk ticket, out outBody) {
+	launch := func(n int, c candidate, out outBody) {
 		actx, cancel := context.WithCancel(ctx)
 		cancels[n] = cancel
 		seq := t.attempts
 		go func() {
 			a := t.send(actx, c, out, seq, n == 1, time.Time{})
-			a.tk, a.hedge = tk, n
+			a.hedge = n
 			if inner := a.cancel; inner != nil {
 				a.cancel = func() { inner(); cancel() }
 			} else {
@@ -97,7 +95,7 @@ func (t *trip) sendHedged(ctx context.Context, cands []candidate, idx int, tk ti
 			results <- a
 		}()
 	}
-	launch(0, cand, tk, out)
+	launch(0, cand, out)
 	// The attempt is looked at once the hedge delay is up, then each time
 	// it has waited as long again (2, 4, 8… delays), until it answers or a
 	// look finds a hedge in the budget. The first look leaves a reserve:
@@ -127,14 +125,14 @@ func (t *trip) sendHedged(ctx context.Context, cands []candidate, idx int, tk ti
 		}
 	}
 	adm.exclude, adm.mayWait = cand.up, false // a hedge goes elsewhere, at once
-	idx2, tk2, _, err := r.acquire(ctx, cands, idx+1, adm)
+	idx2, _, err := r.acquire(ctx, cands, idx+1, adm)
 	if err != nil {
 		r.hedges.bal.Add(hedgeUnit) // unspent
 		return <-results, -1
 	}
 	t.hedged = true
 	t.attempts++
-	launch(1, cands[idx2], tk2, t.bodyFor(cands[idx2]))
+	launch(1, cands[idx2], t.bodyFor(cands[idx2]))
 	return t.raceHedge(results, cancels), idx2 + 1
 }
 

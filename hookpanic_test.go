@@ -77,15 +77,13 @@ func TestHookPanicGivesBackWhatTheRequestHeld(t *testing.T) {
 			if hook == "OnBreaker" {
 				// Open, its cooldown over: the request's admission moves it
 				// to half-open, with the hook called there.
-				u.br.mu.Lock()
-				u.br.openLocked("test", time.Second, &u.lat, clock.Now())
-				u.br.mu.Unlock()
+				openFor(r, u, clock.Now().Add(time.Second), clock.Now())
 				clock.Advance(time.Second)
 			}
 			panicked := make(chan any, 1)
 			go func() { p, _ := roundTripRecover(r); panicked <- p }()
 			if hook == "OnWait" {
-				require.Eventually(t, func() bool { return u.lim.rq.n.Load() == 1 }, 5*time.Second, time.Millisecond)
+				require.Eventually(t, func() bool { return u.lim.turns.n.Load() == 1 }, 5*time.Second, time.Millisecond)
 				clock.Advance(time.Minute)
 			}
 			assert.Equal(t, "boom from "+hook, <-panicked, "RoundTrip panics with the hook's value")
@@ -112,7 +110,7 @@ func TestHookPanicGivesBackWhatTheRequestHeld(t *testing.T) {
 			}
 			assert.Equal(t, calls+1, base.calls.Load())
 			if hook == "OnBreaker" {
-				assert.Equal(t, StateClosed, u.br.stateAt(clock.Now()), "the breaker after the next request's success")
+				assert.Equal(t, StateClosed, stateOf(r, u, clock.Now()), "the breaker after the next request's success")
 			}
 		})
 	}

@@ -64,7 +64,7 @@ type SpendEvent struct {
 type StateFallbackEvent struct {
 	// Context is the request's, or nil for a call no request made.
 	Context context.Context
-	// Op is the call: "admit", "refund" or "probe" (limits and circuits),
+	// Op is the call: "admit" or "refund" (limits and circuits),
 	// "observe" (a hold, a failure, a success or an open circuit told to
 	// the fleet), "reserve", "settle" or "usage" (a budget's ledger;
 	// "usage" when a Policy reads Request.Budget, or Router.Spend).
@@ -75,7 +75,7 @@ type StateFallbackEvent struct {
 // StateFallbackOps returns the operations a StateFallbackEvent names (its
 // Op), for observers that label by them.
 func StateFallbackOps() []string {
-	return []string{"admit", "refund", "probe", "observe", "reserve", "settle", "usage"}
+	return []string{"admit", "refund", "observe", "reserve", "settle", "usage"}
 }
 
 // AttemptInfo describes one upstream call as it starts.

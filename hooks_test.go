@@ -204,7 +204,7 @@ func TestHooksOnSpend(t *testing.T) {
 // its operation, its error and the request's context.
 func TestHooksOnStateFallback(t *testing.T) {
 	st := newMemState()
-	st.failing.Store(true)
+	st.Down.Store(true)
 	var mu sync.Mutex
 	var got []StateFallbackEvent
 	r, _ := newTestRouter(t, Config{State: st, Replicas: 2, Clock: newAutoClock(),
@@ -270,12 +270,12 @@ func TestPanickingOnReportStillEndsObservers(t *testing.T) {
 }
 
 // TestStateFallbackOpsComplete: every operation the router reports to
-// OnStateFallback (each stateFailed call in its source) is in
+// OnStateFallback (each stateFailed or shared call in its source) is in
 // StateFallbackOps, which the observers label by.
 func TestStateFallbackOpsComplete(t *testing.T) {
 	files, err := filepath.Glob("*.go")
 	require.NoError(t, err)
-	call := regexp.MustCompile(`stateFailed\([^,]+, "([a-z]+)"`)
+	call := regexp.MustCompile(`(?:stateFailed|r\.shared)\([^"\n]*"([a-z]+)"`)
 	found := 0
 	for _, f := range files {
 		if strings.HasSuffix(f, "_test.go") {

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenrelay/relay/relaytest"
+	"github.com/tokenrelay/relay/store"
 )
 
 func TestLimiterRPMWaitsThenMovesOn(t *testing.T) {
@@ -22,7 +23,7 @@ func TestLimiterRPMWaitsThenMovesOn(t *testing.T) {
 	r, reps := newTestRouter(t, Config{
 		Clock:     clock,
 		Upstreams: []Upstream{{Name: "a", BaseURL: srvs[0].URL, RPM: 2}, {Name: "b", BaseURL: srvs[1].URL, RPM: 1}},
-		Limits:    LimitConfig{MaxWait: time.Minute},
+		Limits:    Limits{MaxWait: time.Minute},
 	})
 	var ups []string
 	for range 4 {
@@ -61,7 +62,7 @@ func TestLimiterTPMCharge(t *testing.T) {
 	r, _ := newTestRouter(t, Config{
 		Clock:     clock,
 		Upstreams: []Upstream{{Name: "a", BaseURL: srv.URL, TPM: 6000}},
-		Limits:    LimitConfig{MaxWait: time.Minute},
+		Limits:    Limits{MaxWait: time.Minute},
 	})
 	body := `{"model":"gpt-4.1","max_tokens":2990,"messages":[{"role":"user","content":"x"}]}` // ~3000 tokens
 	for range 2 {
@@ -85,7 +86,7 @@ func TestLimiterCancelDuringWaitGivesTokensBack(t *testing.T) {
 	r, reps := newTestRouter(t, Config{
 		Clock:     clock,
 		Upstreams: []Upstream{{Name: "a", BaseURL: srvs[0].URL, RPM: 1}},
-		Limits:    LimitConfig{MaxWait: 2 * time.Minute},
+		Limits:    Limits{MaxWait: 2 * time.Minute},
 	})
 	_, _, err := send(t, r, chatBody("gpt-4.1", "x"))
 	require.NoError(t, err)
@@ -114,7 +115,7 @@ func TestLimiterMaxInFlight(t *testing.T) {
 	})
 	r, reps := newTestRouter(t, Config{
 		Upstreams: []Upstream{{Name: "a", BaseURL: srv, MaxInFlight: 2}},
-		Limits:    LimitConfig{MaxWait: time.Minute},
+		Limits:    Limits{MaxWait: time.Minute},
 	})
 	var wg sync.WaitGroup
 	for range 6 {
@@ -179,8 +180,8 @@ func TestLimiterHoldsFromHeaders(t *testing.T) {
 			})
 			send(t, r, chatBody("gpt-4.1", "x"))
 			now := clock.Now()
-			assert.Equal(t, c.hold, r.byName["a"].lim.delay(now, 0))
-			assert.Zero(t, r.byName["b"].lim.delay(now, 0), "the other upstream is not held")
+			assert.Equal(t, c.hold, holdLeft(t, r, "a", now))
+			assert.Zero(t, holdLeft(t, r, "b", now), "the other upstream is not held")
 			if c.hold > 0 {
 				resp, _, err := send(t, r, chatBody("gpt-4.1", "x"))
 				require.NoError(t, err)
@@ -227,20 +228,12 @@ func TestCancelledContextSpendsNoQuota(t *testing.T) {
 	assert.Len(t, reps.all(), 4)
 }
 
-// TestLimiterRefund: tokens handed back by refund are there again, up to
-// the bucket size.
-func TestLimiterRefund(t *testing.T) {
-	var l limiter
-	l.init(2, 100, 0)
-	now := time.Unix(1000, 0)
-	l.take(now, 100)
-	l.take(now, 0)
-	assert.Positive(t, l.delay(now, 1))
-	l.refund(now, 100)
-	assert.Zero(t, l.delay(now, 100))
-	l.refund(now, 100) // beyond the bucket: capped
-	l.take(now, 100)
-	assert.Positive(t, l.delay(now, 100), "a refund never grows the bucket")
+// holdLeft returns how long the hold the router's store has on upstream
+// name keeps it out at now.
+func holdLeft(t *testing.T, r *Router, name string, now time.Time) time.Duration {
+	v, err := r.st.Admit(context.Background(), store.Limits{Name: name}, store.Ask{Force: true}, now)
+	require.NoError(t, err)
+	return v.Wait
 }
 
 // TestCircuitOpenedDuringSlotWaitStillTries: a request that waited for an
@@ -255,11 +248,8 @@ func TestCircuitOpenedDuringSlotWaitStillTries(t *testing.T) {
 	second := sendWithID(t, r, "2")
 	<-clock.armed // the second waits for the slot
 	u := r.byName["a"]
-	for range 6 {
-		tk, _ := u.br.allow(clock.Now(), true, nil)
-		u.br.done(tk, outcomeFailure, 0, &u.lat, clock.Now(), nil)
-	}
-	require.Equal(t, StateOpen, u.br.stateAt(clock.Now()))
+	failures(r, u, 6, clock.Now())
+	require.Equal(t, StateOpen, stateOf(r, u, clock.Now()))
 	a.open("2")
 	a.open("1")
 	require.NotNil(t, <-first)
@@ -276,7 +266,7 @@ func TestLimiterTPMSettles(t *testing.T) {
 	srv := relaytest.NewServer() // answers 8 completion tokens
 	t.Cleanup(srv.Close)
 	clock := newAutoClock()
-	r, _ := newTestRouter(t, Config{Clock: clock, Upstreams: []Upstream{{Name: "a", BaseURL: srv.URL, TPM: 6000}}, Limits: LimitConfig{MaxWait: time.Minute}})
+	r, _ := newTestRouter(t, Config{Clock: clock, Upstreams: []Upstream{{Name: "a", BaseURL: srv.URL, TPM: 6000}}, Limits: Limits{MaxWait: time.Minute}})
 	body := `{"model":"gpt-4.1","max_tokens":2990,"messages":[{"role":"user","content":"x"}]}`
 	for range 10 {
 		_, _, err := send(t, r, body)
@@ -306,12 +296,11 @@ func TestWaitGoesWhereTheQueueIsShorter(t *testing.T) {
 		mu.Unlock()
 		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}, nil
 	})
-	r, _ := newTestRouter(t, Config{Clock: clock, Base: base, Strategy: StrategyPriority, Limits: LimitConfig{MaxWait: time.Minute},
+	r, _ := newTestRouter(t, Config{Clock: clock, Base: base, Strategy: StrategyPriority, Limits: Limits{MaxWait: time.Minute},
 		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 60}, {Name: "b", BaseURL: "http://b.test/v1", RPM: 60}}})
 	a, b := &r.ups[0].lim, &r.ups[1].lim
-	a.rpm.AllowN(clock.Now(), 60) // a's minute is spent: a token a second from now
-	b.rpm.AllowN(clock.Now(), 60)
-	b.rpm.ReserveN(clock.Now(), 1) // and one more of b's: its next token in 2 s
+	spend(t, r, r.ups[0], 60, clock.Now())                  // a's minute is spent: a token a second from now
+	spend(t, r, r.ups[1], 60, clock.Now().Add(time.Second)) // and b's as of a second from now: its next token in 2 s
 	var wg sync.WaitGroup
 	for i := range 4 {
 		wg.Go(func() {
@@ -322,7 +311,7 @@ func TestWaitGoesWhereTheQueueIsShorter(t *testing.T) {
 				resp.Body.Close()
 			}
 		})
-		require.Eventually(t, func() bool { return int(a.rq.n.Load()+b.rq.n.Load()) == i+1 }, 5*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return int(a.turns.n.Load()+b.turns.n.Load()) == i+1 }, 5*time.Second, time.Millisecond)
 	}
 	for len(served) < 4 {
 		clock.Advance(time.Second)
@@ -330,7 +319,8 @@ func TestWaitGoesWhereTheQueueIsShorter(t *testing.T) {
 		require.Eventually(t, func() bool {
 			mu.Lock()
 			defer mu.Unlock()
-			return len(served)+int(a.rq.n.Load()+b.rq.n.Load()) == 4
+			now := clock.Now()
+			return len(served)+int(a.turns.n.Load()+b.turns.n.Load()) == 4 && a.turns.settled(now) && b.turns.settled(now)
 		}, 5*time.Second, time.Millisecond)
 	}
 	wg.Wait()

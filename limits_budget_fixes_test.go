@@ -11,7 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/time/rate"
+
+	"github.com/tokenrelay/relay/store"
 )
 
 // TestDowngradeChecksContextWindow: a budget's Downgrade model is tried
@@ -47,12 +48,12 @@ type openingState struct {
 	opened bool
 }
 
-func (s *openingState) Admit(ctx context.Context, u Limits, tpm int, force bool, now time.Time) (Verdict, error) {
+func (s *openingState) Admit(ctx context.Context, u store.Limits, a store.Ask, now time.Time) (store.Verdict, error) {
 	if u.Name == "a" && !s.at.IsZero() && !now.Before(s.at) && !s.opened {
 		s.opened = true
-		s.memState.Open(ctx, "a", now.Add(time.Hour))
+		s.memState.Open(ctx, "a", now.Add(time.Hour), now)
 	}
-	return s.memState.Admit(ctx, u, tpm, force, now)
+	return s.memState.Admit(ctx, u, a, now)
 }
 
 // TestFleetOpenedRescanKeepsMaxWait: a request waits the whole of
@@ -68,7 +69,7 @@ func TestFleetOpenedRescanKeepsMaxWait(t *testing.T) {
 		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}, nil
 	})
 	r, _ := newTestRouter(t, Config{Base: base, Clock: clock, State: st, StateTimeout: time.Second,
-		Limits: LimitConfig{MaxWait: 30 * time.Second},
+		Limits: Limits{MaxWait: 30 * time.Second},
 		Upstreams: []Upstream{
 			{Name: "a", BaseURL: "http://a.test/v1", RPM: 2}, // a token every 30 s
 			{Name: "b", BaseURL: "http://b.test/v1", RPM: 1}, // a token every 60 s
@@ -109,17 +110,18 @@ func maxTokensBody(model string, maxTokens int) string {
 func TestSettledTPMWakesRateQueue(t *testing.T) {
 	clock := newFakeClock()
 	r, _ := newTestRouter(t, Config{Base: usageJSON(1, 1), Clock: clock,
-		Limits:    LimitConfig{MaxWait: time.Minute},
+		Limits:    Limits{MaxWait: time.Minute},
 		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", TPM: 6000}}})
 	u := r.ups[0]
 	req, _ := http.NewRequest("POST", "http://relay/v1/chat/completions", strings.NewReader(maxTokensBody("gpt-4.1", 5000)))
 	respA, err := r.RoundTrip(req) // takes ~5008 of 6000 tokens; its body is not read yet
 	require.NoError(t, err)
 	b := goSend(r, context.Background(), "") // charges 1024+: waits for ~10 s of refill
-	require.Eventually(t, func() bool { return u.lim.rq.n.Load() == 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return u.lim.turns.n.Load() == 1 }, 5*time.Second, time.Millisecond)
 	io.Copy(io.Discard, respA.Body)
 	respA.Body.Close() // A used 2 tokens: ~5006 go back, and B's are there now
-	assert.Zero(t, u.lim.rq.n.Load(), "B still waits for its timer with its tokens in the bucket")
+	assert.Eventually(t, func() bool { return u.lim.turns.n.Load() == 0 }, 5*time.Second, time.Millisecond,
+		"B still waits for its timer with its tokens in the bucket (the clock does not move)")
 	clock.Advance(time.Minute)
 	require.NoError(t, <-b)
 }
@@ -127,14 +129,14 @@ func TestSettledTPMWakesRateQueue(t *testing.T) {
 // slowSettleLedger is a shared Ledger whose first Settle takes 10 s (a
 // slow round trip), during which the router serves another request.
 type slowSettleLedger struct {
-	Ledger
+	store.Ledger
 	clock  *fakeClock
 	during func()
 	done   bool
 }
 
-func (l *slowSettleLedger) Settle(ctx context.Context, k BudgetKey, id string, spent int64) error {
-	err := l.Ledger.Settle(ctx, k, id, spent)
+func (l *slowSettleLedger) Settle(ctx context.Context, k store.BudgetKey, id string, spent int64, now time.Time) error {
+	err := l.Ledger.Settle(ctx, k, id, spent, now)
 	if !l.done {
 		l.done = true
 		l.clock.Advance(10 * time.Second)
@@ -146,27 +148,40 @@ func (l *slowSettleLedger) Settle(ctx context.Context, k BudgetKey, id string, s
 // staleTimeRig is a router on clock with ledger led, one upstream of TPM
 // 6000 (100 tokens/s) and a budget, and run, which sends a request of up to
 // 2000 output tokens that uses 1501.
-func staleTimeRig(t *testing.T, clock *fakeClock, led Ledger) (*reports, *upstream, func()) {
+func staleTimeRig(t *testing.T, clock *fakeClock, led store.Ledger) (*Router, *reports, func()) {
 	r, reps := newTestRouter(t, Config{Base: usageJSON(1, 1500), Clock: clock, Ledger: led,
 		Prices:    budgetPrices,
 		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", TPM: 6000}},
 		Budgets:   []Budget{{Name: "all", Limit: 1e6, Window: Window{Every: 24 * time.Hour}}}})
-	return reps, r.ups[0], func() {
+	return r, reps, func() {
 		_, _, err := send(t, r, maxTokensBody("m", 2000))
 		require.NoError(t, err)
 	}
 }
 
+// tpmBacklog returns the backlog of the TPM bucket of upstream "a" (6000
+// a minute) in st at now.
+func tpmBacklog(t *testing.T, st store.State, now time.Time) time.Duration {
+	t.Helper()
+	v, err := st.Admit(context.Background(), store.Limits{Name: "a", TPM: 6000}, store.Ask{Tokens: 6000}, now)
+	require.NoError(t, err)
+	if v.Taken {
+		return 0
+	}
+	return v.Tokens
+}
+
 // TestSettleTPMAtCurrentTime: settleTPM gives back a request's unused
-// TPM tokens at the time its body ended, and the limiter was changed at a
+// TPM tokens at the time its body ended, and the limits were changed at a
 // later time in between (the report waited for a slow ledger here; for a
-// hedge's losing body, up to 5 s): the limiter does not go back to that
-// earlier time (limiter.at), so the interval's refill is not counted twice.
-// (x/time/rate moved its last-update time back and minted 1000 tokens.)
+// hedge's losing body, up to 5 s): the refund does not count the
+// interval's refill twice. (x/time/rate moved its last-update time back
+// and minted 1000 tokens; the store's buckets are GCRA, whose refunds move
+// a bucket's time back only by the tokens given.)
 func TestSettleTPMAtCurrentTime(t *testing.T) {
 	clock := newFakeClock()
-	led := &slowSettleLedger{Ledger: NewLocalLedger(), clock: clock}
-	reps, u, run := staleTimeRig(t, clock, led)
+	led := &slowSettleLedger{Ledger: store.NewLocal(), clock: clock}
+	r, reps, run := staleTimeRig(t, clock, led)
 	t0 := clock.Now()
 	led.during = run // request B, 10 s later, while A's report waits for the ledger
 	run()            // request A
@@ -175,16 +190,18 @@ func TestSettleTPMAtCurrentTime(t *testing.T) {
 	reps2 := reps.all()
 	require.Len(t, reps2, 2)
 	// The same operations, each refund at the time it is made.
-	ref := rate.NewLimiter(100, 6000)
+	ref := store.NewLocal()
+	lim := store.Limits{Name: "a", TPM: 6000}
 	charge := reps2[0].PromptTokens + 2000
 	used := 1 + 1500
-	ref.AllowN(t0, charge)           // A
-	ref.AllowN(t1, charge)           // B
-	ref.AllowN(t1, -(charge - used)) // B's settlement
-	ref.AllowN(t1, -(charge - used)) // A's settlement, made now
-	want, got := ref.TokensAt(t1), u.lim.tpm.TokensAt(t1)
-	t.Logf("tokens at t1: want %.0f, got %.0f", want, got)
-	assert.InDelta(t, want, got, 1, "tokens minted by a refund dated before the limiter's last use")
+	ctx := context.Background()
+	ref.Admit(ctx, lim, store.Ask{Tokens: charge}, t0) // A
+	ref.Admit(ctx, lim, store.Ask{Tokens: charge}, t1) // B
+	ref.Refund(ctx, lim, 0, charge-used, t1)           // B's settlement
+	ref.Refund(ctx, lim, 0, charge-used, t1)           // A's settlement, made now
+	want, got := tpmBacklog(t, ref, t1), tpmBacklog(t, r.st, t1)
+	t.Logf("TPM backlog at t1: want %s, got %s", want, got)
+	assert.Equal(t, want, got, "tokens minted by a refund dated before the limits' last use")
 }
 
 // TestOnSpendPanicSettlesEveryHold: the request is covered by two
@@ -240,30 +257,30 @@ func TestDayWindowRepeatedMidnight(t *testing.T) {
 // slowReserveLedger is a shared Ledger whose first Reserve takes 10 s,
 // during which the router serves another request.
 type slowReserveLedger struct {
-	Ledger
+	store.Ledger
 	clock  *fakeClock
 	during func()
 	done   bool
 }
 
-func (l *slowReserveLedger) Reserve(ctx context.Context, k BudgetKey, limit int64, h Hold) (bool, error) {
+func (l *slowReserveLedger) Reserve(ctx context.Context, k store.BudgetKey, limit int64, h store.Hold, now time.Time) (store.Reservation, error) {
 	if !l.done {
 		l.done = true
 		l.clock.Advance(10 * time.Second)
 		l.during()
 	}
-	return l.Ledger.Reserve(ctx, k, limit, h)
+	return l.Ledger.Reserve(ctx, k, limit, h, now)
 }
 
 // TestAdmissionTakesAtCurrentTime: the same at admission: with a shared
 // ledger, scan reads the clock, reserves the budget (a round trip) and then
 // takes the TPM tokens at the time read before it, while another request
-// took tokens at a later time; the limiter is not set back (it minted 1000
-// tokens).
+// took tokens at a later time; the limits give no tokens for it (x/time/rate
+// minted 1000).
 func TestAdmissionTakesAtCurrentTime(t *testing.T) {
 	clock := newFakeClock()
-	led := &slowReserveLedger{Ledger: NewLocalLedger(), clock: clock}
-	reps, u, run := staleTimeRig(t, clock, led)
+	led := &slowReserveLedger{Ledger: store.NewLocal(), clock: clock}
+	r, reps, run := staleTimeRig(t, clock, led)
 	t0 := clock.Now()
 	led.during = run // request B, while A's reservation is on its way
 	run()            // request A
@@ -272,14 +289,17 @@ func TestAdmissionTakesAtCurrentTime(t *testing.T) {
 	all := reps.all()
 	require.Len(t, all, 2)
 	charge, used := all[0].PromptTokens+2000, 1+1500
-	ref := rate.NewLimiter(100, 6000)
-	ref.AllowN(t1, charge)           // B
-	ref.AllowN(t1, -(charge - used)) // B's settlement
-	ref.AllowN(t1, charge)           // A, admitted now
-	ref.AllowN(t1, -(charge - used)) // A's settlement
-	want, got := ref.TokensAt(t1), u.lim.tpm.TokensAt(t1)
-	t.Logf("tokens at t1: want %.0f, got %.0f", want, got)
-	assert.InDelta(t, want, got, 1, "tokens minted by a take dated before the limiter's last use")
+	ref := store.NewLocal()
+	lim := store.Limits{Name: "a", TPM: 6000}
+	ctx := context.Background()
+	ref.Admit(ctx, lim, store.Ask{Tokens: charge}, t1) // B
+	ref.Refund(ctx, lim, 0, charge-used, t1)           // B's settlement
+	ref.Admit(ctx, lim, store.Ask{Tokens: charge}, t1) // A, admitted now
+	ref.Refund(ctx, lim, 0, charge-used, t1)           // A's settlement
+	want, got := tpmBacklog(t, ref, t1), tpmBacklog(t, r.st, t1)
+	t.Logf("TPM backlog at t1: want %s, got %s", want, got)
+	assert.LessOrEqual(t, got, want+10*time.Second, "at most A's 10 s earlier take")
+	assert.GreaterOrEqual(t, got, want, "tokens minted by a take dated before the limits' last use")
 }
 
 // TestChoicesInWorstCase: a chat request with "n": 2 may be billed two

@@ -1,37 +1,39 @@
 package relay
 
 import (
+	"cmp"
 	"container/heap"
 	"context"
-	"errors"
-	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/time/rate"
+	"github.com/tokenrelay/relay/store"
 )
 
-// Requests that wait for an upstream's limits wait in queues ordered by
-// priority, highest first, then by arrival. Nothing runs in the background:
-// one timer (Clock.AfterFunc) per queue wakes it when the head's tokens are
-// due, and requests arriving, leaving or releasing a slot look at it too.
-// A request that would not be served within its wait bound, behind the
-// requests of higher priority, is shed at once (its error comes sooner,
-// rather than at the end of a wait that cannot succeed): under pressure,
-// the lowest priority goes first. Batch traffic uses all the headroom while
-// nobody of higher priority waits.
+// Requests that wait for an upstream's limits or for one of its in-flight
+// slots wait in queues ordered by priority, highest first, then by
+// arrival. Nothing runs in the background: a timer (Clock.AfterFunc) wakes
+// a waiter when its turn is due, and requests arriving, leaving or giving
+// tokens back look at the queue too. A request that could not be served
+// within its wait bound, behind the requests of higher priority, is shed
+// at once (its error comes sooner, rather than at the end of a wait that
+// cannot succeed): under pressure, the lowest priority goes first. Batch
+// traffic uses all the headroom while nobody of higher priority waits.
 
 // waiter is one request in a queue.
 type waiter struct {
 	prio     Priority
 	seq      uint64
-	tpm      int       // its TPM charge (rate queues)
-	deadline time.Time // shed when it could not be served by then (rate queues)
-	tooLong  error     // its error when shed
-	done     chan struct{}
-	err      error // set before done is closed: nil when served
-	index    int   // in the heap; -1 once out
+	tpm      int   // its TPM charge (turns)
+	deadline int64 // Unix ns: shed when it could not be served by then (turns)
+	tooLong  error // its error when shed
+	// done is closed when a slot is given to it (slots); in turns, it is
+	// signalled (capacity 1) each time the waiter must look again.
+	done  chan struct{}
+	err   error // slots: nil when served; turns: set when it must leave
+	index int   // in the heap; -1 once out
 }
 
 // waiters is a heap of waiters, highest priority first, then first come.
@@ -109,139 +111,6 @@ func (q *queue) leave(w *waiter) (served bool) {
 	return false
 }
 
-// arm sets the queue's timer to run pump after d, unless one fires sooner.
-// It is called without q.mu held: a fake clock may run pump at once.
-func (q *queue) arm(c Clock, d time.Duration, pump func()) {
-	at := c.Now().Add(d)
-	q.mu.Lock()
-	if !q.armed.IsZero() && !q.armed.After(at) {
-		q.mu.Unlock()
-		return
-	}
-	if q.stop != nil {
-		q.stop()
-	}
-	q.armed = at
-	q.mu.Unlock()
-	stop := c.AfterFunc(d, func() {
-		q.mu.Lock()
-		if q.armed.Equal(at) {
-			q.armed, q.stop = time.Time{}, nil
-		}
-		q.mu.Unlock()
-		pump()
-	})
-	q.mu.Lock()
-	if q.armed.Equal(at) {
-		q.stop = stop
-	}
-	q.mu.Unlock()
-}
-
-// waitRate queues a request for the upstream's RPM/TPM buckets and hold
-// until its tokens are taken for it, it is shed (w.tooLong), or ctx ends.
-func (l *limiter) waitRate(ctx context.Context, c Clock, w *waiter) error {
-	q := &l.rq
-	q.mu.Lock()
-	q.push(w)
-	d, arm := l.dispatchLocked(c.Now())
-	q.mu.Unlock()
-	if arm {
-		q.arm(c, d, func() { l.pump(c) })
-	}
-	select {
-	case <-w.done:
-		return w.err
-	case <-ctx.Done():
-	}
-	q.mu.Lock()
-	if q.leave(w) { // served as ctx ended: its tokens go back, to the next
-		l.refund(c.Now(), w.tpm)
-	}
-	d, arm = l.dispatchLocked(c.Now())
-	q.mu.Unlock()
-	if arm {
-		q.arm(c, d, func() { l.pump(c) })
-	}
-	return ctx.Err()
-}
-
-// pump serves the rate queue's head when the timer fires.
-func (l *limiter) pump(c Clock) {
-	l.rq.mu.Lock()
-	d, arm := l.dispatchLocked(c.Now())
-	l.rq.mu.Unlock()
-	if arm {
-		l.rq.arm(c, d, func() { l.pump(c) })
-	}
-}
-
-// dispatchLocked takes the tokens of the queue's head while they are
-// there, serving it, sheds the waiters that could not be served in time,
-// and returns when the new head's tokens are due. l.rq.mu is held.
-func (l *limiter) dispatchLocked(now time.Time) (time.Duration, bool) {
-	q := &l.rq
-	for len(q.h) > 0 {
-		w := q.h[0]
-		if d := l.delay(now, w.tpm); d > 0 {
-			l.shedLocked(now)
-			if len(q.h) == 0 {
-				return 0, false
-			}
-			return l.delay(now, q.h[0].tpm), true
-		}
-		l.take(now, w.tpm)
-		q.finish(w, nil)
-	}
-	return 0, false
-}
-
-// shedLocked estimates when each waiter, in queue order, will be served,
-// from the tokens there now and the refill rates, and sheds those whose
-// estimate is past their deadline.
-func (l *limiter) shedLocked(now time.Time) {
-	q := &l.rq
-	order := make(waiters, len(q.h))
-	copy(order, q.h)
-	sortWaiters(order)
-	base := time.Duration(0)
-	if h := l.hold.Load(); h > now.UnixNano() {
-		base = time.Duration(h - now.UnixNano())
-	}
-	needR, needT := 0.0, 0.0
-	for _, w := range order {
-		needR++
-		needT += float64(w.tpm)
-		eta := max(base, bucketETA(l.rpm, now, needR), bucketETA(l.tpm, now, needT))
-		if now.Add(eta).After(w.deadline) {
-			q.finish(w, w.tooLong)
-			needR--
-			needT -= float64(w.tpm)
-		}
-	}
-}
-
-// bucketETA is how long until a bucket has had n tokens to give, from now.
-func bucketETA(lim *rate.Limiter, now time.Time, n float64) time.Duration {
-	if lim == nil {
-		return 0
-	}
-	have := lim.TokensAt(now)
-	if have >= n {
-		return 0
-	}
-	return time.Duration(math.Ceil((n - have) / float64(lim.Limit()) * float64(time.Second)))
-}
-
-// sortWaiters sorts a copy of a heap into queue order.
-func sortWaiters(ws waiters) {
-	for i := 1; i < len(ws); i++ {
-		for j := i; j > 0 && ws.Less(j, j-1); j-- {
-			ws[j], ws[j-1] = ws[j-1], ws[j]
-		}
-	}
-}
-
 // slots caps one upstream's in-flight requests; a released slot goes to the
 // waiter with the highest priority.
 type slots struct {
@@ -311,96 +180,235 @@ func (s *slots) release() {
 	s.used--
 }
 
-// turns orders a replica's requests that wait for the fleet's limits of
-// one upstream (shared State): highest priority first, then first come.
-// Only the head asks the State again, when its last verdict said the
-// tokens would be there; the others wait for their turn without a round
-// trip, and a request that arrives while requests of at least its priority
-// wait queues behind them instead of asking. So waiting costs the State
-// one call per verdict per replica, not one per waiting request, and
-// interactive requests go before batch ones within each replica. Across
-// replicas there is no order: each replica's head asks when it is due.
+// turns orders this process's requests that wait for one upstream's
+// limits: highest priority first, then first come. Only the head asks the
+// store, once per verdict: it sleeps until the last verdict says its
+// tokens are there, then asks; the others wait for their turn without a
+// call, and a request that arrives while requests of at least its
+// priority wait queues behind them instead of asking. From the last
+// verdict on the upstream (the buckets' backlogs, the hold) the queue
+// estimates when each waiter's turn comes, and sheds a waiter whose turn
+// could not come before its deadline. Every verdict the store gives on
+// the upstream, to a waiter or not, renews the estimate; a verdict that
+// the circuit is open ends every wait; tokens given back wake the head,
+// which then asks at once. Across replicas there is no order: each
+// replica's head asks when its own estimate says so.
 type turns struct {
-	queue
-	eta atomic.Int64 // unix nanoseconds when the head's tokens are due
+	queue           // the waiters; its mutex guards the fields below
+	est    estimate // the last verdict's
+	stale  bool     // tokens were given back since it: the head asks at once
+	asking *waiter  // the head while it asks: a verdict that took its tokens counts it already
 }
 
-// join queues w; the head gets its turn at once.
-func (q *turns) join(w *waiter) {
+// estimate is what the last verdict said of an upstream's limits.
+type estimate struct {
+	at               int64 // when it was given (Unix ns); 0: never
+	next             int64 // the earliest the next request can be taken: the verdict's wait, if it took nothing
+	hold             int64 // the hold's end
+	requests, tokens int64 // the buckets' backlogs then (ns)
+	rpm, tpm         int   // their limits (per minute; 0: none)
+}
+
+// due is when, by e, the buckets will have given requests more requests
+// and tokens more tokens (Unix ns): GCRA's arrival time of the last of
+// them, and never before the verdict's own wait.
+func (e *estimate) due(requests, tokens int64) int64 {
+	t := max(e.at, e.next, e.hold)
+	if e.rpm > 0 {
+		t = max(t, e.at+e.requests+interval(e.rpm, requests)-int64(time.Minute))
+	}
+	if e.tpm > 0 {
+		t = max(t, e.at+e.tokens+interval(e.tpm, tokens)-int64(time.Minute))
+	}
+	return t
+}
+
+// interval is how long a bucket of limit a minute takes to give n tokens
+// (ns).
+func interval(limit int, n int64) int64 {
+	return int64(float64(n) * float64(time.Minute) / float64(limit))
+}
+
+// behind reports whether a request of priority p charging tpm must queue
+// behind the waiters (one has at least its priority), and, if so, how
+// long until its turn would come (at least 1).
+func (q *turns) behind(p Priority, tpm int, now time.Time) (time.Duration, bool) {
+	if q.n.Load() == 0 {
+		return 0, false
+	}
 	q.mu.Lock()
-	q.push(w)
-	q.wakeHeadLocked()
+	defer q.mu.Unlock()
+	if !q.ahead(p) {
+		return 0, false
+	}
+	requests, tokens := int64(1), int64(tpm)
+	for _, w := range q.h {
+		if w.prio >= p {
+			requests++
+			tokens += int64(w.tpm)
+		}
+	}
+	return max(time.Duration(q.est.due(requests, tokens)-now.UnixNano()), 1), true
+}
+
+// record keeps a verdict the store gave on the upstream's limits lim at
+// now. Open ends every wait (errFleetOpened); else the waiters whose turn
+// could no longer come before their deadlines are shed.
+func (q *turns) record(v store.Verdict, lim *store.Limits, now time.Time) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if v.Open {
+		for len(q.h) > 0 {
+			q.out(q.h[0], errFleetOpened)
+		}
+		return
+	}
+	q.est = estimate{at: now.UnixNano(), next: now.UnixNano() + int64(v.Wait), requests: int64(v.Requests), tokens: int64(v.Tokens), rpm: lim.RPM, tpm: lim.TPM}
+	if !v.Until.IsZero() {
+		q.est.hold = v.Until.UnixNano()
+	}
+	q.stale = false
+	var served *waiter
+	if v.Taken {
+		served = q.asking
+	}
+	q.shedLocked(q.est.at, served)
+}
+
+// refunded tells the queue that tokens came back: the head asks at once.
+func (q *turns) refunded() {
+	if q.n.Load() == 0 {
+		return
+	}
+	q.mu.Lock()
+	q.stale = true
+	q.signalHeadLocked()
 	q.mu.Unlock()
 }
 
-// wakeHeadLocked tells the head it is its turn; q.mu is held.
-func (q *turns) wakeHeadLocked() {
-	if len(q.h) > 0 && q.h[0].err == nil {
-		q.h[0].err = errTurn
-		close(q.h[0].done)
+// shedLocked estimates, in queue order, when each waiter's turn comes,
+// and sheds those whose turn comes after now and after their deadline.
+// served, when not nil, is a waiter the estimate counts as served. q.mu
+// is held.
+func (q *turns) shedLocked(now int64, served *waiter) {
+	if len(q.h) == 0 || q.est.at == 0 {
+		return
+	}
+	order := make(waiters, len(q.h))
+	copy(order, q.h)
+	slices.SortFunc(order, func(a, b *waiter) int {
+		return cmp.Or(cmp.Compare(b.prio, a.prio), cmp.Compare(a.seq, b.seq))
+	})
+	var requests, tokens int64
+	for _, w := range order {
+		if w == served {
+			continue
+		}
+		requests++
+		tokens += int64(w.tpm)
+		if due := q.est.due(requests, tokens); due > w.deadline && due > now {
+			q.out(w, w.tooLong)
+			requests--
+			tokens -= int64(w.tpm)
+		}
+	}
+	q.signalHeadLocked()
+}
+
+// out takes w out of the queue with err, and tells it. q.mu is held.
+func (q *turns) out(w *waiter, err error) {
+	heap.Remove(&q.h, w.index)
+	q.n.Store(int32(len(q.h)))
+	w.err = err
+	signal(w.done)
+}
+
+// signal tells a waiter to look again.
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
 	}
 }
 
-// errTurn marks a waiter whose done channel was closed for its turn.
-var errTurn = errors.New("relay: turn")
-
-// await returns once w is the head, and whether it had to wait for that;
-// it fails when ctx ends or the deadline passes first (then tooLong).
-func (q *turns) await(ctx context.Context, c Clock, w *waiter, deadline time.Time, tooLong error) (waited bool, err error) {
-	var expired chan struct{}
-	for {
-		q.mu.Lock()
-		if q.h[0] == w {
-			q.mu.Unlock()
-			return waited, nil
-		}
-		if w.err != nil { // it was the head, and one of higher priority came
-			w.err, w.done = nil, make(chan struct{})
-		}
-		done := w.done
-		q.mu.Unlock()
-		if expired == nil { // a timer only for a request that waits its turn
-			expired = make(chan struct{})
-			stop := c.AfterFunc(deadline.Sub(c.Now()), func() { close(expired) })
-			defer stop()
-		}
-		waited = true
-		select {
-		case <-done:
-		case <-expired:
-			return waited, tooLong
-		case <-ctx.Done():
-			return waited, ctx.Err()
-		}
+// signalHeadLocked tells the head to look again. q.mu is held.
+func (q *turns) signalHeadLocked() {
+	if len(q.h) > 0 {
+		signal(q.h[0].done)
 	}
 }
 
-// head reports whether w is the head.
-func (q *turns) head(w *waiter) bool {
+// wait queues w and waits for its turn: as the head, until its tokens are
+// due by the last verdict (at once after tokens came back), then it asks
+// (ask, which renews the estimate), and again after each verdict that
+// they are not there, until ask took them (nil). It fails when w is shed
+// or its turn would come after its deadline (w.tooLong), when the circuit
+// opens (errFleetOpened, from ask or from another's verdict), or when ctx
+// ends.
+func (q *turns) wait(ctx context.Context, c Clock, w *waiter, ask func(now time.Time) (took bool, err error)) error {
+	w.done = make(chan struct{}, 1)
 	q.mu.Lock()
-	defer q.mu.Unlock()
-	return len(q.h) > 0 && q.h[0] == w
+	q.seq++
+	w.seq = q.seq
+	heap.Push(&q.h, w)
+	q.n.Store(int32(len(q.h)))
+	q.shedLocked(c.Now().UnixNano(), nil)
+	q.mu.Unlock()
+	defer q.leave(w)
+	var armed int64 // the due time the timer is set for
+	var stop func() bool
+	defer func() {
+		if stop != nil {
+			stop()
+		}
+	}()
+	for {
+		at := c.Now()
+		now := at.UnixNano()
+		q.mu.Lock()
+		err, head, due := w.err, len(q.h) > 0 && q.h[0] == w, now
+		if head && !q.stale {
+			due = q.est.due(1, int64(w.tpm))
+		}
+		q.mu.Unlock()
+		switch {
+		case err != nil:
+			return err
+		case head && due <= now: // (late, past its deadline too, it still asks: the tokens may be there)
+			q.mu.Lock()
+			q.asking = w
+			q.mu.Unlock()
+			took, err := ask(at)
+			q.mu.Lock()
+			q.asking = nil
+			q.mu.Unlock()
+			if took || err != nil {
+				return err
+			}
+			continue
+		case head && due > w.deadline:
+			return w.tooLong
+		case head && due != armed:
+			if stop != nil {
+				stop()
+			}
+			armed, stop = due, c.AfterFunc(time.Duration(due-now), func() { signal(w.done) })
+		}
+		select {
+		case <-w.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
-// leave takes w out and gives the next head its turn.
+// leave takes w out, if it is still in, and gives the next head its turn.
 func (q *turns) leave(w *waiter) {
 	q.mu.Lock()
 	if w.index >= 0 {
 		heap.Remove(&q.h, w.index)
 		q.n.Store(int32(len(q.h)))
 	}
-	q.wakeHeadLocked()
+	q.signalHeadLocked()
 	q.mu.Unlock()
-}
-
-// ahead reports whether requests of at least priority p wait, and how
-// long until the head's tokens are due (at least 1).
-func (q *turns) ahead(p Priority, now time.Time) (time.Duration, bool) {
-	if q.n.Load() == 0 {
-		return 0, false
-	}
-	q.mu.Lock()
-	ahead := q.queue.ahead(p)
-	q.mu.Unlock()
-	return max(time.Duration(q.eta.Load()-now.UnixNano()), 1), ahead
 }

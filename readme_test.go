@@ -107,7 +107,7 @@ func TestReadmeConfigTable(t *testing.T) {
 	for _, typ := range []reflect.Type{reflect.TypeFor[Config](), reflect.TypeFor[Upstream]()} {
 		for f := range typ.Fields() {
 			ft := f.Type
-			if ft.Kind() == reflect.Struct && (strings.HasSuffix(ft.Name(), "Config") || ft.Name() == "Buckets") {
+			if ft.Kind() == reflect.Struct && (strings.HasSuffix(ft.Name(), "Config") || ft.Name() == "Buckets" || ft.Name() == "Limits") {
 				for sub := range ft.Fields() {
 					want = append(want, f.Name+"."+sub.Name)
 				}

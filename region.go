@@ -13,22 +13,21 @@ import (
 type candidate struct {
 	up    *upstream
 	model string
-	// fleetProbe is the token of the fleet's half-open probe it carries
-	// (shared State, Probe); nil: none. (A pointer, set on the rare
+	// probe is the token of the half-open circuit's probe it carries
+	// (store.Verdict.Probe); nil: none. (A pointer, set on the rare
 	// claim, keeps a trip's candidates, and the trip, small.)
-	fleetProbe   *string
-	forced       bool      // its circuit is open, but it is the model's soonest to recover
-	fleetFailing bool      // the fleet has a run of failures on it (shared State): a success ends it
-	fleetTPM     bool      // its admission took the tokens from the fleet's limits (shared State), not the in-process ones
-	fleetOpen    time.Time // the end of its open period in the fleet (shared State); zero: not seen open
+	probe   *string
+	forced  bool  // its circuit is open, but it is the model's soonest to recover
+	failing bool  // a run of failures is in progress on it: a success ends it
+	took    uint8 // where its admission took its tokens (tookStore, tookShare), tookNone until it did
 }
 
-// probeToken returns the token of the fleet's probe c carries, or "".
+// probeToken returns the token of the probe c carries, or "".
 func (c *candidate) probeToken() string {
-	if c.fleetProbe == nil {
+	if c.probe == nil {
 		return ""
 	}
-	return *c.fleetProbe
+	return *c.probe
 }
 
 // Strategy decides the order in which the upstreams serving a model are
@@ -125,7 +124,7 @@ func (r *Router) healthy(out []candidate, model string, now time.Time, require [
 		if !u.serves(model) || !u.carries(require) {
 			continue
 		}
-		if at, open := u.br.openUntil(now); open {
+		if at, open := u.circ.openUntil(now, r.s.breaker.probePath != ""); open {
 			if soonest == nil || at.Before(soonestAt) {
 				soonest, soonestAt = u, at
 			}

@@ -405,27 +405,20 @@ func failedUpstream(err error) string {
 }
 
 // settleTPM gives the answering upstream back the part of the request's
-// TPM charge (prompt plus max output tokens) that its usage did not take.
+// TPM charge (prompt plus max output tokens) that its usage did not take,
+// to the limits the charge was taken from.
 func (t *trip) settleTPM(u Usage) {
-	up := t.att.cand.up
-	if up == nil || t.att.resp == nil || up.cfg.TPM <= 0 {
+	c := &t.att.cand
+	if c.up == nil || t.att.resp == nil || c.up.cfg.TPM <= 0 {
 		return
 	}
-	shared := t.att.cand.fleetTPM // where its admission took the charge
-	charge := up.lim.charge(t.tokens)
-	if shared {
-		charge = fleetCharge(t.tokens, up)
-	}
-	unused := charge - (u.PromptTokens + u.CompletionTokens)
-	if u.PromptTokens+u.CompletionTokens == 0 || unused <= 0 {
+	used := u.PromptTokens + u.CompletionTokens
+	unused := c.up.lim.charge(t.tokens, c.took) - used
+	if used == 0 || unused <= 0 {
 		return
 	}
-	now := t.start.Add(t.end.elapsed) // (a limiter changed later since is not set back: limiter.at)
-	if shared {
-		t.r.refundShared(t.ctx, t, up, 0, unused, now)
-		return
-	}
-	up.lim.giveBackTPM(t.r.s.clock, now, unused) // the queue's head may be waiting for these
+	t.r.refundIn(t.ctx, t, c.up, c.took, 0, unused, t.start.Add(t.end.elapsed))
+	c.up.lim.turns.refunded() // the queue's head may be waiting for these
 }
 
 // loserUsage is the usage of the hedges' losing attempts that answered

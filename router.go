@@ -38,13 +38,8 @@ type Router struct {
 	byName  map[string]*upstream
 	counter *counter
 	hedges  hedgeBudget
-	ledger  Ledger
-	// fallbackLedger decides budgets while a shared ledger does not
-	// answer; nil when the ledger is the in-process one.
-	fallbackLedger Ledger
-
-	stateCount stateCounters
-	ids        requestIDs
+	stores  // the store admissions are decided on (state.go)
+	ids     requestIDs
 }
 
 var _ http.RoundTripper = (*Router)(nil)
@@ -57,10 +52,8 @@ func New(cfg Config) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Router{s: s, byName: make(map[string]*upstream, len(s.upstreams)), ledger: s.ledger}
-	if _, local := s.ledger.(*localLedger); !local {
-		r.fallbackLedger = NewLocalLedger()
-	}
+	r := &Router{s: s, byName: make(map[string]*upstream, len(s.upstreams))}
+	r.initStores()
 	r.counter = newCounter(s.memoEntries, s.imageTokens)
 	r.ids.init()
 	r.hedges.deposit = s.hedge.deposit

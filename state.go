@@ -2,128 +2,87 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"math"
+	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tokenrelay/relay/store"
 )
 
-// State is what the replicas of a service share so that an upstream's rate
-// limits, its health and a budget are one number for the whole fleet, not
-// one per process: with 8 replicas each holding an upstream's RPM, the
-// upstream would otherwise receive 8× its limit.
+// The router decides every admission, wait and settlement against one
+// store (package store): Config.State when one is set, shared by the
+// replicas of a service, else an in-process store.Local. The admission
+// code (admit.go, queue.go, breaker.go, budget.go) is written once
+// against it; this file is the only one that knows whether the store is
+// shared.
 //
-// With Config.State nil (the default), all of it lives in the process.
-// Package redisstate keeps it on Redis. The router calls a State on the
-// request path, each call bounded by Config.StateTimeout; when a call
-// fails or times out, the router decides that call from its in-process
-// state instead (rate limits divided by Config.Replicas), says so in
-// Report.StateFallback and Router.StateFallbacks, and tries the shared
-// state again on the next call: a State that is down never fails a
-// request. Implementations are safe for concurrent use.
-type State interface {
-	// Ledger keeps the fleet's budget spend (see Budget).
-	Ledger
+// A shared store is called on the request path, each call bounded by
+// Config.StateTimeout. When a call fails or times out, the router decides
+// that call from its local share: an in-process store.Local whose limits
+// are the fleet's divided by Config.Replicas, and which every verdict of
+// the shared store keeps in step with the fleet (store.Local.Mirror), so
+// that it starts where the fleet is, not from a full bucket. The call is
+// counted in Router.StateFallbacks and Report.StateFallback, and the next
+// call tries the shared store again: a store that is down never fails a
+// request.
 
-	// Admit is an attempt's admission on the fleet's view of upstream
-	// u.Name, in one step (one round trip): when its circuit is open (and
-	// force is false), or the upstream is held (a 429's Retry-After, an
-	// exhausted x-ratelimit-remaining-*), nothing is taken and the verdict
-	// says until when; else one request and tpm tokens are taken from its
-	// RPM and TPM limits, or, when they are not there, nothing is taken and
-	// the verdict says how long until they would be. force admits past an
-	// open circuit (the never-empty rule), not past limits or holds.
-	Admit(ctx context.Context, u Limits, tpm int, force bool, now time.Time) (Verdict, error)
-	// Refund gives back requests and tokens taken from u's limits: for a
-	// call that never went out, or the part of a TPM charge a request did
-	// not use.
-	Refund(ctx context.Context, u Limits, requests, tokens int, now time.Time) error
-	// Hold keeps upstream out of the fleet's traffic until until.
-	Hold(ctx context.Context, upstream string, until time.Time) error
-
-	// Failure counts a failed attempt on upstream; when more than
-	// b.Failures fail in a row, across the fleet, its circuit opens for
-	// b.Cooldown. It returns the end of the open period, zero while closed.
-	Failure(ctx context.Context, upstream string, b CircuitPolicy, now time.Time) (openUntil time.Time, err error)
-	// Success counts a successful attempt: the failure run ends. probe is
-	// the token Probe returned when the attempt was the fleet's half-open
-	// probe, "" for any other attempt. A probe's success closes the
-	// circuit for the fleet if its claim belongs to the current open
-	// period: the circuit did not open again since it was claimed (a new
-	// open period ends every claim of the one before). A probe that
-	// outlived its lock and succeeded while a newer probe is in flight
-	// still closes it (a healthy answer, and the circuit has not opened
-	// again since); one whose
-	// period ended, like any other attempt, only ends the failure run. The
-	// router calls Success only after a probe, or when the attempt's
-	// Verdict said Failing.
-	Success(ctx context.Context, upstream string, probe string) error
-	// Open opens upstream's circuit for the fleet until until (a replica's
-	// own reason, such as its p99 latency, or a failed probe). A new open
-	// period ends the claims on the probe of the one before: none of them
-	// can close the circuit afterwards.
-	Open(ctx context.Context, upstream string, until time.Time) error
-	// Probe claims the half-open probe of upstream's circuit for ttl: it
-	// returns a token unique to the claim to the one replica of the fleet
-	// that gets it, and "" to the others. The claim keeps the other
-	// replicas off the upstream for ttl at most; once ttl has passed,
-	// another replica may claim the probe. Every claim of an open period
-	// may close it (see Success) until the circuit opens again.
-	Probe(ctx context.Context, upstream string, ttl time.Duration) (token string, err error)
+// stores is the router's store and its local share.
+type stores struct {
+	st store.State // decides
+	// ledger keeps the budgets: Config.Ledger, else st.
+	ledger store.Ledger
+	// local is the local share, which decides while a shared st or
+	// ledger does not answer; nil when both are in-process.
+	local *store.Local
+	// sharedSt and sharedLedger: st, ledger are shared (their calls are
+	// bounded by StateTimeout and may fail).
+	sharedSt, sharedLedger bool
+	fallbacks              atomic.Uint64
+	budgets                budgetShares // what the fleet had left of each budget, last it answered
+	pending                pendingSettles
 }
 
-// Limits are one upstream's shared rate limits.
-type Limits struct {
-	Name     string // the upstream's
-	RPM, TPM int    // per minute; 0: none
+// initStores sets the router's stores up from its settings.
+func (r *Router) initStores() {
+	s := &r.s
+	r.st, r.ledger = s.state, s.ledger
+	if r.st == nil {
+		r.st = store.NewLocal()
+	}
+	if r.ledger == nil {
+		r.ledger = r.st
+	}
+	r.sharedSt, r.sharedLedger = s.state != nil, s.ledger != nil || s.state != nil
+	if r.sharedSt || r.sharedLedger {
+		r.local = store.NewLocal()
+	}
 }
 
-// CircuitPolicy is the breaker's failure rule, for a shared State.
-type CircuitPolicy struct {
-	Failures int           // failures in a row tolerated; one more opens (the router calls Failure only when it is positive)
-	Cooldown time.Duration // how long it then stays open
+// StateFallbacks returns how many calls to Config.State (or a shared
+// Config.Ledger) failed or timed out, each decided from the local share
+// instead.
+func (r *Router) StateFallbacks() uint64 { return r.fallbacks.Load() }
+
+// shared runs call on a shared store, bounded by StateTimeout and by ctx.
+// It reports whether the store answered; a failure is counted for the
+// request t (nil when no request made the call) under op (see
+// StateFallbackEvent): the caller then decides from the local share.
+func (r *Router) shared(ctx context.Context, t *trip, op string, call func(context.Context) error) bool {
+	sctx, cancel := context.WithTimeout(ctx, r.s.stateTimeout)
+	err := call(sctx)
+	cancel()
+	if err != nil {
+		r.stateFailed(t, op, err)
+	}
+	return err == nil
 }
 
-// Verdict is the answer of State.Admit.
-type Verdict struct {
-	// Taken: the request and its tokens were taken.
-	Taken bool
-	// Wait, when nothing was taken for the limits or a hold, is how long
-	// until the request could be taken.
-	Wait time.Duration
-	// Open: the fleet's circuit for the upstream is open until Until; an
-	// Until that has passed means its open period ended and no replica's
-	// probe is in flight: half-open, a replica may claim the probe (Probe).
-	Open  bool
-	Until time.Time // the end of the hold or of the open period
-	// Failing, with Taken: a run of failures is in progress, which the
-	// attempt's success should end (State.Success).
-	Failing bool
-}
-
-// stateCounters counts the calls a shared State failed.
-type stateCounters struct {
-	fallbacks atomic.Uint64
-}
-
-// StateFallbacks returns how many calls to Config.State failed or timed
-// out, each decided from in-process state instead.
-func (r *Router) StateFallbacks() uint64 { return r.stateCount.fallbacks.Load() }
-
-// The router's side of a shared State: every call is bounded by
-// StateTimeout and derived from the request's context; a call that fails
-// is counted, marks the request's report, and leaves the decision to the
-// in-process state (limits divided by Replicas).
-
-// stateCtx returns the context of one State call.
-func (r *Router) stateCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, r.s.stateTimeout)
-}
-
-// stateFailed counts a failed State call (op, see StateFallbackEvent) for
-// the request, if a request made it, and tells Hooks.OnStateFallback.
+// stateFailed counts a failed call of a shared store (op, see
+// StateFallbackEvent) for the request t, if a request made it, and tells
+// Hooks.OnStateFallback.
 func (r *Router) stateFailed(t *trip, op string, err error) {
-	r.stateCount.fallbacks.Add(1)
+	r.fallbacks.Add(1)
 	var ctx context.Context
 	if t != nil {
 		t.stateFallback.Store(true)
@@ -146,210 +105,415 @@ func (t *trip) onStateFallback(h func(StateFallbackEvent), ev StateFallbackEvent
 	h(ev)
 }
 
-// limitsOf returns an upstream's fleet-wide limits.
-func limitsOf(u *upstream) Limits {
-	return Limits{Name: u.cfg.Name, RPM: u.cfg.RPM, TPM: u.cfg.TPM}
+// Where an admission took its tokens.
+const (
+	tookNone  uint8 = iota
+	tookStore       // the router's store
+	tookShare       // the local share, while the shared store did not answer
+)
+
+// admitIn asks the store for an admission on the fleet's limits (share:
+// this replica's, for the local share), and says where the tokens were
+// taken, if they were. What the local share admitted while the shared
+// store did not answer (owed; nil for an admission that takes no tokens)
+// goes with the next call that reaches it.
+func (r *Router) admitIn(ctx context.Context, t *trip, fleet, share *store.Limits, o *owed, a store.Ask, now time.Time) (store.Verdict, uint8) {
+	if !r.sharedSt {
+		v, _ := r.st.Admit(ctx, *fleet, a, now)
+		return v, tookStore
+	}
+	var v store.Verdict
+	if o != nil {
+		a.Owed = o.load(fleet, now)
+	}
+	if r.shared(ctx, t, "admit", func(ctx context.Context) (err error) {
+		v, err = r.st.Admit(ctx, *fleet, a, now)
+		return err
+	}) {
+		if o != nil {
+			o.paid(fleet, a.Owed)
+		}
+		r.local.Mirror(*share, v, a.Force, now)
+		return v, tookStore
+	}
+	a.Owed = store.Owed{}
+	v, _ = r.local.Admit(ctx, *share, a, now)
+	if v.Taken && o != nil {
+		o.add(fleet, 1, a.Tokens, now)
+	}
+	return v, tookShare
 }
 
-// rate is the rate-limit step of admission for c: how long until its
-// tokens are there (0: now), whether they were taken already (a shared
-// State takes them in the same round trip), and whether the fleet's circuit
-// keeps c out.
-func (r *Router) rate(ctx context.Context, a admission, c *candidate, tpm int, now time.Time) (wait time.Duration, taken, open bool) {
-	if r.s.state != nil {
-		if wait, ahead := c.up.lim.turns.ahead(a.prio, now); ahead {
-			return wait, false, false // it queues behind them, without asking (see turns)
-		}
-		if wait, taken, open, ok := r.admitShared(ctx, a, c, now); ok {
-			return wait, taken, open
-		}
-	}
-	lim := &c.up.lim
-	wait = max(lim.delay(now, tpm), lim.queued(now, tpm, a.prio))
-	if wait == 0 && lim.ahead(a.prio) {
-		wait = 1 // tokens are there, but requests of higher or equal priority wait for them
-	}
-	return wait, false, false
+// owed is what this replica's local share admitted on an upstream's
+// limits while the shared store did not answer, not yet told to it: as
+// the backlog those admissions would have made in the fleet's buckets
+// (GCRA's arrival times, at the fleet's rates), so that what the refill
+// has made up for since is not owed any more.
+type owed struct {
+	requests, tokens atomic.Int64 // Unix ns
 }
 
-// admitShared asks the State for c's admission; ok is false when it could
-// not answer. In half-open, the one replica that claims the fleet's probe
-// sends it.
-func (r *Router) admitShared(ctx context.Context, a admission, c *candidate, now time.Time) (wait time.Duration, taken, open, ok bool) {
-	c.fleetProbe = nil // a claim is this admission's, never one an earlier attempt on c made
-	tpm := fleetCharge(a.tokens, c.up)
-	v, err := r.stateAdmit(ctx, a, c, tpm, c.forced, now)
-	if err != nil {
-		return 0, false, false, false
-	}
-	if v.Open && !c.forced {
-		if v.Until.After(now) {
-			c.fleetOpen = v.Until
-			return 0, false, true, true
-		}
-		sctx, cancel := r.stateCtx(ctx)
-		token, err := r.s.state.Probe(sctx, c.up.cfg.Name, r.probeTTL(c))
-		cancel()
-		if err != nil {
-			r.stateFailed(a.trip, "probe", err)
-			return 0, false, false, false
-		}
-		if token == "" {
-			c.fleetOpen = now.Add(r.probeTTL(c)) // another replica probes
-			return 0, false, true, true
-		}
-		c.fleetProbe = &token
-		if v, err = r.stateAdmit(ctx, a, c, tpm, true, now); err != nil {
-			return 0, false, false, false
-		}
-	}
-	if v.Taken {
-		c.fleetFailing = v.Failing
-		return 0, true, false, true
-	}
-	return max(v.Wait, 1), false, false, true
+// load returns what is owed at now.
+func (o *owed) load(fleet *store.Limits, now time.Time) store.Owed {
+	return store.Owed{Requests: owedAt(&o.requests, fleet.RPM, now), Tokens: owedAt(&o.tokens, fleet.TPM, now)}
 }
 
-func (r *Router) stateAdmit(ctx context.Context, a admission, c *candidate, tpm int, force bool, now time.Time) (Verdict, error) {
-	sctx, cancel := r.stateCtx(ctx)
-	defer cancel()
-	v, err := r.s.state.Admit(sctx, limitsOf(c.up), tpm, force, now)
-	if err != nil {
-		r.stateFailed(a.trip, "admit", err)
-	}
-	return v, err
-}
-
-// untake gives back rate tokens rate took for a candidate that does not go.
-func (r *Router) untake(ctx context.Context, a admission, c *candidate, now time.Time, taken bool) {
-	if taken {
-		r.refundShared(ctx, a.trip, c.up, 1, fleetCharge(a.tokens, c.up), now)
-	}
-}
-
-// fleetCharge is a request's TPM charge on the fleet's bucket: clamped to
-// the fleet's limit, not to a replica's share.
-func fleetCharge(tokens int, u *upstream) int {
-	if u.cfg.TPM <= 0 {
+func owedAt(tat *atomic.Int64, limit int, now time.Time) int {
+	if limit <= 0 {
 		return 0
 	}
-	return min(max(tokens, 1), u.cfg.TPM)
-}
-
-// probeTTL bounds the claim on the fleet's half-open probe: a replica that
-// dies while probing blocks the others at most this long. c is the
-// candidate the probe would be sent to: its attempt timeout bounds it.
-func (r *Router) probeTTL(c *candidate) time.Duration {
-	ttl := 10 * time.Second
-	if d := c.timeouts().Attempt; d > 0 {
-		ttl = d
+	left := tat.Load() - now.UnixNano()
+	if left <= 0 {
+		return 0
 	}
-	return min(ttl, r.s.breaker.cooldown)
+	return int(math.Ceil(float64(left) * float64(limit) / float64(time.Minute)))
 }
 
-// refundShared gives tokens back to the fleet's limits of u.
-//
-// A refund is made even when the request's context has ended (a waiter
-// whose caller gave up gives back what it took): it is detached from ctx's
-// cancellation and bounded by StateTimeout alone.
-func (r *Router) refundShared(ctx context.Context, t *trip, u *upstream, requests, tokens int, now time.Time) {
-	sctx, cancel := r.stateCtx(context.WithoutCancel(ctx))
-	defer cancel()
-	if err := r.s.state.Refund(sctx, limitsOf(u), requests, tokens, now); err != nil {
-		r.stateFailed(t, "refund", err)
+// add records an admission of the local share: a request of tokens.
+func (o *owed) add(fleet *store.Limits, requests, tokens int, now time.Time) {
+	owe(&o.requests, fleet.RPM, requests, now.UnixNano())
+	owe(&o.tokens, fleet.TPM, min(max(tokens, 1), max(fleet.TPM, 1)), now.UnixNano())
+}
+
+// paid takes what the store was told off (p), never below nothing; a
+// negative p adds to it.
+func (o *owed) paid(fleet *store.Limits, p store.Owed) {
+	owe(&o.requests, fleet.RPM, -p.Requests, 0)
+	owe(&o.tokens, fleet.TPM, -p.Tokens, 0)
+}
+
+// owe moves a backlog's arrival time by n tokens of a bucket of limit a
+// minute, from now at the earliest (n > 0) or down to now at the latest
+// (n < 0).
+func owe(tat *atomic.Int64, limit, n int, now int64) {
+	if limit <= 0 || n == 0 {
+		return
 	}
-}
-
-// waitShared waits for c's tokens in the fleet's limits, in the
-// upstream's turns (see turns): as the head, it sleeps for the last
-// verdict's wait and asks again, within maxWait; behind others, it waits
-// for its turn, then asks at once. fellBack reports that the State stopped
-// answering: the in-process limiter then decides.
-func (r *Router) waitShared(ctx context.Context, a admission, c *candidate, tpm int, wait, maxWait time.Duration, tooLong error) (fellBack bool, err error) {
-	clock := r.s.clock
-	start := clock.Now()
-	deadline := start.Add(maxWait)
-	due := start.Add(wait) // when the last verdict said the tokens would be there
-	q := &c.up.lim.turns
-	w := &waiter{prio: a.prio}
-	q.join(w)
-	defer q.leave(w)
+	d := int64(float64(n) * float64(time.Minute) / float64(limit))
 	for {
-		waited, err := q.await(ctx, clock, w, deadline, tooLong)
-		if err != nil {
-			return false, err
+		old := tat.Load()
+		v := max(old, now) + d
+		if n < 0 {
+			v = max(old+d, now)
 		}
-		now := clock.Now()
-		if waited {
-			due = now // its verdict is stale: ask now
+		if tat.CompareAndSwap(old, v) {
+			return
 		}
-		if due.After(deadline) {
-			return false, tooLong
-		}
-		q.eta.Store(due.UnixNano())
-		// Until the verdict's time, not for its duration from now: a head
-		// that got the CPU late does not sleep longer for it.
-		if err := sleep(ctx, clock, due.Sub(now)); err != nil {
-			return false, err
-		}
-		if !q.head(w) {
-			continue // a request of higher priority came: it asks first
-		}
-		asked := clock.Now()
-		d, taken, open, ok := r.admitShared(ctx, a, c, asked)
-		switch {
-		case !ok:
-			return true, nil
-		case open:
-			return false, ErrCircuitOpen
-		case taken:
-			return false, nil
-		}
-		due = asked.Add(d)
 	}
 }
 
-// observeShared tells the fleet what an attempt learned: a hold, a
-// failure or a success for the shared circuit, a circuit this replica
-// opened.
-func (r *Router) observeShared(t *trip, a *attempt, o outcome, hold, opened time.Time, now time.Time) {
-	name := a.cand.up.cfg.Name
-	ctx, cancel := r.stateCtx(context.WithoutCancel(t.ctx))
-	defer cancel()
-	var err error
-	if !hold.IsZero() {
-		err = r.s.state.Hold(ctx, name, hold)
-	}
+// refundIn gives requests and tokens back where they were taken (took).
+// A refund is made even when the request's context has ended (a waiter
+// whose caller gave up gives back what it took): it is detached from
+// ctx's cancellation, bounded by StateTimeout alone.
+func (r *Router) refundIn(ctx context.Context, t *trip, u *upstream, took uint8, requests, tokens int, now time.Time) {
 	switch {
-	case !opened.IsZero():
-		err = errors.Join(err, r.s.state.Open(ctx, name, opened))
-	case o == outcomeFailure:
-		policy := CircuitPolicy{Failures: r.s.breaker.failures, Cooldown: r.s.breaker.cooldown}
-		switch {
-		case policy.Failures > 0:
-			_, ferr := r.s.state.Failure(ctx, name, policy, now)
-			err = errors.Join(err, ferr)
-		case a.cand.fleetProbe != nil:
-			// Failures are not counted (Breaker.Failures < 0), but a
-			// failed probe still opens the circuit again for the
-			// cooldown while it is half-open, else the fleet would try
-			// the upstream again as soon as the probe's lock ran out.
-			// Failure with a run no failure reaches does just that: it
-			// reopens a half-open circuit, leaves an open one as it is,
-			// and never opens a closed one (a probe slower than its lock
-			// that fails after a newer probe closed the circuit).
-			policy.Failures = math.MaxInt
-			_, ferr := r.s.state.Failure(ctx, name, policy, now)
-			err = errors.Join(err, ferr)
-		}
-	case o == outcomeSuccess && (a.cand.fleetProbe != nil || a.cand.fleetFailing):
-		// Only the fleet's probe claim closes the fleet's circuit, and
-		// only within its open period (State.Success): not a probe of
-		// this replica's own breaker, nor a forced attempt, which claimed
-		// none.
-		err = errors.Join(err, r.s.state.Success(ctx, name, a.cand.probeToken()))
+	case took == tookShare:
+		r.local.Refund(ctx, u.lim.share, requests, tokens, now)
+		u.lim.owed.paid(&u.lim.fleet, store.Owed{Requests: requests, Tokens: tokens}) // given back before the store was told
+	case !r.sharedSt:
+		r.st.Refund(ctx, u.lim.fleet, requests, tokens, now)
+	default:
+		r.shared(context.WithoutCancel(ctx), t, "refund", func(ctx context.Context) error {
+			return r.st.Refund(ctx, u.lim.fleet, requests, tokens, now)
+		})
 	}
-	if err != nil {
-		r.stateFailed(t, "observe", err)
+}
+
+// holdIn keeps u out until until, in the store.
+func (r *Router) holdIn(ctx context.Context, t *trip, u *upstream, until, now time.Time) {
+	r.tell(ctx, t, func(ctx context.Context, s store.State) error { return s.Hold(ctx, u.cfg.Name, until, now) })
+}
+
+// tell makes a change this replica decided on (a hold, an open circuit)
+// in the store, and in the local share too, so that a fallback keeps to
+// it. Its calls are detached from ctx's cancellation (an attempt's
+// outcome is recorded when its caller gave up too), bounded by
+// StateTimeout alone.
+func (r *Router) tell(ctx context.Context, t *trip, change func(context.Context, store.State) error) {
+	ctx = context.WithoutCancel(ctx)
+	if !r.sharedSt {
+		change(ctx, r.st)
+		return
+	}
+	change(ctx, r.local)
+	r.shared(ctx, t, "observe", func(ctx context.Context) error { return change(ctx, r.st) })
+}
+
+// outcomeIn records an attempt's outcome for u's circuit; the local share
+// decides when the shared store does not answer, or when the attempt was
+// admitted there.
+func (r *Router) outcomeIn(ctx context.Context, t *trip, u *upstream, took uint8, o store.Outcome, now time.Time) store.Change {
+	ctx = context.WithoutCancel(ctx)
+	p := r.s.breaker.policy
+	if !r.sharedSt {
+		ch, _ := r.st.Outcome(ctx, u.cfg.Name, p, o, now)
+		return ch
+	}
+	var ch store.Change
+	if took != tookShare && r.shared(ctx, t, "observe", func(ctx context.Context) (err error) {
+		ch, err = r.st.Outcome(ctx, u.cfg.Name, p, o, now)
+		return err
+	}) {
+		return ch
+	}
+	ch, _ = r.local.Outcome(ctx, u.cfg.Name, p, o, now)
+	return ch
+}
+
+// openIn opens u's circuit until until (a reason of this replica's own: its
+// p99 latency), in the store.
+func (r *Router) openIn(ctx context.Context, t *trip, u *upstream, until, now time.Time) {
+	r.tell(ctx, t, func(ctx context.Context, s store.State) error { return s.Open(ctx, u.cfg.Name, until, now) })
+}
+
+// usage reads the spend and reservations of b's ledger k: a shared
+// ledger's within StateTimeout; when it does not answer, the fleet's as of
+// its last answer with this replica's since, Replicas times (see
+// budgetShares).
+func (r *Router) usage(ctx context.Context, b *budgetSettings, k store.BudgetKey) (spent, reserved int64, err error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	now := r.s.clock.Now()
+	if !r.sharedLedger {
+		return r.ledger.Usage(ctx, k, now)
+	}
+	if r.shared(ctx, nil, "usage", func(ctx context.Context) (err error) {
+		spent, reserved, err = r.ledger.Usage(ctx, k, now)
+		return err
+	}) {
+		r.budgets.sync(r.local, k, b.limit-spent-reserved, r.s.replicas, now)
+		return spent, reserved, nil
+	}
+	spent, reserved, err = r.local.Usage(ctx, k, now)
+	n := int64(r.s.replicas)
+	if limit, ok := r.budgets.limit(k); ok {
+		used := b.limit - n*(limit-spent-reserved) // the fleet's at its last answer, and this replica's since
+		reserved = min(n*reserved, max(used, 0))
+		return max(used-reserved, 0), reserved, err
+	}
+	return spent * n, reserved * n, err
+}
+
+// keys lists the keys of budget's ledgers in the window ending at end, as
+// usage reads them.
+func (r *Router) keys(budget string, end time.Time) []string {
+	var keys []string
+	if !r.sharedLedger {
+		keys, _ = r.ledger.Keys(context.Background(), budget, end)
+		return keys
+	}
+	if !r.shared(context.Background(), nil, "usage", func(ctx context.Context) (err error) {
+		keys, err = r.ledger.Keys(ctx, budget, end)
+		return err
+	}) {
+		keys, _ = r.local.Keys(context.Background(), budget, end)
+	}
+	return keys
+}
+
+// reserveLedger changes h's reservation by delta (a negative delta lowers
+// it), as hold h.id until expires, and reports whether it fits. A shared
+// ledger is called within StateTimeout; when it does not answer, the local
+// share decides (onlyLocal keeps the change there, where the reservation
+// is): with the limit of this replica's share of what the fleet had left
+// at its last answer (budgetShares), and a refusal for a ledger it never
+// answered for: a budget never falls back to an empty ledger.
+func (r *Router) reserveLedger(ctx context.Context, t *trip, h *held, delta int64, onlyLocal bool, expires time.Time) bool {
+	now := r.s.clock.Now()
+	if !r.sharedLedger {
+		res, _ := r.ledger.Reserve(ctx, h.k, h.b.limit, store.Hold{ID: h.id, Amount: h.shared + delta, Expires: expires}, now)
+		if res.OK {
+			h.shared += delta
+		}
+		return res.OK
+	}
+	if !onlyLocal {
+		r.settlePending(t) // the spend of an outage goes to the fleet's ledger before a new reservation
+		var res store.Reservation
+		if r.shared(ctx, t, "reserve", func(ctx context.Context) (err error) {
+			res, err = r.ledger.Reserve(ctx, h.k, h.b.limit, store.Hold{ID: h.id, Amount: h.shared + delta, Expires: expires}, now)
+			return err
+		}) {
+			r.budgets.sync(r.local, h.k, res.Left, r.s.replicas, now)
+			if res.OK {
+				h.shared += delta
+			}
+			return res.OK
+		}
+		h.uncertain = true
+	}
+	limit, ok := r.budgets.limit(h.k)
+	if !ok {
+		limit, ok = r.budgets.fresh(h.b, h.k, r.s.replicas)
+	}
+	if !ok {
+		return delta <= 0 // nothing known of what the fleet has left: fail closed
+	}
+	res, _ := r.local.Reserve(ctx, h.k, limit, store.Hold{ID: h.id, Amount: h.local + delta, Expires: expires}, now)
+	if res.OK {
+		h.local += delta
+	}
+	return res.OK
+}
+
+// settleLedger ends h's reservation in each ledger that holds a part of
+// it (or may: a shared Reserve that did not answer), and charges spent to
+// the shared ledger when it holds a part, else to the local share (whose
+// spend goes to the shared ledger once it answers again). A shared
+// settlement that fails is kept and made again after the next one that
+// succeeds (pendingSettles): no hold outlives its request's settlement
+// by more than the store's outage.
+func (r *Router) settleLedger(t *trip, h *held, spent int64) {
+	ctx, now := context.Background(), r.s.clock.Now()
+	toShared := h.shared > 0 || h.local == 0
+	if h.local > 0 {
+		toLocal := spent
+		if toShared {
+			toLocal = 0
+		}
+		r.local.Settle(ctx, h.k, h.id, toLocal, now)
+		if toLocal > 0 {
+			r.pending.add(pendingSettle{k: h.k, spent: toLocal})
+		}
+	}
+	if !toShared && !h.uncertain {
+		return
+	}
+	toMain := int64(0)
+	if toShared {
+		toMain = spent
+	}
+	if !r.sharedLedger {
+		r.ledger.Settle(ctx, h.k, h.id, toMain, now)
+		return
+	}
+	if !r.shared(ctx, t, "settle", func(ctx context.Context) error { return r.ledger.Settle(ctx, h.k, h.id, toMain, now) }) {
+		r.pending.add(pendingSettle{k: h.k, id: h.id, spent: toMain})
+		return
+	}
+	r.settlePending(t)
+}
+
+// budgetShares keeps this replica's share of what the fleet had left of
+// each budget ledger at the shared ledger's last answer for it: the limit
+// the local share's ledger reserves against while the shared ledger does
+// not answer. That limit is what the local ledger held at that answer
+// (its reservations and spend of earlier outages, whose spend has gone to
+// the shared ledger since) plus 1/Replicas of what the fleet had left; so
+// that, while the shared ledger is down, the replicas together reserve at
+// most what the fleet had left when it last answered each of them.
+type budgetShares struct {
+	mu   sync.Mutex
+	m    map[store.BudgetKey]int64
+	last int64 // when the shared ledger last answered (Unix ns); 0: never
+}
+
+// maxBudgetShares bounds the ledgers budgetShares keeps: past it, those of
+// ended windows go.
+const maxBudgetShares = 4096
+
+// sync records the fleet's answer for k: left of the limit, at now.
+func (b *budgetShares) sync(local *store.Local, k store.BudgetKey, left int64, replicas int, now time.Time) {
+	spent, reserved, _ := local.Usage(context.Background(), k, now)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.m == nil {
+		b.m = map[store.BudgetKey]int64{}
+	}
+	if len(b.m) >= maxBudgetShares {
+		for key := range b.m {
+			if !key.Window.After(now) {
+				delete(b.m, key)
+			}
+		}
+	}
+	b.m[k] = spent + reserved + max(left, 0)/int64(max(replicas, 1))
+	b.last = now.UnixNano()
+}
+
+// limit returns the limit of the local share's ledger k, if the fleet
+// ever answered for it.
+func (b *budgetShares) limit(k store.BudgetKey) (int64, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	l, ok := b.m[k]
+	return l, ok
+}
+
+// fresh returns the limit of the local share's ledger k when k's window
+// started after the shared ledger last answered (the fleet had spent
+// nothing of it then as far as this replica knows): its share of the
+// whole budget. A window that started before is not fresh: nothing is
+// known of what the fleet spent of it.
+func (b *budgetShares) fresh(bs *budgetSettings, k store.BudgetKey, replicas int) (int64, bool) {
+	b.mu.Lock()
+	last := b.last
+	b.mu.Unlock()
+	if last == 0 || bs.Window.start(k.Window).UnixNano() < last {
+		return 0, false
+	}
+	return bs.limit / int64(max(replicas, 1)), true
+}
+
+// pendingSettles are settlements the shared ledger did not take (it did
+// not answer), and the spend the local share charged while it was down:
+// made again, in order, after the next settlement it takes.
+type pendingSettles struct {
+	mu   sync.Mutex
+	list []pendingSettle
+	n    atomic.Int32 // len(list), read without the lock
+}
+
+type pendingSettle struct {
+	k     store.BudgetKey
+	id    string // the hold to end; "": spend alone
+	spent int64
+}
+
+// maxPending bounds the settlements kept; past it the oldest go (their
+// holds end at their deadline, Budget.HoldFor).
+const maxPending = 4096
+
+func (p *pendingSettles) add(s pendingSettle) {
+	p.mu.Lock()
+	if len(p.list) >= maxPending {
+		p.list = p.list[1:]
+	}
+	p.list = append(p.list, s)
+	p.n.Store(int32(len(p.list)))
+	p.mu.Unlock()
+}
+
+// settleBatch bounds the pending settlements made after one that
+// succeeded.
+const settleBatch = 16
+
+// settlePending makes the pending settlements again, a few at a time,
+// until one fails.
+func (r *Router) settlePending(t *trip) {
+	p := &r.pending
+	for range settleBatch {
+		if p.n.Load() == 0 {
+			return
+		}
+		p.mu.Lock()
+		if len(p.list) == 0 {
+			p.mu.Unlock()
+			return
+		}
+		s := p.list[0]
+		p.list = p.list[1:]
+		p.n.Store(int32(len(p.list)))
+		p.mu.Unlock()
+		now := r.s.clock.Now()
+		if !r.shared(context.Background(), t, "settle", func(ctx context.Context) error { return r.ledger.Settle(ctx, s.k, s.id, s.spent, now) }) {
+			p.mu.Lock()
+			p.list = append([]pendingSettle{s}, p.list...)
+			p.n.Store(int32(len(p.list)))
+			p.mu.Unlock()
+			return
+		}
 	}
 }

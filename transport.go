@@ -222,7 +222,6 @@ type trip struct {
 // attempt is one upstream call and what it learned.
 type attempt struct {
 	cand     candidate
-	tk       ticket // the breaker's permission
 	resp     *http.Response
 	err      error
 	cancel   context.CancelFunc
@@ -257,7 +256,7 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 	)
 	defer prev.close(t)
 	for i := 0; i < r.s.retry.maxAttempts; i++ {
-		idx, tk, queued, err := r.acquire(ctx, cands, next, adm)
+		idx, queued, err := r.acquire(ctx, cands, next, adm)
 		t.outside += queued
 		if err == ErrBudgetExceeded && t.downgrade(&cands) {
 			i-- // a cheaper route, not an attempt
@@ -274,7 +273,7 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 		out := bodies.get(t, cand)
 		at := r.s.clock.Now()
 		t.attempts++
-		a, hedgeNext := t.sendHedged(ctx, cands, idx, tk, adm, out, at)
+		a, hedgeNext := t.sendHedged(ctx, cands, idx, adm, out, at)
 		adm.retry = true
 		waited := false // for a stream's first token
 		if hedgeNext >= 0 {
@@ -421,11 +420,7 @@ func (t *trip) observe(a *attempt, now time.Time) {
 			hint, _ = RetryAfter(a.resp.Header, now)
 		}
 	}
-	hold := u.lim.observe(a.resp, now)
-	opened := u.br.done(a.tk, o, hint, &u.lat, now, t)
-	if t.r.s.state != nil {
-		t.r.observeShared(t, a, o, hold, opened, now)
-	}
+	t.r.record(t.ctx, t, &a.cand, a.resp, o, hint, now)
 }
 
 // send makes one upstream call. The attempt holds the in-flight count and
@@ -433,7 +428,7 @@ func (t *trip) observe(a *attempt, now time.Time) {
 func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, hedge bool, sent time.Time) attempt {
 	r := t.r
 	a := attempt{cand: cand, held: true, injected: body.injected}
-	changes := cand.up.br.changes.Load()
+	changes := cand.up.circ.changes.Load()
 	// state settles the race between the attempt timer and the response:
 	// 0 while waiting, 1 once the response is kept, 2 once the timer fired.
 	var state atomic.Int32
@@ -464,11 +459,7 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 	}
 	if err := t.stopped(ctx); err != nil {
 		// The call never goes out: its tokens go back, where they were taken.
-		if cand.fleetTPM {
-			r.refundShared(ctx, t, cand.up, 1, fleetCharge(t.tokens, cand.up), a.sent)
-		} else {
-			cand.up.lim.giveBack(r.s.clock, a.sent, cand.up.lim.charge(t.tokens))
-		}
+		r.untake(ctx, t, &cand, t.tokens, a.sent)
 		if stop != nil {
 			stop()
 		}
@@ -504,7 +495,7 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 	}
 	now := r.s.clock.Now()
 	a.done, a.latency = now, now.Sub(a.sent)
-	if (a.err == nil || a.err == ErrAttemptTimeout) && cand.up.br.changes.Load() == changes {
+	if (a.err == nil || a.err == ErrAttemptTimeout) && cand.up.circ.changes.Load() == changes {
 		// (an attempt that lived through a change of its breaker's state,
 		// sent before it opened, would bring a stale latency into the
 		// window the opening emptied)

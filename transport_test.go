@@ -433,22 +433,15 @@ func TestNonModelPathSkipsOpenCircuit(t *testing.T) {
 	clock := newFakeClock()
 	r, _ := newTestRouter(t, Config{Clock: clock, Upstreams: []Upstream{{Name: "first", BaseURL: first.URL}, {Name: "second", BaseURL: second.URL}}})
 	u := r.byName["first"]
-	for range 6 {
-		tk, _ := u.br.allow(clock.Now(), false, nil)
-		u.br.done(tk, outcomeFailure, 0, &u.lat, clock.Now(), nil)
-	}
-	require.Equal(t, StateOpen, u.br.stateAt(clock.Now()))
+	failures(r, u, 6, clock.Now())
+	require.Equal(t, StateOpen, stateOf(r, u, clock.Now()))
 	resp, _ := do(t, r, "GET", "http://relay/v1/models", "")
 	assert.Equal(t, 200, resp.StatusCode)
 	assert.Equal(t, "second", resp.Header.Get(HeaderUpstream))
 	assert.Empty(t, first.got())
 
 	// Every circuit open: the soonest to recover is still tried.
-	v := r.byName["second"]
-	for range 6 {
-		tk, _ := v.br.allow(clock.Now(), false, nil)
-		v.br.done(tk, outcomeFailure, 0, &v.lat, clock.Now(), nil)
-	}
+	failures(r, r.byName["second"], 6, clock.Now())
 	resp, _ = do(t, r, "GET", "http://relay/v1/models", "")
 	assert.Equal(t, 200, resp.StatusCode)
 }

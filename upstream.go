@@ -20,7 +20,7 @@ type upstream struct {
 	requests atomic.Uint64
 	failures atomic.Uint64
 	lat      latencyWindow
-	br       breaker
+	circ     circuit
 	lim      limiter
 }
 
@@ -30,14 +30,7 @@ func newUpstream(us upstreamSettings, s *settings) *upstream {
 		u.paths[i] = u.base.Path + "/" + ep
 	}
 	u.lat.init(latencyWindowSize)
-	u.br.init(us.cfg.Name, &s.breaker)
-	rpm, tpm := us.cfg.RPM, us.cfg.TPM
-	if s.state != nil && s.replicas > 1 {
-		// The in-process limits decide only while the shared State does not
-		// answer: each replica then keeps to its share.
-		rpm, tpm = shareOf(rpm, s.replicas), shareOf(tpm, s.replicas)
-	}
-	u.lim.init(rpm, tpm, us.cfg.MaxInFlight)
+	u.lim.init(us.cfg.Name, us.cfg.RPM, us.cfg.TPM, s.replicas, us.cfg.MaxInFlight)
 	return u
 }
 
@@ -116,7 +109,7 @@ func (r *Router) Stats() []UpstreamStats {
 		if s.Requests > 0 {
 			s.ErrorRate = float64(s.Failures) / float64(s.Requests)
 		}
-		s.Breaker = u.br.stateAt(now)
+		s.Breaker = u.circ.stateAt(now, r.s.breaker.probePath != "")
 	}
 	return out
 }

@@ -1,6 +1,7 @@
 package redisstate_test
 
 import (
+	"context"
 	"log"
 	"net/http"
 	"os"
@@ -16,16 +17,23 @@ func ExampleNew() {
 	upstreams := []relay.Upstream{
 		{Name: "us-east", BaseURL: "https://us.example.com/v1", APIKey: os.Getenv("US_KEY"), RPM: 600, TPM: 400_000},
 	}
+	ctx := context.Background()
 	// README:redisstate
 	client := redis.NewClient(&redis.Options{
 		Addr:                  os.Getenv("REDIS_ADDR"),
 		ContextTimeoutEnabled: true, // deadlines reach the connection
 		DialerRetries:         1,    // a refused connection fails at once
+		PoolSize:              128,  // a connection for each caller that may wait on one
+		MinIdleConns:          32,   // opened by Load, before traffic
 	})
+	state := redisstate.New(client, redisstate.WithPrefix("checkout"))
+	if err := state.Load(ctx); err != nil { // loads the scripts, opens the connections
+		log.Fatal(err)
+	}
 	router, err := relay.New(relay.Config{
 		Upstreams: upstreams,
-		State:     redisstate.New(client, redisstate.WithPrefix("checkout")),
-		Replicas:  8, // while Redis is unreachable, each keeps to 1/8 of RPM and TPM
+		State:     state,
+		Replicas:  8, // at least the number of replicas: each one's share while Redis does not answer
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -4,95 +4,108 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/tokenrelay/relay"
+	"github.com/tokenrelay/relay/store"
 )
 
 // The ledger keeps, per budget, scope key and window, one hash
 // {relay:<prefix>:b:<budget>}:a:<window end, Unix ns>:<scope key> with
 // fields s (spent), r (reserved) and h:<id> (each live hold's amount), a
 // sorted set {...}:e:<window end>:<scope key> of the holds' ids scored by
-// their deadlines (Unix ms), and per budget and window the set of its
-// scope keys, {relay:<prefix>:b:<budget>}:k:<window end>. They live until
+// their deadlines (Unix ms), a sorted set {...}:x:<window end>:<scope
+// key> of the holds settled in the last minute (store.SettledKeep), and
+// per budget and window the set of its scope keys,
+// {relay:<prefix>:b:<budget>}:k:<window end>. They live until
 // WithBudgetRetention (24 hours) after the window ends. Amounts are int64
 // nano-units, added by Redis (HINCRBY) and compared exactly; one hold is
 // at most 2^53 (about 9 million in the billing currency). A hold past its
-// deadline is ended by the next Reserve or Usage of its ledger (64 at a
-// time), by the State's clock.
+// deadline is ended by the next Reserve, Settle or Usage of its ledger (64
+// at a time), by the time the caller gives.
 
-func (s *State) account(k relay.BudgetKey) (account, set string) {
-	tag := s.budgetTag(k.Budget)
+// ledgerKeys returns the keys of k's ledger: account, keys of the window,
+// expiry set, settled set.
+func (s *State) ledgerKeys(k store.BudgetKey) (*budgetTag, []string) {
+	b := s.budget(k.Budget)
 	end := strconv.FormatInt(k.Window.UnixNano(), 10)
-	return tag + ":a:" + end + ":" + k.Key, tag + ":k:" + end
+	return b, []string{b.tag + ":a:" + end + ":" + k.Key, b.tag + ":k:" + end, b.tag + ":e:" + end + ":" + k.Key, b.tag + ":x:" + end + ":" + k.Key}
 }
-
-// expiries is the key of k's set of hold deadlines.
-func (s *State) expiries(k relay.BudgetKey) string {
-	return s.budgetTag(k.Budget) + ":e:" + strconv.FormatInt(k.Window.UnixNano(), 10) + ":" + k.Key
-}
-
-var errNegative = errors.New("negative amount")
 
 // maxHold bounds one hold's amount: the scripts compute a top-up's
 // difference in Lua numbers, exact to 2^53.
 const maxHold = 1 << 53
 
+var errAmount = errors.New("amount out of range")
+
 // Reserve sets hold h.ID of k to h.Amount if spent + reserved stays within
 // limit with it, atomically for the whole fleet: of the replicas that
 // reserve at once, never two take the last of a budget. The hold counts
-// until h.Expires (by the State's clock), or until it is settled. A
-// negative amount, or one over 2^53, is an error.
-func (s *State) Reserve(ctx context.Context, k relay.BudgetKey, limit int64, h relay.Hold) (bool, error) {
+// until h.Expires, or until it is settled; a hold settled in the last
+// minute is not made again. A negative amount, or one over 2^53, is an
+// error.
+func (s *State) Reserve(ctx context.Context, k store.BudgetKey, limit int64, h store.Hold, now time.Time) (store.Reservation, error) {
 	if h.Amount < 0 || h.Amount > maxHold {
-		return false, fmt.Errorf("redisstate: reserve %s: %w %d", k.Budget, errAmount, h.Amount)
+		return store.Reservation{}, fmt.Errorf("redisstate: reserve %s: %w %d", k.Budget, errAmount, h.Amount)
 	}
-	if limit < h.Amount {
-		return false, nil
+	deadline := h.Expires.UnixMilli()
+	if h.Expires.IsZero() {
+		deadline = math.MaxInt64 >> 10
 	}
-	acc, set := s.account(k)
-	n, err := s.eval(ctx, reserveScript, []string{acc, set, s.expiries(k)},
-		limit, h.ID, h.Amount, h.Expires.UnixMilli(), s.clock().UnixMilli(), s.ttl(k.Window, s.ledger), k.Key).Int64()
+	b, keys := s.ledgerKeys(k)
+	r, err := s.eval(ctx, &b.ff, reserveScript, keys,
+		limit, h.ID, h.Amount, deadline, now.UnixMilli(), ttl(k.Window, now, s.ledger), k.Key).Slice()
 	if err != nil {
-		return false, wrap("reserve "+k.Budget, err)
+		return store.Reservation{}, wrap("reserve "+k.Budget, err)
 	}
-	return n == 1, nil
+	if len(r) != 3 {
+		return store.Reservation{}, fmt.Errorf("redisstate: reserve %s: unexpected reply %v", k.Budget, r)
+	}
+	ok, _ := r[0].(int64)
+	spent, err1 := amount(r[1])
+	reserved, err2 := amount(r[2])
+	if err := errors.Join(err1, err2); err != nil {
+		return store.Reservation{}, wrap("reserve "+k.Budget, err)
+	}
+	return store.Reservation{OK: ok == 1, Left: limit - spent - reserved}, nil
 }
 
-var errAmount = errors.New("amount out of range")
+// amount parses an amount a script returned.
+func amount(v any) (int64, error) {
+	str, _ := v.(string)
+	if str == "" {
+		return 0, nil
+	}
+	return strconv.ParseInt(str, 10, 64)
+}
 
 // Settle ends hold id of k (nothing when there is none: never made,
-// settled, or expired) and adds spent to its spend, atomically. A
-// settlement for a window other than the current one lands in that
-// window's ledger (the in-process ledger drops it); it changes nothing in
-// the current one.
-func (s *State) Settle(ctx context.Context, k relay.BudgetKey, id string, spent int64) error {
+// settled, or expired; none when id is "") and adds spent to its spend,
+// atomically. A settlement for a window other than the current one lands
+// in that window's ledger; it changes nothing in the current one.
+func (s *State) Settle(ctx context.Context, k store.BudgetKey, id string, spent int64, now time.Time) error {
 	if spent < 0 {
-		return fmt.Errorf("redisstate: settle %s: %w", k.Budget, errNegative)
+		return fmt.Errorf("redisstate: settle %s: %w %d", k.Budget, errAmount, spent)
 	}
-	acc, set := s.account(k)
-	err := s.eval(ctx, settleScript, []string{acc, set, s.expiries(k)},
-		id, spent, s.ttl(k.Window, s.ledger), k.Key).Err()
+	b, keys := s.ledgerKeys(k)
+	err := s.eval(ctx, &b.ff, settleScript, keys,
+		id, spent, ttl(k.Window, now, s.ledger), k.Key, now.UnixMilli(), store.SettledKeep.Milliseconds()).Err()
 	return wrap("settle "+k.Budget, err)
 }
 
 // Usage returns k's spend and what its live holds reserve (zero for a
 // ledger never charged, or expired).
-func (s *State) Usage(ctx context.Context, k relay.BudgetKey) (spent, reserved int64, err error) {
-	acc, set := s.account(k)
-	v, err := s.eval(ctx, usageScript, []string{acc, set, s.expiries(k)}, s.clock().UnixMilli()).Slice()
+func (s *State) Usage(ctx context.Context, k store.BudgetKey, now time.Time) (spent, reserved int64, err error) {
+	b, keys := s.ledgerKeys(k)
+	v, err := s.eval(ctx, &b.ff, usageScript, keys, now.UnixMilli()).Slice()
 	if err != nil {
 		return 0, 0, wrap("usage "+k.Budget, err)
 	}
 	var out [2]int64
 	for i := range min(len(v), 2) {
-		str, ok := v[i].(string)
-		if !ok {
-			continue // nil: no such field
-		}
-		if out[i], err = strconv.ParseInt(str, 10, 64); err != nil {
+		if out[i], err = amount(v[i]); err != nil {
 			return 0, 0, wrap("usage "+k.Budget, err)
 		}
 	}
@@ -102,8 +115,8 @@ func (s *State) Usage(ctx context.Context, k relay.BudgetKey) (spent, reserved i
 // Keys returns the scope keys budget has ledgers for in the window ending
 // at end.
 func (s *State) Keys(ctx context.Context, budget string, end time.Time) ([]string, error) {
-	_, set := s.account(relay.BudgetKey{Budget: budget, Window: end})
-	v, err := s.do(ctx, "smembers", set).StringSlice()
+	b, keys := s.ledgerKeys(store.BudgetKey{Budget: budget, Window: end})
+	v, err := s.do(ctx, &b.ff, "smembers", keys[1]).StringSlice()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, wrap("keys "+budget, err)
 	}

@@ -20,6 +20,9 @@ func TestMain(m *testing.M) {
 	// The outage tests kill servers on purpose: go-redis would log every
 	// refused dial.
 	redis.SetLogger(quiet{})
+	if cfg := os.Getenv(replicaEnv); cfg != "" {
+		os.Exit(runReplica(cfg)) // a replica of the fleet harness
+	}
 	goleak.VerifyTestMain(m)
 }
 
@@ -72,12 +75,28 @@ func (h *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		h.n.Add(1)
 		if !h.quiet.Load() {
+			name := cmd.Name()
+			if args := cmd.Args(); name == "evalsha" && len(args) > 1 {
+				name = scriptName(fmt.Sprint(args[1]))
+			}
 			h.mu.Lock()
-			h.names = append(h.names, cmd.Name())
+			h.names = append(h.names, name)
 			h.mu.Unlock()
 		}
 		return next(ctx, cmd)
 	}
+}
+
+// scriptName names the script of an EVALSHA by its SHA1: "admit",
+// "reserve", ...
+func scriptName(sha string) string {
+	for name, sc := range map[string]*script{"admit": admitScript, "refund": refundScript, "hold": holdScript, "outcome": outcomeScript,
+		"open": openScript, "reserve": reserveScript, "settle": settleScript, "usage": usageScript} {
+		if sc.sha == sha {
+			return name
+		}
+	}
+	return "evalsha"
 }
 
 // evals returns how many scripts were sent.
@@ -86,12 +105,15 @@ func (h *counter) evals() int {
 	defer h.mu.Unlock()
 	n := 0
 	for _, name := range h.names {
-		if name == "evalsha" || name == "eval" {
+		if name == "eval" || name == "evalsha" || scripted[name] {
 			n++
 		}
 	}
 	return n
 }
+
+// scripted are the names scriptName gives.
+var scripted = map[string]bool{"admit": true, "refund": true, "hold": true, "outcome": true, "open": true, "reserve": true, "settle": true, "usage": true}
 
 // newClient returns a client for addr as the package recommends, closed
 // when the test ends.

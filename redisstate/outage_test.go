@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/tokenrelay/relay"
+	"github.com/tokenrelay/relay/store"
 )
 
 // server is a redis-server of the test's own, on a loopback port.
@@ -79,25 +79,32 @@ func (s *server) signal(sig syscall.Signal) {
 	}
 }
 
+var policy = store.CircuitPolicy{Failures: 2, Cooldown: 30 * time.Second, MaxCooldown: 5 * time.Minute}
+
 // calls makes one call of each kind, each bounded by its own deadline d,
 // and returns the errors and the longest time one took.
 func calls(s *State, d time.Duration, now time.Time) (errs []error, longest time.Duration) {
-	u := relay.Limits{Name: "a", RPM: 1_000_000, TPM: 1_000_000}
-	k := relay.BudgetKey{Budget: "b", Window: now.Truncate(time.Hour).Add(time.Hour)}
+	u := store.Limits{Name: "a", RPM: 1_000_000, TPM: 1_000_000}
+	k := store.BudgetKey{Budget: "b", Window: now.Truncate(time.Hour).Add(time.Hour)}
 	for _, f := range []func(ctx context.Context) error{
-		func(ctx context.Context) error { _, err := s.Admit(ctx, u, 10, false, now); return err },
+		func(ctx context.Context) error { _, err := s.Admit(ctx, u, store.Ask{Tokens: 10}, now); return err },
 		func(ctx context.Context) error { return s.Refund(ctx, u, 1, 10, now) },
-		func(ctx context.Context) error { return s.Hold(ctx, "a", now) },
-		func(ctx context.Context) error { _, err := s.Failure(ctx, "a", policy, now); return err },
-		func(ctx context.Context) error { return s.Success(ctx, "a", "") },
-		func(ctx context.Context) error { return s.Open(ctx, "z", now) },
-		func(ctx context.Context) error { _, err := s.Probe(ctx, "z", time.Millisecond); return err },
+		func(ctx context.Context) error { return s.Hold(ctx, "a", now, now) },
 		func(ctx context.Context) error {
-			_, err := s.Reserve(ctx, k, 1<<62, relay.Hold{ID: "h", Amount: 1})
+			_, err := s.Outcome(ctx, "a", policy, store.Outcome{Result: store.Failure}, now)
 			return err
 		},
-		func(ctx context.Context) error { return s.Settle(ctx, k, "h", 1) },
-		func(ctx context.Context) error { _, _, err := s.Usage(ctx, k); return err },
+		func(ctx context.Context) error {
+			_, err := s.Outcome(ctx, "a", policy, store.Outcome{Result: store.Success}, now)
+			return err
+		},
+		func(ctx context.Context) error { return s.Open(ctx, "a", now, now) },
+		func(ctx context.Context) error {
+			_, err := s.Reserve(ctx, k, 1<<62, store.Hold{ID: "h", Amount: 1}, now)
+			return err
+		},
+		func(ctx context.Context) error { return s.Settle(ctx, k, "h", 1, now) },
+		func(ctx context.Context) error { _, _, err := s.Usage(ctx, k, now); return err },
 		func(ctx context.Context) error { _, err := s.Keys(ctx, "b", k.Window); return err },
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), d)
@@ -226,13 +233,16 @@ func TestRedisStalled(t *testing.T) {
 			if !allFailed(errs) {
 				t.Fatalf("a call succeeded against a stopped server: %v", errs)
 			}
+			// The first six calls are upstream a's (one hash tag), the
+			// others budget b's: each tag fails fast on its own.
 			for i, err := range errs {
 				timeout := errors.Is(err, context.DeadlineExceeded) || isTimeout(err)
-				if i < 3 && !timeout || i >= 3 && !errors.Is(err, ErrUnavailable) {
-					t.Fatalf("call %d: %v, want a timeout for the first 3 calls and ErrUnavailable (fail-fast) after", i, err)
+				first := i < 3 || i >= 6 && i < 9
+				if first && !timeout || !first && !errors.Is(err, ErrUnavailable) {
+					t.Fatalf("call %d: %v, want a timeout for the first 3 calls of each hash tag and ErrUnavailable (fail-fast) after", i, err)
 				}
 			}
-			t.Logf("stopped server: 11 calls failed (3 timeouts, then fail-fast), the longest in %s (deadline %s)", longest, deadline)
+			t.Logf("stopped server: 10 calls failed (3 timeouts per hash tag, then fail-fast), the longest in %s (deadline %s)", longest, deadline)
 			for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
 				errs, _ := calls(s, time.Second, t0)
 				if allOK(errs) {
@@ -253,12 +263,12 @@ func TestFailFast(t *testing.T) {
 	srv := startServer(t, "")
 	c, h := newClient(t, srv.addr())
 	s := New(c, WithFailFast(3, 300*time.Millisecond))
-	u := relay.Limits{Name: "a", RPM: 1000}
+	u := store.Limits{Name: "a", RPM: 1000}
 	admit := func(d time.Duration) (time.Duration, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), d)
 		defer cancel()
 		start := time.Now()
-		_, err := s.Admit(ctx, u, 0, false, t0)
+		_, err := s.Admit(ctx, u, store.Ask{}, t0)
 		return time.Since(start), err
 	}
 	if _, err := admit(time.Second); err != nil {
@@ -315,10 +325,10 @@ func TestCanceledContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	before := b.calls.n.Load()
-	if _, err := s.Admit(ctx, relay.Limits{Name: "a", RPM: 1}, 0, false, t0); !errors.Is(err, context.Canceled) {
+	if _, err := s.Admit(ctx, store.Limits{Name: "a", RPM: 1}, store.Ask{}, t0); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Admit with a canceled context: %v", err)
 	}
-	if _, err := s.Reserve(ctx, relay.BudgetKey{Budget: "b", Window: w1}, 10, relay.Hold{ID: "h", Amount: 1}); !errors.Is(err, context.Canceled) {
+	if _, err := s.Reserve(ctx, store.BudgetKey{Budget: "b", Window: w1}, 10, store.Hold{ID: "h", Amount: 1}, t0); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Reserve with a canceled context: %v", err)
 	}
 	if n := b.calls.n.Load() - before; n != 0 {

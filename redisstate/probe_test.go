@@ -11,23 +11,8 @@ import (
 	"time"
 
 	"github.com/tokenrelay/relay"
+	"github.com/tokenrelay/relay/store"
 )
-
-// lapse ends key's TTL now, as if its time had run out: miniredis moves
-// its clock by ttl; a real server is given an expiry time in the past,
-// which it applies at once. No test waits in real time for a key to
-// expire.
-func lapse(t *testing.T, b *backend, key string, ttl time.Duration) {
-	t.Helper()
-	if b.mini != nil {
-		b.mini.FastForward(ttl)
-	} else {
-		noErr(t, b.c.PExpireAt(ctxT(t), key, time.UnixMilli(1)).Err())
-	}
-	if n := must[int64](t)(b.c.Exists(ctxT(t), key).Result()); n != 0 {
-		t.Fatalf("%s outlived its TTL", key)
-	}
-}
 
 // statusBase answers every call with its status; a gated call first
 // tells that it arrived, then waits for its release.
@@ -81,20 +66,20 @@ func probeRouter(t *testing.T, s *State, clock *fleetClock, base http.RoundTripp
 // probe with a slow call (its base says on arrived when the call is
 // there), and the claim's lock runs out (the router's probe TTL, 10 s)
 // while it waits. It returns ra's result.
-func staleProbe(t *testing.T, b *backend, s *State, clock *fleetClock, ra *relay.Router, arrived <-chan struct{}) <-chan error {
-	noErr(t, s.Open(ctxT(t), "a", t0.Add(30*time.Second)))
+func staleProbe(t *testing.T, s *State, clock *fleetClock, ra *relay.Router, arrived <-chan struct{}) <-chan error {
+	noErr(t, s.Open(ctxT(t), "a", t0.Add(30*time.Second), t0))
 	clock.at(31 * time.Second)
 	done := make(chan error, 1)
 	go func() { _, err := send(ra, "probe A"); done <- err }()
 	<-arrived
-	lapse(t, b, s.keys("a").probe(), 10*time.Second)
+	clock.advance(11 * time.Second)
 	return done
 }
 
 // openFor reports whether the fleet keeps upstream a out at now.
 func openFor(t *testing.T, s *State, now time.Time) bool {
 	t.Helper()
-	v := must[relay.Verdict](t)(s.Admit(ctxT(t), relay.Limits{Name: "a"}, 0, false, now))
+	v := must[store.Verdict](t)(s.Admit(ctxT(t), store.Limits{Name: "a"}, store.Ask{}, now))
 	return v.Open && v.Until.After(now)
 }
 
@@ -102,18 +87,17 @@ func openFor(t *testing.T, s *State, now time.Time) bool {
 // and its call outlives the claim's TTL; replica B then claims the probe,
 // B's probe fails and the circuit opens again for the fleet. A's probe
 // succeeding afterwards must not close the circuit: its claim is stale.
-// Two routers over one State, as two replicas; the lock's expiry is the
-// server's own (lapse), the time the routers' fake clock.
+// Two routers over one State, as two replicas, on a fake clock.
 func TestStaleProbeDoesNotCloseFleet(t *testing.T) {
 	both(t, func(t *testing.T, b *backend) {
-		s := b.state(t, WithClock(func() time.Time { return t0 }))
+		s := b.state(t)
 		clock := newFleetClock()
 		slow, failing := &statusBase{}, &statusBase{}
 		arrived, release := slow.set(200, true)
 		failing.set(500, false)
 		ra, rb := probeRouter(t, s, clock, slow), probeRouter(t, s, clock, failing)
 
-		done := staleProbe(t, b, s, clock, ra, arrived)
+		done := staleProbe(t, s, clock, ra, arrived)
 
 		// B claims the probe, which fails: the circuit opens again.
 		if status, err := send(rb, "probe B"); err != nil || status != 500 {
@@ -143,7 +127,7 @@ func TestStaleProbeDoesNotCloseFleet(t *testing.T) {
 // fleet while it was in flight.
 func TestLocalProbeDoesNotCloseFleet(t *testing.T) {
 	both(t, func(t *testing.T, b *backend) {
-		s := b.state(t, WithClock(func() time.Time { return t0 }))
+		s := b.state(t)
 		clock := newFleetClock()
 		ab, bb := &statusBase{}, &statusBase{}
 		ab.set(500, false)
@@ -173,7 +157,7 @@ func TestLocalProbeDoesNotCloseFleet(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { _, err := send(ra, "probe A"); done <- err }()
 		<-arrived
-		noErr(t, s.Open(ctxT(t), "a", clock.Now().Add(30*time.Second)))
+		noErr(t, s.Open(ctxT(t), "a", clock.Now().Add(30*time.Second), clock.Now()))
 		release()
 		if err := <-done; err != nil {
 			t.Fatal(err)
@@ -182,91 +166,4 @@ func TestLocalProbeDoesNotCloseFleet(t *testing.T) {
 			t.Fatal("A's own breaker's probe closed the fleet's circuit, which it never claimed")
 		}
 	})
-}
-
-// TestProbeToken: a probe's success closes the circuit only while its
-// claim belongs to the current open period. Replica A claims the probe,
-// and its lock runs out (lapse) while A's probe is in flight; then each
-// case happens, and A's probe succeeds.
-func TestProbeToken(t *testing.T) {
-	const ttl = 10 * time.Second
-	u := relay.Limits{Name: "a"}
-	half := t0.Add(31 * time.Second)
-	claimB := func(t *testing.T, s *State) string {
-		b := must[string](t)(s.Probe(ctxT(t), "a", ttl))
-		if b == "" {
-			t.Fatal("B lost the probe after A's lock ran out")
-		}
-		return b
-	}
-	cases := []struct {
-		name string
-		// then returns whether the circuit must stay open after A's
-		// success.
-		then func(t *testing.T, s *State) (open bool)
-	}{
-		{"nobody claims after A: its success closes the circuit", func(t *testing.T, s *State) bool {
-			return false
-		}},
-		{"B claims the probe and is in flight: A's success closes the circuit (no failure since)", func(t *testing.T, s *State) bool {
-			claimB(t, s)
-			return false
-		}},
-		{"B's probe fails (Failure): the circuit opens again", func(t *testing.T, s *State) bool {
-			b := claimB(t, s)
-			must[time.Time](t)(s.Failure(ctxT(t), "a", policy, half))
-			noErr(t, s.Success(ctxT(t), "a", b)) // B's claim ended with its open period too
-			return true
-		}},
-		{"a replica opens the circuit again (Open)", func(t *testing.T, s *State) bool {
-			noErr(t, s.Open(ctxT(t), "a", half.Add(time.Minute)))
-			return true
-		}},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			both(t, func(t *testing.T, b *backend) {
-				s := b.state(t, WithClock(func() time.Time { return t0 }))
-				ctx := ctxT(t)
-				noErr(t, s.Open(ctx, "a", t0.Add(30*time.Second)))
-				if v := must[relay.Verdict](t)(s.Admit(ctx, u, 0, false, half)); !v.Open || v.Until.After(half) {
-					t.Fatalf("%+v, want half-open", v)
-				}
-				a := must[string](t)(s.Probe(ctx, "a", ttl))
-				if a == "" {
-					t.Fatal("A lost the probe")
-				}
-				lapse(t, b, s.keys("a").probe(), ttl)
-				if v := must[relay.Verdict](t)(s.Admit(ctx, u, 0, false, half)); !v.Open || v.Until.After(half) {
-					t.Fatalf("after A's lock ran out: %+v, want half-open", v)
-				}
-				wantOpen := c.then(t, s)
-				noErr(t, s.Success(ctx, "a", a))
-				v := must[relay.Verdict](t)(s.Admit(ctx, u, 0, false, half))
-				if v.Open != wantOpen {
-					t.Fatalf("after A's success: %+v, want open %v", v, wantOpen)
-				}
-				if !wantOpen {
-					if keys := b.keysUnder(t, s); len(keys) != 0 {
-						t.Fatalf("keys left after the close: %v", keys)
-					}
-					return
-				}
-				// The circuit's new open period ends; a new claim's
-				// success closes it.
-				later := half.Add(2 * time.Minute)
-				if v := must[relay.Verdict](t)(s.Admit(ctx, u, 0, false, later)); !v.Open || v.Until.After(later) {
-					t.Fatalf("%+v, want half-open again", v)
-				}
-				c := must[string](t)(s.Probe(ctx, "a", ttl))
-				if c == "" {
-					t.Fatal("no replica could claim the new period's probe")
-				}
-				noErr(t, s.Success(ctx, "a", c))
-				if v := must[relay.Verdict](t)(s.Admit(ctx, u, 0, false, later)); !v.Taken {
-					t.Fatalf("the new claim's success did not close the circuit: %+v", v)
-				}
-			})
-		})
-	}
 }

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/tokenrelay/relay"
+	"github.com/tokenrelay/relay/store"
 )
 
 // TestOneRoundTrip: every call is one command, so one round trip, once
@@ -17,29 +17,45 @@ func TestOneRoundTrip(t *testing.T) {
 		s := b.state(t)
 		ctx := ctxT(t)
 		noErr(t, s.Load(ctx))
-		u := relay.Limits{Name: "a", RPM: 100, TPM: 10000}
-		k := relay.BudgetKey{Budget: "b", Key: "k", Window: w1}
+		u := store.Limits{Name: "a", RPM: 100, TPM: 10000}
+		k := store.BudgetKey{Budget: "b", Key: "k", Window: w1}
 		var token string
+		probe := store.Ask{Probe: time.Second}
 		for _, c := range []struct {
 			name string
 			call func() error
 		}{
-			{"Admit", func() error { _, err := s.Admit(ctx, u, 100, false, t0); return err }},
-			{"Admit refused", func() error { _, err := s.Admit(ctx, u, 100_000, false, t0); return err }},
-			{"Admit forced", func() error { _, err := s.Admit(ctx, u, 1, true, t0); return err }},
+			{"Admit", func() error { _, err := s.Admit(ctx, u, store.Ask{Tokens: 100}, t0); return err }},
+			{"Admit refused", func() error { _, err := s.Admit(ctx, u, store.Ask{Tokens: 100_000}, t0); return err }},
+			{"Admit forced", func() error { _, err := s.Admit(ctx, u, store.Ask{Tokens: 1, Force: true}, t0); return err }},
 			{"Refund", func() error { return s.Refund(ctx, u, 1, 100, t0) }},
-			{"Hold", func() error { return s.Hold(ctx, "a", t0) }},
-			{"Failure", func() error { _, err := s.Failure(ctx, "a", policy, t0); return err }},
-			{"Success", func() error { return s.Success(ctx, "a", "") }},
-			{"Success stale probe", func() error { return s.Success(ctx, "a", "stale") }},
-			{"Open", func() error { return s.Open(ctx, "a", t0) }},
-			{"Admit half-open", func() error { _, err := s.Admit(ctx, u, 1, false, t0.Add(time.Second)); return err }},
-			{"Probe", func() (err error) { token, err = s.Probe(ctx, "a", time.Second); return err }},
-			{"Probe lost", func() error { _, err := s.Probe(ctx, "a", time.Second); return err }},
-			{"Success probe", func() error { return s.Success(ctx, "a", token) }},
-			{"Reserve", func() error { _, err := s.Reserve(ctx, k, 1000, relay.Hold{ID: "h", Amount: 10}); return err }},
-			{"Settle", func() error { return s.Settle(ctx, k, "h", 5) }},
-			{"Usage", func() error { _, _, err := s.Usage(ctx, k); return err }},
+			{"Hold", func() error { return s.Hold(ctx, "a", t0, t0) }},
+			{"Failure", func() error {
+				_, err := s.Outcome(ctx, "a", policy, store.Outcome{Result: store.Failure}, t0)
+				return err
+			}},
+			{"Success", func() error {
+				_, err := s.Outcome(ctx, "a", policy, store.Outcome{Result: store.Success}, t0)
+				return err
+			}},
+			{"Success stale probe", func() error {
+				_, err := s.Outcome(ctx, "a", policy, store.Outcome{Result: store.Success, Probe: "stale"}, t0)
+				return err
+			}},
+			{"Open", func() error { return s.Open(ctx, "a", t0, t0) }},
+			{"Admit half-open, the probe claimed", func() error {
+				v, err := s.Admit(ctx, u, probe, t0.Add(time.Second))
+				token = v.Probe
+				return err
+			}},
+			{"Admit half-open, the probe in flight", func() error { _, err := s.Admit(ctx, u, probe, t0.Add(time.Second)); return err }},
+			{"Success probe", func() error {
+				_, err := s.Outcome(ctx, "a", policy, store.Outcome{Result: store.Success, Probe: token}, t0.Add(time.Second))
+				return err
+			}},
+			{"Reserve", func() error { _, err := s.Reserve(ctx, k, 1000, store.Hold{ID: "h", Amount: 10}, t0); return err }},
+			{"Settle", func() error { return s.Settle(ctx, k, "h", 5, t0) }},
+			{"Usage", func() error { _, _, err := s.Usage(ctx, k, t0); return err }},
 			{"Keys", func() error { _, err := s.Keys(ctx, "b", w1); return err }},
 		} {
 			before := b.calls.n.Load()
@@ -59,16 +75,16 @@ func TestScriptsReload(t *testing.T) {
 	b := newMini(t)
 	s := b.state(t)
 	ctx := ctxT(t)
-	u := relay.Limits{Name: "a", RPM: 100}
+	u := store.Limits{Name: "a", RPM: 100}
 	for round := range 2 {
 		b.c.ScriptFlush(ctx)
 		b.calls.names = nil
 		for range 2 {
-			if v := must[relay.Verdict](t)(s.Admit(ctx, u, 0, false, t0)); !v.Taken {
+			if v := must[store.Verdict](t)(s.Admit(ctx, u, store.Ask{}, t0)); !v.Taken {
 				t.Fatal(v)
 			}
 		}
-		if want := []string{"evalsha", "eval", "evalsha"}; !slices.Equal(b.calls.names, want) {
+		if want := []string{"admit", "eval", "admit"}; !slices.Equal(b.calls.names, want) {
 			t.Fatalf("round %d: commands %q, want %q", round, b.calls.names, want)
 		}
 	}
@@ -89,12 +105,12 @@ func TestContextTimeoutsSeen(t *testing.T) {
 		t.Fatal("a client of unknown options is trusted with deadlines")
 	}
 	ctx := ctxT(t)
-	if v, err := s.Admit(ctx, relay.Limits{Name: "a", RPM: 1}, 0, false, t0); err != nil || !v.Taken {
+	if v, err := s.Admit(ctx, store.Limits{Name: "a", RPM: 1}, store.Ask{}, t0); err != nil || !v.Taken {
 		t.Fatalf("through a goroutine: %+v %v", v, err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := s.Admit(ctx, relay.Limits{Name: "a", RPM: 1}, 0, false, t0); err == nil {
+	if _, err := s.Admit(ctx, store.Limits{Name: "a", RPM: 1}, store.Ask{}, t0); err == nil {
 		t.Fatal("no error with a canceled context")
 	}
 }

@@ -10,7 +10,8 @@ import (
 )
 
 // Times in the scripts are microseconds since the Unix epoch (exact in a
-// Lua number until the year 2255); rates are per minute, 60e6 µs.
+// Lua number until the year 2255), all of them the times the caller gives:
+// Redis's own clock only sets key lifetimes. Rates are per minute, 60e6 µs.
 
 // script is a Lua script run with EVALSHA, and with EVAL (which also
 // caches it) when Redis does not know it yet.
@@ -23,32 +24,41 @@ func newScript(src string) *script {
 	return &script{src: src, sha: hex.EncodeToString(h[:])}
 }
 
-// run runs the script: one round trip, or two the first time a Redis
-// server sees it.
-func (s *State) eval(ctx context.Context, sc *script, keys []string, args ...any) *redis.Cmd {
+// eval runs the script: one round trip, or two the first time a Redis
+// server sees it. ff is the fail-fast switch of the keys' node.
+func (s *State) eval(ctx context.Context, ff *failFast, sc *script, keys []string, args ...any) *redis.Cmd {
 	a := make([]any, 0, 3+len(keys)+len(args))
 	a = append(a, "evalsha", sc.sha, len(keys))
 	for _, k := range keys {
 		a = append(a, k)
 	}
 	a = append(a, args...)
-	cmd := s.do(ctx, a...)
+	cmd := s.do(ctx, ff, a...)
 	if err := cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
 		a[0], a[1] = "eval", sc.src
-		cmd = s.do(ctx, a...)
+		cmd = s.do(ctx, ff, a...)
 	}
 	return cmd
 }
 
-// luaHelpers are shared by the rate scripts: the GCRA step of one bucket
-// holding a minute of quota (limit per minute), and the storing of a
-// theoretical arrival time.
-const luaHelpers = `
+// luaUpstream is shared by the scripts of an upstream's hash: its fields
+//
+//	r, k  the RPM and TPM buckets' theoretical arrival times (GCRA)
+//	h     the hold's end
+//	o     the open period's end (none: closed); p its id; c its length
+//	l     the end of the probe's claim in flight; q its token
+//	n     the failure run; t its last failure
+//
+// and the constants and helpers: GCRA, the circuit's forgetting, and the
+// hash's lifetime (while one of its fields matters, plus keep).
+const luaUpstream = `
 local MINUTE = 60000000
+local now = tonumber(ARGV[1])
+local KEEP, OPENKEEP, RUN = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 -- gcra returns the new theoretical arrival time of a bucket (limit per
 -- minute) whose current one is tat, if n tokens are taken at now, and how
 -- long until they are there (0: now).
-local function gcra(tat, limit, n, now)
+local function gcra(tat, limit, n)
   tat = tonumber(tat) or now
   if tat < now then tat = now end
   local new = tat + n * MINUTE / limit
@@ -56,148 +66,211 @@ local function gcra(tat, limit, n, now)
   if wait < 0 then wait = 0 end
   return new, wait
 end
--- store keeps a theoretical arrival time while it is ahead of now, and
--- keep ms longer.
-local function store(key, tat, now, keep)
-  if tat <= now then
-    redis.call('DEL', key)
+local function back(tat)
+  tat = tonumber(tat)
+  if tat and tat > now then return math.ceil(tat - now) end
+  return 0
+end
+local function num(x) return string.format('%.17g', x) end
+-- circuit returns the open period's end, nil when closed; a half-open
+-- circuit left unprobed for OPENKEEP is forgotten (closed).
+local function circuit(open)
+  open = tonumber(open)
+  if open and now >= open + OPENKEEP then
+    redis.call('HDEL', KEYS[1], 'o', 'p', 'c', 'l', 'q')
+    return nil
+  end
+  return open
+end
+-- keep sets the hash's lifetime: until the last of its fields stops
+-- mattering, plus KEEP ms; a hash none of whose fields matter goes.
+local function keep()
+  local f = redis.call('HMGET', KEYS[1], 'r', 'k', 'h', 'o', 'l', 'n', 't')
+  local last = 0
+  for i = 1, 3 do
+    local v = tonumber(f[i])
+    if v and v > last then last = v end
+  end
+  local o, l, n, t = tonumber(f[4]), tonumber(f[5]), tonumber(f[6]), tonumber(f[7])
+  if o and o + OPENKEEP > last then last = o + OPENKEEP end
+  if l and l > last then last = l end
+  if n and t and t + RUN > last then last = t + RUN end
+  if last <= now then
+    redis.call('DEL', KEYS[1])
   else
-    redis.call('SET', key, string.format('%.17g', tat), 'PX', math.ceil((tat - now) / 1000) + keep)
+    redis.call('PEXPIRE', KEYS[1], math.ceil((last - now) / 1000) + KEEP)
   end
 end
 `
 
-// admitScript is State.Admit: one MGET, and a SET per bucket taken from.
+// admitScript is State.Admit.
 //
-// KEYS: open, probe, hold, rpm, tpm, reopened, fails (one upstream's).
-// ARGV: now, force (0 or 1), rpm limit, tpm limit, tpm charge, keep (ms).
-// Returns {0, failing} when taken (failing: 1 while a failure run is in
-// progress), {1, until} when the circuit keeps the request out, {2, wait,
-// hold's end or 0} when the hold or the limits do.
-var admitScript = newScript(luaHelpers + `
-local now = tonumber(ARGV[1])
-local v = redis.call('MGET', KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[7])
-local u = tonumber(v[1])
-if u and ARGV[2] == '0' then
-  if now < u then return {1, u} end
-  local lock = redis.call('PTTL', KEYS[2])
-  if lock > 0 then return {1, now + lock * 1000} end
-  redis.call('DEL', KEYS[6]) -- seen half-open: a probe may be claimed
-  return {1, u}
+// KEYS: the upstream's hash. ARGV: now, keep (ms), open keep, failure run,
+// force (0 or 1), probe claim (µs; 0: none), claim's random part, rpm
+// limit, tpm limit, tpm charge, requests owed, tokens owed. Returns {0, failing, requests backlog,
+// tokens backlog, claim token or ""} when taken, {1, until} when the
+// circuit keeps the attempt out, {2, wait, hold's end or 0, requests
+// backlog, tokens backlog} when the hold or the limits do.
+var admitScript = newScript(luaUpstream + `
+local f = redis.call('HMGET', KEYS[1], 'r', 'k', 'h', 'o', 'p', 'l', 'n', 't')
+local rpm, tpm, n = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local owed = false
+if rpm > 0 and tonumber(ARGV[11]) > 0 then
+  f[1] = num(gcra(f[1], rpm, tonumber(ARGV[11])))
+  owed = true
+end
+if tpm > 0 and tonumber(ARGV[12]) > 0 then
+  f[2] = num(gcra(f[2], tpm, tonumber(ARGV[12])))
+  owed = true
+end
+if owed then
+  redis.call('HSET', KEYS[1], 'r', f[1] or num(now), 'k', f[2] or num(now))
+  keep()
+end
+local open = circuit(f[4])
+local claim = false
+if open and ARGV[5] == '0' then
+  if now < open then return {1, open} end
+  local lock = tonumber(f[6])
+  if lock and lock > now then return {1, lock} end
+  if tonumber(ARGV[6]) <= 0 then return {1, open} end
+  claim = true
 end
 local wait = 0
-local hold = tonumber(v[2])
-if hold and hold > now then wait = hold - now end
-local rpm, tpm, n = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local rtat, ttat, w
+local hold = tonumber(f[3])
+if hold and hold > now then wait = hold - now else hold = 0 end
+local rtat, ttat, w = f[1], f[2]
 if rpm > 0 then
-  rtat, w = gcra(v[3], rpm, 1, now)
+  rtat, w = gcra(f[1], rpm, 1)
   if w > wait then wait = w end
 end
 if tpm > 0 then
-  ttat, w = gcra(v[4], tpm, n, now)
+  ttat, w = gcra(f[2], tpm, n)
   if w > wait then wait = w end
 end
-if wait > 0 then
-  if hold and hold > now then return {2, math.ceil(wait), hold} end
-  return {2, math.ceil(wait), 0}
+if wait > 0 then return {2, math.ceil(wait), hold, back(f[1]), back(f[2])} end
+if rpm > 0 then redis.call('HSET', KEYS[1], 'r', num(rtat)) end
+if tpm > 0 then redis.call('HSET', KEYS[1], 'k', num(ttat)) end
+local token = ''
+if claim then
+  token = (f[5] or '') .. ':' .. ARGV[7]
+  redis.call('HSET', KEYS[1], 'l', num(now + tonumber(ARGV[6])), 'q', token)
 end
-local keep = tonumber(ARGV[6])
-if rtat then store(KEYS[4], rtat, now, keep) end
-if ttat then store(KEYS[5], ttat, now, keep) end
-if v[5] then return {0, 1} end
-return {0, 0}
+local failing = 0
+local runs, last = tonumber(f[7]), tonumber(f[8])
+if runs and runs > 0 and last and now < last + RUN then failing = 1 end
+keep()
+return {0, failing, back(rtat), back(ttat), token}
 `)
 
-// refundScript is State.Refund.
+// refundScript is State.Refund: tokens go back, never past a full bucket.
 //
-// KEYS: rpm, tpm. ARGV: now, rpm limit, tpm limit, requests, tokens, keep.
-var refundScript = newScript(luaHelpers + `
-local now, keep = tonumber(ARGV[1]), tonumber(ARGV[6])
-local function give(key, limit, n)
+// KEYS: the upstream's hash. ARGV: now, keep, open keep, failure run, rpm
+// limit, tpm limit, requests, tokens.
+var refundScript = newScript(luaUpstream + `
+local function give(field, limit, n)
   if limit <= 0 or n <= 0 then return end
-  local tat = tonumber(redis.call('GET', key))
-  if not tat then return end
+  local tat = tonumber(redis.call('HGET', KEYS[1], field))
+  if not tat or tat <= now then return end
   if n > limit then n = limit end
-  store(key, tat - n * MINUTE / limit, now, keep)
+  tat = tat - n * MINUTE / limit
+  if tat <= now then
+    redis.call('HDEL', KEYS[1], field)
+  else
+    redis.call('HSET', KEYS[1], field, num(tat))
+  end
 end
-give(KEYS[1], tonumber(ARGV[2]), tonumber(ARGV[4]))
-give(KEYS[2], tonumber(ARGV[3]), tonumber(ARGV[5]))
+give('r', tonumber(ARGV[5]), tonumber(ARGV[7]))
+give('k', tonumber(ARGV[6]), tonumber(ARGV[8]))
+keep()
 return 0
 `)
 
 // holdScript is State.Hold: the later of the two ends.
 //
-// KEYS: hold. ARGV: until, ttl (ms).
-var holdScript = newScript(`
-local old = tonumber(redis.call('GET', KEYS[1]))
-if old and old >= tonumber(ARGV[1]) then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
+// KEYS: the upstream's hash. ARGV: now, keep, open keep, failure run,
+// until.
+var holdScript = newScript(luaUpstream + `
+local old = tonumber(redis.call('HGET', KEYS[1], 'h'))
+if not old or old < tonumber(ARGV[5]) then redis.call('HSET', KEYS[1], 'h', ARGV[5]) end
+keep()
+return 0
 `)
 
-// failureScript is State.Failure. An open circuit counts no failure and
-// returns its end; a half-open one (its open period over) opens again
-// for the cooldown, as a failed probe does; a closed one adds to the run,
-// and past the tolerated count it opens.
-//
-// KEYS: fails, open, probe, reopened, claim. ARGV: failures, now, until
-// if it opens, run ttl (ms), open ttl (ms).
-var failureScript = newScript(`
-local u = tonumber(redis.call('GET', KEYS[2]))
-if u and tonumber(ARGV[2]) < u then return u end
-if not u then
-  local n = redis.call('INCR', KEYS[1])
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
-  if n <= tonumber(ARGV[1]) then return 0 end
+// luaPeriod starts a new open period: until, its id and length; the run,
+// the claim's lock and (with the id) every claim of the period before end.
+const luaPeriod = `
+local function period(ends, id, cool)
+  redis.call('HSET', KEYS[1], 'o', num(ends), 'p', id, 'c', num(cool))
+  redis.call('HDEL', KEYS[1], 'l', 'q', 'n', 't')
 end
-redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[5])
-redis.call('SET', KEYS[4], '1', 'PX', ARGV[5])
-redis.call('DEL', KEYS[1], KEYS[3], KEYS[5])
-return tonumber(ARGV[3])
+-- claimed reports whether token is a claim of the current open period p.
+local function claimed(token, p)
+  return token ~= '' and p and string.sub(token, 1, #p + 1) == p .. ':'
+end
+`
+
+// outcomeScript is State.Outcome.
+//
+// KEYS: the upstream's hash. ARGV: now, keep, open keep, failure run,
+// result (0 neutral, 1 success, 2 failure), probe token, hint (µs),
+// failures tolerated, cooldown (µs), max cooldown (µs), the id of a new
+// open period. Returns {closed (0 or 1), the end of the period it opened
+// or 0, the run that opened it or 0}.
+var outcomeScript = newScript(luaUpstream + luaPeriod + `
+local f = redis.call('HMGET', KEYS[1], 'o', 'p', 'c', 'q', 'n', 't')
+local open = circuit(f[1])
+local result, token = ARGV[5], ARGV[6]
+local out = {0, 0, 0}
+if result == '1' then
+  redis.call('HDEL', KEYS[1], 'n', 't')
+  if open and claimed(token, f[2]) then
+    redis.call('HDEL', KEYS[1], 'o', 'p', 'c', 'l', 'q')
+    out = {1, 0, 0}
+  end
+elseif result == '0' then
+  if token ~= '' and token == f[4] then redis.call('HDEL', KEYS[1], 'l', 'q') end
+else
+  local hint, cooldown, maxc = tonumber(ARGV[7]), tonumber(ARGV[9]), tonumber(ARGV[10])
+  if open and now >= open and claimed(token, f[2]) then
+    local cool = tonumber(f[3]) or 0
+    if cooldown > cool then cool = cooldown end
+    if maxc > cool then cool = math.min(2 * cool, maxc) end
+    local ends = now + math.max(cool, hint)
+    period(ends, ARGV[11], cool)
+    out = {0, ends, 0}
+  elseif not open and tonumber(ARGV[8]) > 0 then
+    local runs, last = tonumber(f[5]) or 0, tonumber(f[6])
+    if not last or now >= last + RUN then runs = 0 end
+    runs = runs + 1
+    if runs > tonumber(ARGV[8]) then
+      local ends = now + math.max(cooldown, hint)
+      period(ends, ARGV[11], cooldown)
+      out = {0, ends, runs}
+    else
+      redis.call('HSET', KEYS[1], 'n', runs, 't', num(now))
+    end
+  end
+end
+keep()
+return out
 `)
 
 // openScript is State.Open: the later of the two ends; a new open period
-// ends the failure run and every claim on the probe of the previous one.
+// ends the run and every claim of the period before.
 //
-// KEYS: open, fails, probe, reopened, claim. ARGV: until, ttl (ms).
-var openScript = newScript(`
-local old = tonumber(redis.call('GET', KEYS[1]))
-if old and old >= tonumber(ARGV[1]) then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('SET', KEYS[4], '1', 'PX', ARGV[2])
-redis.call('DEL', KEYS[2], KEYS[3], KEYS[5])
-return 1
-`)
-
-// probeScript is State.Probe: the lock is taken only on a circuit that is
-// open and was seen half-open (by an Admit) since its open period began,
-// and only by one caller. The lock holds the caller's token for ttl; the
-// claim set holds every token claimed in the open period, for as long as
-// the open key lives.
-//
-// KEYS: open, probe, reopened, claim. ARGV: ttl (ms), token.
-var probeScript = newScript(`
-local keep = redis.call('PTTL', KEYS[1])
-if keep == -2 or redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
-if not redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[1]) then return 0 end
-redis.call('SADD', KEYS[4], ARGV[2])
-if keep >= 0 then redis.call('PEXPIRE', KEYS[4], math.max(keep, 1)) end
-return 1
-`)
-
-// successScript is State.Success for a probe: the failure run ends; the
-// circuit closes (open, lock, reopened and claims deleted) only if token
-// was claimed in the current open period.
-//
-// KEYS: fails, open, probe, reopened, claim. ARGV: token.
-var successScript = newScript(`
-if redis.call('SISMEMBER', KEYS[5], ARGV[1]) == 0 then
-  redis.call('DEL', KEYS[1])
-  return 0
+// KEYS: the upstream's hash. ARGV: now, keep, open keep, failure run,
+// until, the id of a new open period.
+var openScript = newScript(luaUpstream + luaPeriod + `
+local f = redis.call('HMGET', KEYS[1], 'o', 'c')
+local open, ends = circuit(f[1]), tonumber(ARGV[5])
+if not (open and open >= ends) then
+  local cool = tonumber(f[2]) or 0
+  if ends - now > cool then cool = ends - now end
+  period(ends, ARGV[6], cool)
 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-return 1
+keep()
+return 0
 `)
 
 // luaAmounts compares sums of int64 amounts exactly: Lua numbers are
@@ -222,11 +295,14 @@ local function fits(a, b, c, limit)
 end
 `
 
-// luaHolds ends the expired holds of an account (at most 64 a call):
-// each hold is a field h:<id> of the account holding its amount, and a
-// member of the expiry set scored by its deadline (Unix ms).
+// luaHolds ends the expired holds of an account (at most 64 a call), and
+// forgets the settled holds kept past their time: each hold is a field
+// h:<id> of the account holding its amount, and a member of the expiry
+// set scored by its deadline (Unix ms); each settled hold a member of the
+// settled set, scored by when it is forgotten.
 //
-// KEYS[1] account, KEYS[3] expiry set; now is the caller's clock (ms).
+// KEYS[1] account, KEYS[3] expiry set, KEYS[4] settled set; now is the
+// caller's time (ms).
 const luaHolds = `
 local function expire(now)
   local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 64)
@@ -240,21 +316,29 @@ local function expire(now)
     end
     redis.call('ZREM', KEYS[3], id)
   end
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
 end
 `
 
 // reserveScript is State.Reserve: hold id is set to amount (a top-up
-// adds the difference) if spent + reserved stays within limit with it.
+// adds the difference) if spent + reserved stays within limit with it,
+// unless the hold was settled.
 //
 // KEYS: account (hash: s spent, r reserved, h:<id> each hold), keys of
-// the window (set), expiry set. ARGV: limit, id, amount, deadline (ms),
-// now (ms), ttl (ms), scope key.
+// the window (set), expiry set, settled set. ARGV: limit, id, amount,
+// deadline (ms), now (ms), ttl (ms), scope key. Returns {ok, spent,
+// reserved} (amounts as decimal strings).
 var reserveScript = newScript(luaAmounts + luaHolds + `
 expire(ARGV[5])
 local v = redis.call('HMGET', KEYS[1], 's', 'r', 'h:' .. ARGV[2])
+local function out(ok)
+  local w = redis.call('HMGET', KEYS[1], 's', 'r')
+  return {ok, w[1] or '0', w[2] or '0'}
+end
+if redis.call('ZSCORE', KEYS[4], ARGV[2]) then return out(0) end
 local delta = tonumber(ARGV[3]) - tonumber(v[3] or '0')
 local d = string.format('%d', delta)
-if delta > 0 and not fits(v[1], v[2], d, ARGV[1]) then return 0 end
+if delta > 0 and not fits(v[1], v[2], d, ARGV[1]) then return out(0) end
 if delta ~= 0 and redis.call('HINCRBY', KEYS[1], 'r', d) < 0 then
   redis.call('HSET', KEYS[1], 'r', 0)
 end
@@ -264,22 +348,27 @@ redis.call('PEXPIRE', KEYS[1], ARGV[6])
 redis.call('PEXPIRE', KEYS[3], ARGV[6])
 redis.call('SADD', KEYS[2], ARGV[7])
 redis.call('PEXPIRE', KEYS[2], ARGV[6])
-return 1
+return out(1)
 `)
 
 // settleScript is State.Settle: hold id ends (reservations fall by its
-// amount, at least to 0); spend grows by spent.
+// amount, at least to 0) and is kept as settled; spend grows by spent.
 //
-// KEYS: account, keys of the window, expiry set. ARGV: id, spent, ttl
-// (ms), scope key.
-var settleScript = newScript(`
-local a = redis.call('HGET', KEYS[1], 'h:' .. ARGV[1])
-if a then
-  if a ~= '0' and redis.call('HINCRBY', KEYS[1], 'r', '-' .. a) < 0 then
-    redis.call('HSET', KEYS[1], 'r', 0)
+// KEYS: account, keys of the window, expiry set, settled set. ARGV: id
+// ("" for none), spent, ttl (ms), scope key, now (ms), settled keep (ms).
+var settleScript = newScript(luaHolds + `
+expire(ARGV[5])
+if ARGV[1] ~= '' then
+  local a = redis.call('HGET', KEYS[1], 'h:' .. ARGV[1])
+  if a then
+    if a ~= '0' and redis.call('HINCRBY', KEYS[1], 'r', '-' .. a) < 0 then
+      redis.call('HSET', KEYS[1], 'r', 0)
+    end
+    redis.call('HDEL', KEYS[1], 'h:' .. ARGV[1])
+    redis.call('ZREM', KEYS[3], ARGV[1])
   end
-  redis.call('HDEL', KEYS[1], 'h:' .. ARGV[1])
-  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZADD', KEYS[4], tonumber(ARGV[5]) + tonumber(ARGV[6]), ARGV[1])
+  redis.call('PEXPIRE', KEYS[4], ARGV[3])
 end
 if ARGV[2] ~= '0' then redis.call('HINCRBY', KEYS[1], 's', ARGV[2]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
@@ -290,10 +379,11 @@ return 0
 
 // usageScript is State.Usage: the expired holds end first.
 //
-// KEYS: account, keys of the window (unused), expiry set. ARGV: now (ms).
+// KEYS: account, keys of the window (unused), expiry set, settled set.
+// ARGV: now (ms).
 var usageScript = newScript(luaHolds + `
 expire(ARGV[1])
 return redis.call('HMGET', KEYS[1], 's', 'r')
 `)
 
-var scripts = []*script{admitScript, refundScript, holdScript, failureScript, openScript, probeScript, successScript, reserveScript, settleScript, usageScript}
+var scripts = []*script{admitScript, refundScript, holdScript, outcomeScript, openScript, reserveScript, settleScript, usageScript}

@@ -10,39 +10,44 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/tokenrelay/relay"
+	"github.com/tokenrelay/relay/store"
 )
 
-// State is a relay.State kept on Redis: every replica of a service that
+// State is a store.State kept on Redis: every replica of a service that
 // uses the same Redis (and the same prefix) shares its upstreams' rate
 // limits, holds and circuits, and its budgets. It is safe for concurrent
 // use. Make one with New.
 type State struct {
 	c      redis.UniversalClient
 	prefix string // escaped, with the trailing ':'
-	clock  func() time.Time
-	run    bool // true: run each command on its own goroutine (see New)
+	run    bool   // true: run each command on its own goroutine (see New)
 	keep   time.Duration
 	ledger time.Duration
 	failRun,
 	openKeep time.Duration
 
-	// Fail-fast: after failFast calls in a row fail for want of an answer,
-	// calls fail at once with ErrUnavailable until downUntil (wall clock,
-	// Unix ns); then one call tries Redis again, every backoff.
-	failFast  int64
-	backoff   time.Duration
-	fails     atomic.Int64
-	downUntil atomic.Int64
+	// Fail-fast, judged per hash tag (so per Redis Cluster slot): after
+	// failFast calls in a row to one tag fail for want of an answer, its
+	// calls fail at once with ErrUnavailable until its backoff ends;
+	// then one call tries Redis again, every backoff.
+	failFast int64
+	backoff  time.Duration
 
-	ups sync.Map // upstream name -> *upKeys
+	ups     sync.Map // upstream name -> *upKeys
+	budgets sync.Map // budget name -> *budgetTag
+}
+
+// failFast is the fail-fast switch of one hash tag.
+type failFast struct {
+	fails     atomic.Int64
+	downUntil atomic.Int64 // wall clock, Unix ns; 0: up
 }
 
 // ErrUnavailable is the error of a call made while Redis is taken to be
 // unreachable (see WithFailFast): it was not sent.
 var ErrUnavailable = errors.New("redisstate: redis unavailable")
 
-var _ relay.State = (*State)(nil)
+var _ store.State = (*State)(nil)
 
 // Option configures a State.
 type Option func(*State)
@@ -55,20 +60,10 @@ func WithPrefix(prefix string) Option {
 	return func(s *State) { s.prefix = escape(prefix) + ":" }
 }
 
-// WithClock sets the clock that decides how long keys live (their TTL),
-// for the calls that are given no time: Hold, Open, Reserve and Settle.
-// Default time.Now. It never decides an admission, a budget or a circuit:
-// those are decided from the times the router passes (see the package
-// documentation on clocks). A test with a fake clock far from the real
-// time passes its clock here.
-func WithClock(now func() time.Time) Option {
-	return func(s *State) { s.clock = now }
-}
-
 // WithFailureRun sets how long a run of consecutive failures of an
-// upstream is remembered after its last failure (default one minute): a
-// run that stops without a success is forgotten after that, so failures
-// minutes apart never add up to an open circuit.
+// upstream is remembered after its last failure (default
+// store.DefaultFailureRun, a day): failures further apart never add up to
+// an open circuit.
 func WithFailureRun(d time.Duration) Option {
 	return func(s *State) {
 		if d > 0 {
@@ -89,15 +84,15 @@ func WithBudgetRetention(d time.Duration) Option {
 }
 
 // WithFailFast sets when the State stops sending calls to a Redis that
-// does not answer: after failures calls in a row fail for want of an
-// answer (a timeout, a refused or broken connection; not a canceled
-// context, not an error reply), every call fails at once with
-// ErrUnavailable, and every backoff one call is sent to try Redis again;
-// its success ends the fail-fast. Default 10 failures, 100 ms; failures
-// of 0 or less turns it off (every call then waits out its deadline while
-// Redis stalls). Calls that time out because the caller's process is
-// overloaded count too: the replica then decides from its in-process
-// state for a backoff, which keeps it within its share of the limits.
+// does not answer: after failures calls in a row for the keys of one hash
+// tag (one upstream's, one budget's: one slot of a Redis Cluster) fail for
+// want of an answer (a timeout, a refused or broken connection; not a
+// canceled context, not an error reply), every call for that tag fails at
+// once with ErrUnavailable, and every backoff one call is sent to try
+// Redis again; its success ends the fail-fast. A dead Cluster master thus
+// puts only the upstreams and budgets whose keys it holds into fallback.
+// Default 10 failures, 100 ms; failures of 0 or less turns it off (every
+// call then waits out its deadline while Redis stalls).
 func WithFailFast(failures int, backoff time.Duration) Option {
 	return func(s *State) {
 		s.failFast = int64(failures)
@@ -114,25 +109,24 @@ func WithFailFast(failures int, backoff time.Duration) Option {
 // single slot of a Redis Cluster.
 //
 // Each call makes one round trip and is bounded by its context: the
-// router gives it a deadline of a few milliseconds and decides from its
-// in-process state when the call fails. No command is retried. Create the
-// client with ContextTimeoutEnabled: true, so that go-redis applies the
-// context's deadline to the connection itself; a client without it (or
-// whose options New cannot see) is still bounded by the context, by
-// running each command on a goroutine of its own that the call stops
-// waiting for when the context ends (the command then ends by the
-// client's own ReadTimeout). When Redis is down, calls fail at once (the
-// connection is refused) or at their deadline, and go-redis reconnects by
-// itself when Redis is back. New does not contact Redis; Load does.
+// router gives it Config.StateTimeout and decides from its local share
+// when the call fails. No command is retried. Create the client with
+// ContextTimeoutEnabled: true, so that go-redis applies the context's
+// deadline to the connection itself; a client without it (or whose
+// options New cannot see) is still bounded by the context, by running each
+// command on a goroutine of its own that the call stops waiting for when
+// the context ends (the command then ends by the client's own
+// ReadTimeout). When Redis is down, calls fail at once (the connection is
+// refused) or at their deadline, and go-redis reconnects by itself when
+// Redis is back. New does not contact Redis; Load does.
 func New(client redis.UniversalClient, opts ...Option) *State {
 	s := &State{
 		c:        client,
 		prefix:   "default:",
-		clock:    time.Now,
 		keep:     time.Minute,
 		ledger:   24 * time.Hour,
-		failRun:  time.Minute,
-		openKeep: 10 * time.Minute,
+		failRun:  store.DefaultFailureRun,
+		openKeep: store.OpenKeep,
 		failFast: 10,
 		backoff:  100 * time.Millisecond,
 		run:      !contextTimeouts(client),
@@ -159,13 +153,34 @@ func contextTimeouts(c redis.UniversalClient) bool {
 
 // Load loads the State's scripts into Redis (on every primary of a
 // cluster), so that the first call of each does not pay a second round
-// trip; calls load them by themselves otherwise. It is also a health
-// check.
+// trip, and opens connections ahead of traffic: as many as the client's
+// MinIdleConns (a *redis.Client's or *redis.ClusterClient's; at most 64),
+// so that the first calls of a busy replica do not each wait for a dial.
+// Calls load the scripts by themselves otherwise. It is also a health
+// check. Call it once at startup.
 func (s *State) Load(ctx context.Context) error {
 	for _, sc := range scripts {
 		if err := s.c.ScriptLoad(ctx, sc.src).Err(); err != nil {
 			return fmt.Errorf("redisstate: load scripts: %w", err)
 		}
+	}
+	n := 0
+	switch c := s.c.(type) {
+	case *redis.Client:
+		n = c.Options().MinIdleConns
+	case *redis.ClusterClient:
+		n = c.Options().MinIdleConns
+	}
+	errs := make(chan error, min(n, 64))
+	for range cap(errs) {
+		go func() { errs <- s.c.Ping(ctx).Err() }()
+	}
+	var err error
+	for range cap(errs) {
+		err = errors.Join(err, <-errs)
+	}
+	if err != nil {
+		return fmt.Errorf("redisstate: open connections: %w", err)
 	}
 	return nil
 }
@@ -186,40 +201,34 @@ func (s *State) ClockOffset(ctx context.Context, now time.Time) (time.Duration, 
 
 // upKeys are the keys of one upstream, all under one hash tag.
 type upKeys struct {
-	admit [7]string // open, probe, hold, rpm, tpm, reopened, fails: the Admit script's KEYS
-	fails string
-	claim string // the tokens of the probe claims of the open period (a set)
+	state []string // the hash: its limits, hold and circuit (KEYS of its scripts)
+	ff    failFast
 }
 
-func (k *upKeys) open() string  { return k.admit[0] }
-func (k *upKeys) probe() string { return k.admit[1] }
-func (k *upKeys) hold() string  { return k.admit[2] }
-func (k *upKeys) rpm() string   { return k.admit[3] }
-func (k *upKeys) tpm() string   { return k.admit[4] }
-
-// reopened exists from the moment an open period starts until a caller
-// sees it over (Admit): a probe claimed on an older view of the circuit
-// is refused while it exists.
-func (k *upKeys) reopened() string { return k.admit[5] }
-
-// keys returns the keys of upstream name: {relay:<prefix>:u:<name>}:<what>.
+// keys returns the keys of upstream name: {relay:<prefix>:u:<name>}:s.
 func (s *State) keys(name string) *upKeys {
 	if k, ok := s.ups.Load(name); ok {
 		return k.(*upKeys)
 	}
-	tag := "{relay:" + s.prefix + "u:" + escape(name) + "}:"
-	k := &upKeys{
-		admit: [7]string{tag + "open", tag + "probe", tag + "hold", tag + "rpm", tag + "tpm", tag + "reopened", tag + "fails"},
-		fails: tag + "fails",
-		claim: tag + "claim",
-	}
+	k := &upKeys{state: []string{"{relay:" + s.prefix + "u:" + escape(name) + "}:s"}}
 	v, _ := s.ups.LoadOrStore(name, k)
 	return v.(*upKeys)
 }
 
-// budgetTag returns the hash tag of budget's keys: {relay:<prefix>:b:<budget>}.
-func (s *State) budgetTag(budget string) string {
-	return "{relay:" + s.prefix + "b:" + escape(budget) + "}"
+// budgetTag is a budget's hash tag, {relay:<prefix>:b:<budget>}, and its
+// fail-fast switch.
+type budgetTag struct {
+	tag string
+	ff  failFast
+}
+
+func (s *State) budget(name string) *budgetTag {
+	if b, ok := s.budgets.Load(name); ok {
+		return b.(*budgetTag)
+	}
+	b := &budgetTag{tag: "{relay:" + s.prefix + "b:" + escape(name) + "}"}
+	v, _ := s.budgets.LoadOrStore(name, b)
+	return v.(*budgetTag)
 }
 
 var escaper = strings.NewReplacer("%", "%25", ":", "%3A", "{", "%7B", "}", "%7D")
@@ -240,14 +249,15 @@ type noRetry struct{ *redis.Cmd }
 
 func (noRetry) NoRetry() bool { return true }
 
-// do runs one command, bounded by ctx.
-func (s *State) do(ctx context.Context, args ...any) *redis.Cmd {
+// do runs one command on the keys of a hash tag whose fail-fast switch
+// is ff, bounded by ctx.
+func (s *State) do(ctx context.Context, ff *failFast, args ...any) *redis.Cmd {
 	cmd := redis.NewCmd(ctx, args...)
 	if err := ctx.Err(); err != nil {
 		cmd.SetErr(err)
 		return cmd
 	}
-	if !s.pass() {
+	if !s.pass(ff) {
 		cmd.SetErr(ErrUnavailable)
 		return cmd
 	}
@@ -256,7 +266,7 @@ func (s *State) do(ctx context.Context, args ...any) *redis.Cmd {
 	} else {
 		_ = s.c.Process(ctx, noRetry{cmd})
 	}
-	s.record(ctx, cmd.Err())
+	s.record(ctx, ff, cmd.Err())
 	return cmd
 }
 
@@ -281,32 +291,32 @@ func (s *State) process(ctx context.Context, cmd *redis.Cmd) *redis.Cmd {
 	}
 }
 
-// pass reports whether a call may be sent: yes unless the State fails
+// pass reports whether a call may be sent: yes unless its tag fails
 // fast, and then only the first call after each backoff.
-func (s *State) pass() bool {
-	u := s.downUntil.Load()
+func (s *State) pass(ff *failFast) bool {
+	u := ff.downUntil.Load()
 	if u == 0 {
 		return true
 	}
 	now := time.Now().UnixNano()
-	return now >= u && s.downUntil.CompareAndSwap(u, now+int64(s.backoff))
+	return now >= u && ff.downUntil.CompareAndSwap(u, now+int64(s.backoff))
 }
 
-// record counts a call's outcome for the fail-fast.
-func (s *State) record(ctx context.Context, err error) {
+// record counts a call's outcome for its tag's fail-fast.
+func (s *State) record(ctx context.Context, ff *failFast, err error) {
 	var reply redis.Error
 	if err == nil || errors.Is(err, redis.Nil) || errors.As(err, &reply) {
-		if s.fails.Load() != 0 {
-			s.fails.Store(0)
-			s.downUntil.Store(0)
+		if ff.fails.Load() != 0 {
+			ff.fails.Store(0)
+			ff.downUntil.Store(0)
 		}
 		return
 	}
 	if s.failFast <= 0 || errors.Is(ctx.Err(), context.Canceled) {
 		return
 	}
-	if s.fails.Add(1) >= s.failFast {
-		s.downUntil.Store(time.Now().Add(s.backoff).UnixNano())
+	if ff.fails.Add(1) >= s.failFast {
+		ff.downUntil.Store(time.Now().Add(s.backoff).UnixNano())
 	}
 }
 
@@ -315,10 +325,17 @@ func ms(d time.Duration) int64 {
 	return max(int64((d+time.Millisecond-1)/time.Millisecond), 1)
 }
 
-// ttl returns how long a key that matters until until must live: until
-// that moment by the State's clock, plus keep.
-func (s *State) ttl(until time.Time, keep time.Duration) int64 {
-	return ms(max(until.Sub(s.clock()), 0) + keep)
+// ttl returns how long a key that matters until until must live, at now:
+// until then, plus keep.
+func ttl(until, now time.Time, keep time.Duration) int64 {
+	return ms(max(until.Sub(now), 0) + keep)
+}
+
+// upArgs are the first arguments of an upstream's scripts: now (µs), how
+// long its hash outlives what it holds (ms), how long a half-open circuit
+// waits for a probe and a failure run is remembered (µs).
+func (s *State) upArgs(now time.Time, more ...any) []any {
+	return append([]any{now.UnixMicro(), ms(s.keep), s.openKeep.Microseconds(), s.failRun.Microseconds()}, more...)
 }
 
 func wrap(op string, err error) error {

@@ -22,7 +22,7 @@
 //	relay_breaker_transitions_total   counter    upstream, state                   breaker state changes, by the new state
 //	relay_budget_spend_total          counter    budget, currency                  spend charged to each budget's ledgers, in the billing currency
 //	relay_budget_refusals_total       counter    budget                            requests a budget refused, no upstream called
-//	relay_state_fallbacks_total       counter    operation                         shared-state calls that failed, decided in-process ("admit", "refund", "probe", "observe", "reserve", "settle")
+//	relay_state_fallbacks_total       counter    operation                         shared-state calls that failed, decided in-process ("admit", "refund", "observe", "reserve", "settle", "usage")
 //
 // Token counts include those the router estimated for an answer without
 // usage, as the cost does. Sum type="input" and type="output" for totals:

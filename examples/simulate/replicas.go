@@ -190,7 +190,7 @@ func openState(addr string, clock *simClock) (*sharedState, error) {
 		s.Close()
 		return nil, fmt.Errorf("no Redis answers at %s: %w", addr, err)
 	}
-	s.state = redisstate.New(s.client, redisstate.WithPrefix(s.prefix), redisstate.WithClock(clock.Now))
+	s.state = redisstate.New(s.client, redisstate.WithPrefix(s.prefix))
 	return s, nil
 }
 
