@@ -17,14 +17,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Regressions: each TestRegress test below failed before its fix; its comment says
-// what held instead.
+// Edge cases of budgets: usage folding, windows across DST, per-upstream
+// views, top-ups after a window rolls, caps, eviction and hedge losers.
 
 // A Usage parsed from a response is what Price.Cost prices: with cached
 // tokens reported outside prompt_tokens (cached > prompt) and a count at the
 // cap, parseUsage clamps again after folding them in (it returned
 // PromptTokens above the cap, which Cost re-clamped).
-func TestRegressParseUsageCapFolding(t *testing.T) {
+func TestParseUsageCapFolding(t *testing.T) {
 	for _, body := range []string{
 		`{"usage":{"prompt_tokens":1000,"completion_tokens":0,"prompt_tokens_details":{"cached_tokens":300000000}}}`,
 		`{"usage":{"input_tokens":1000,"output_tokens":0,"cache_read_input_tokens":300000000}}`,
@@ -41,7 +41,7 @@ func TestRegressParseUsageCapFolding(t *testing.T) {
 // Window.end is after t ("the end of the window that holds t") also in a
 // zone whose DST starts at midnight (Chile: 24:00 -> 01:00), where
 // time.Date gives the skipped midnight as 23:00 the day before.
-func TestRegressDayWindowEndAtMidnightDSTGap(t *testing.T) {
+func TestDayWindowEndAtMidnightDSTGap(t *testing.T) {
 	scl, err := time.LoadLocation("America/Santiago")
 	require.NoError(t, err)
 	w := Window{Calendar: Day, Location: scl}
@@ -70,7 +70,7 @@ func TestRegressDayWindowEndAtMidnightDSTGap(t *testing.T) {
 // Request.Budget.Spent for a PerUpstream budget: the request can only go to
 // upstream "a", whose ledger is 90% spent, and the policy is told so (it
 // was told 0: the view keyed the scope by no upstream).
-func TestRegressBudgetViewPerUpstream(t *testing.T) {
+func TestBudgetViewPerUpstream(t *testing.T) {
 	base := &usageBase{prompt: 8, completion: 10}
 	var seen atomic.Value
 	pol := PolicyFunc(func(q Request) Route {
@@ -103,7 +103,7 @@ func TestRegressBudgetViewPerUpstream(t *testing.T) {
 // factor 2: $36) moves its hold to the new window and goes. (The top-up
 // was made in the ended window, which the in-process ledger refused: b was
 // never tried and the caller got the 503.)
-func TestRegressTopUpAfterWindowRollRefused(t *testing.T) {
+func TestTopUpAfterWindowRollRefused(t *testing.T) {
 	t.Run("control: same hour", func(t *testing.T) { reviewTopUp(t, time.Date(2026, 1, 2, 3, 30, 0, 0, time.UTC)) })
 	t.Run("across the boundary", func(t *testing.T) { reviewTopUp(t, time.Date(2026, 1, 2, 3, 59, 59, 999_000_000, time.UTC)) })
 }
@@ -164,12 +164,12 @@ func reviewTopUp(t *testing.T, start time.Time) {
 	assert.Equal(t, 200, res.resp.StatusCode)
 }
 
-// TestRegressBudgetLimitCappedInNanoUnits: budgets are kept in int64
+// TestBudgetLimitCappedInNanoUnits: budgets are kept in int64
 // nano-units, so a Limit over maxBudgetLimit units (20 billion VND) is
 // refused by New, with the way out in the message, instead of being capped
 // silently (the ledger then wrapped and admitted a 5th 5-billion request);
 // the same budget in thousands of VND works to the unit.
-func TestRegressBudgetLimitCappedInNanoUnits(t *testing.T) {
+func TestBudgetLimitCappedInNanoUnits(t *testing.T) {
 	base := &usageBase{prompt: 8, completion: 10}
 	per := 200000.0 / 18 * 1e6 // $200,000 a request
 	cfg := Config{Base: base, Currency: Currency{Code: "VND", PerUSD: 25000},
@@ -194,7 +194,7 @@ func TestRegressBudgetLimitCappedInNanoUnits(t *testing.T) {
 // The in-process ledger forgets the ledgers of ended windows that hold nothing
 // (every PerHeader value ever seen kept an account, so a gateway whose
 // callers set the header grew without bound).
-func TestRegressLocalLedgerNeverEvictsEndedKeys(t *testing.T) {
+func TestLocalLedgerNeverEvictsEndedKeys(t *testing.T) {
 	clock := newFakeClock()
 	base := &usageBase{prompt: 1, completion: 1}
 	r, _ := newTestRouter(t, Config{Base: base, Prices: budgetPrices, Clock: clock,
@@ -226,7 +226,7 @@ func TestRegressLocalLedgerNeverEvictsEndedKeys(t *testing.T) {
 // upstream a's ledger, the hedge $18 in b's; both answered ($18 each, so each
 // attempt cost exactly its reservation). Each cost goes to its own
 // upstream's ledger (both went to the winner's: a $36 against a $20 limit).
-func TestRegressHedgeLoserChargedToWinnersLedger(t *testing.T) {
+func TestHedgeLoserChargedToWinnersLedger(t *testing.T) {
 	reps := &reports{}
 	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "http://127.0.0.1:1"}, {Name: "b", BaseURL: "http://127.0.0.1:1"}},
 		Hedge: HedgeConfig{Delay: time.Second}, Prices: budgetPrices, OnReport: reps.add,
@@ -325,13 +325,13 @@ func TestSecondBudgetRefuses(t *testing.T) {
 	t.Logf("%+v %+v", rep, r.Spend())
 }
 
-// TestRegressForcedTryOverBudgetIsARefusal: when every circuit is open at
+// TestForcedTryOverBudgetIsARefusal: when every circuit is open at
 // admission (one opened while the request was routed), the router still
 // tries the one that recovers first (a pool never runs empty); when that
 // try does not fit the budget, it is a refusal, ErrBudgetExceeded, naming
 // the budget. (It was ErrCircuitOpen, which the simulation's budget mode
 // caught, once in about 20 runs, as a failure that was not a refusal.)
-func TestRegressForcedTryOverBudgetIsARefusal(t *testing.T) {
+func TestForcedTryOverBudgetIsARefusal(t *testing.T) {
 	clock := newFakeClock()
 	r, err := New(Config{Clock: clock, Prices: budgetPrices,
 		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1"}},

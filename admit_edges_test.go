@@ -105,7 +105,7 @@ func maxTokensBody(model string, maxTokens int) string {
 // TestSettledTPMWakesRateQueue: the part of a TPM charge a request did
 // not use goes back to the bucket when its report is made (settleTPM), and
 // the request waiting at the head of the rate queue gets it at once, as
-// every other refund's does (TestRegressRefundDoesNotWakeRateQueue). (It
+// every other refund's does (TestRefundDoesNotWakeRateQueue). (It
 // waited for its timer, ~10 s here, with its tokens in the bucket.)
 func TestSettledTPMWakesRateQueue(t *testing.T) {
 	clock := newFakeClock()

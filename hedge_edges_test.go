@@ -28,7 +28,7 @@ func (b *regressBody) Close() error { b.closed.Add(1); return nil }
 
 // A Base that returns a response and an error: the response is never
 // handed to the caller, so its body must be closed.
-func TestRegressBaseRespAndErrBodyClosed(t *testing.T) {
+func TestBaseRespAndErrBodyClosed(t *testing.T) {
 	body := &regressBody{Reader: strings.NewReader(`{"x":1}`)}
 	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
 		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: body}, errors.New("boom")
@@ -47,7 +47,7 @@ func TestRegressBaseRespAndErrBodyClosed(t *testing.T) {
 // Both hedge attempts answered: the winner (a 400, not retried) has no
 // usage; the loser completed with a 200 and usage, so the upstream billed
 // it. Its cost must be in the report.
-func TestRegressHedgeLoserCostDroppedWhenWinnerHasNoUsage(t *testing.T) {
+func TestHedgeLoserCostDroppedWhenWinnerHasNoUsage(t *testing.T) {
 	h := newRaceHarness(t)
 	js := func() http.Header { return http.Header{"Content-Type": {"application/json"}} } // one map a response
 	h.race(t, answered(h.r.ups[0], 400, js(), io.NopCloser(strings.NewReader(`{"error":{"message":"unsupported parameter"}}`)), 0),
@@ -59,7 +59,7 @@ func TestRegressHedgeLoserCostDroppedWhenWinnerHasNoUsage(t *testing.T) {
 
 // A Base other than http.Transport leaves gzip in place; finalize decodes
 // it to read usage, but a hedge loser's body is parsed raw.
-func TestRegressHedgeLoserGzipUsageLost(t *testing.T) {
+func TestHedgeLoserGzipUsageLost(t *testing.T) {
 	h := newRaceHarness(t)
 	gz := func(s string) io.ReadCloser {
 		var b bytes.Buffer
@@ -83,7 +83,7 @@ func TestRegressHedgeLoserGzipUsageLost(t *testing.T) {
 // retries (x-should-retry: true): previous.add turns it into a "lost"
 // attempt with neither response nor error. When the next attempt cannot
 // be admitted, giveUp finalizes that attempt.
-func TestRegressRetriedStreamThenGiveUp(t *testing.T) {
+func TestRetriedStreamThenGiveUp(t *testing.T) {
 	sse, err := os.ReadFile("testdata/openai-wire/chat_stream_recorded_gpt4o_text_usage.sse")
 	require.NoError(t, err)
 	calls := 0

@@ -19,12 +19,12 @@ import (
 	"github.com/tokenrelay/relay/store"
 )
 
-// TestRegressStaleLatenciesReopenAfterRecovery: the p99 breaker empties the
+// TestStaleLatenciesReopenAfterRecovery: the p99 breaker empties the
 // latency window when it opens; requests sent before the opening that
 // complete afterwards keep their slow latencies out of it, so once the
 // probe closes the breaker, a fast success does not reopen it. (They added
 // them, and the first success after recovery found the p99 over the bound.)
-func TestRegressStaleLatenciesReopenAfterRecovery(t *testing.T) {
+func TestStaleLatenciesReopenAfterRecovery(t *testing.T) {
 	clock := newFakeClock()
 	gate1, gate2 := make(chan struct{}), make(chan struct{})
 	var inA atomic.Int32
@@ -131,12 +131,12 @@ func goSend(r http.RoundTripper, ctx context.Context, prio string) <-chan error 
 	return errc
 }
 
-// TestRegressSlotWaitersBypassRPM: requests that found RPM tokens but no
+// TestSlotWaitersBypassRPM: requests that found RPM tokens but no
 // in-flight slot wait for the slot, then ask for their tokens again: with
 // RPM 2 and MaxInFlight 1, at most two of five go out in one instant.
 // (They took the tokens without looking whether they were still there,
 // and all five went.)
-func TestRegressSlotWaitersBypassRPM(t *testing.T) {
+func TestSlotWaitersBypassRPM(t *testing.T) {
 	r, base, clock := gatedRouter(t, 2)
 	u := r.ups[0]
 	var errs []<-chan error
@@ -166,12 +166,12 @@ func TestRegressSlotWaitersBypassRPM(t *testing.T) {
 	assert.LessOrEqual(t, int(sent), 2, "RPM 2: at most 2 calls at one instant, got %d", sent)
 }
 
-// TestRegressCancelBeforeSendRefundsFleet: with a shared State, a request
+// TestCancelBeforeSendRefundsFleet: with a shared State, a request
 // admitted by the fleet's limits whose context ends before its call goes
 // out gives its token back to the fleet's limits. (It refunded the
 // in-process limiter, which it never charged, and the fleet's token was
 // lost.)
-func TestRegressCancelBeforeSendRefundsFleet(t *testing.T) {
+func TestCancelBeforeSendRefundsFleet(t *testing.T) {
 	st := newMemState()
 	clock := newAutoClock()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -201,10 +201,10 @@ func TestRegressCancelBeforeSendRefundsFleet(t *testing.T) {
 	assert.True(t, v.Taken, "the fleet's token taken for a call that never went out is lost: %+v", v)
 }
 
-// TestRegressHugeResetIsCappedNotIgnored: a reset of more than an hour is
+// TestHugeResetIsCappedNotIgnored: a reset of more than an hour is
 // capped to an hour, also a plain number of seconds too large for a
 // Duration (it overflowed to a negative and was ignored).
-func TestRegressHugeResetIsCappedNotIgnored(t *testing.T) {
+func TestHugeResetIsCappedNotIgnored(t *testing.T) {
 	for _, v := range []string{"86400", "1e10", "1e12"} {
 		d, ok := parseReset(v)
 		assert.True(t, ok, v)
@@ -215,11 +215,11 @@ func TestRegressHugeResetIsCappedNotIgnored(t *testing.T) {
 	assert.Equal(t, now.Add(time.Hour), holdOf(resp, now), "held for the capped hour")
 }
 
-// TestRegressRefundDoesNotWakeRateQueue: a waiter served by the rate queue
+// TestRefundDoesNotWakeRateQueue: a waiter served by the rate queue
 // that then gives its tokens back (its slot wait is cancelled) hands them
 // to the next waiter at once. (The next waited for its old timer, with the
 // token in the bucket.)
-func TestRegressRefundDoesNotWakeRateQueue(t *testing.T) {
+func TestRefundDoesNotWakeRateQueue(t *testing.T) {
 	r, base, clock := gatedRouter(t, 1)
 	u := r.ups[0]
 	x := goSend(r, context.Background(), "") // takes the token and the slot
