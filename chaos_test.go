@@ -293,7 +293,7 @@ func runChaos(t *testing.T, requests, workers int) {
 		Retry:   RetryConfig{MaxAttempts: 3, InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond, AttemptTimeout: 150 * time.Millisecond},
 		Hedge:   HedgeConfig{Delay: 20 * time.Millisecond, Budget: 0.2},
 		Breaker: BreakerConfig{Cooldown: 20 * time.Millisecond, MaxCooldown: 50 * time.Millisecond},
-		Limits:  LimitConfig{MaxWait: 20 * time.Millisecond},
+		Limits:  Limits{MaxWait: 20 * time.Millisecond},
 		Stream:  StreamConfig{IdleTimeout: 100 * time.Millisecond},
 		OnReport: func(rep Report) {
 			reports.Add(1)

@@ -406,11 +406,6 @@ type Limits struct {
 	DefaultMaxTokens int
 }
 
-// LimitConfig is Limits' other name.
-//
-// Deprecated: use Limits.
-type LimitConfig = Limits
-
 // StreamConfig configures the handling of server-sent-event answers
 // (2xx responses with Content-Type text/event-stream).
 //

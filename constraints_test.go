@@ -237,7 +237,7 @@ func priorityRun(t *testing.T, prioritized bool, st *memState) (batch, interacti
 		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}, nil
 	})
 	cfg := Config{Clock: clock, Base: base, Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 60}},
-		Limits: LimitConfig{MaxWait: time.Hour}}
+		Limits: Limits{MaxWait: time.Hour}}
 	if st != nil {
 		cfg.State, cfg.StateTimeout = st, time.Hour
 	}
@@ -323,7 +323,7 @@ func TestPriorityShedsLowestFirst(t *testing.T) {
 	clock := newFakeClock()
 	base := &usageBase{prompt: 1, completion: 1}
 	r, _ := newTestRouter(t, Config{Clock: clock, Base: base, Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", RPM: 60}},
-		Limits: LimitConfig{MaxWait: 3 * time.Second}})
+		Limits: Limits{MaxWait: 3 * time.Second}})
 	spend(t, r, r.ups[0], 60, clock.Now())
 	errs := make(chan error, 10)
 	sendPrio := func(prio string) {

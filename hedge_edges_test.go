@@ -95,7 +95,7 @@ func TestRetriedStreamThenGiveUp(t *testing.T) {
 	r, reps := newTestRouter(t, Config{Base: base, Clock: newFakeClock(),
 		Retry:     RetryConfig{MaxAttempts: 3, Backoff: func(int) time.Duration { return 0 }},
 		Stream:    StreamConfig{FirstTokenTimeout: time.Second, IdleTimeout: -1},
-		Limits:    LimitConfig{MaxWait: time.Millisecond},
+		Limits:    Limits{MaxWait: time.Millisecond},
 		Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.invalid", RPM: 1}}})
 	req, _ := http.NewRequestWithContext(context.Background(), "POST", "http://relay/v1/chat/completions",
 		strings.NewReader(`{"model":"gpt-4.1","stream":true,"messages":[{"role":"user","content":"x"}]}`))

@@ -65,7 +65,7 @@ func TestHookPanicGivesBackWhatTheRequestHeld(t *testing.T) {
 				rpm = 1 // the second request waits for a token
 			}
 			r, reps := newTestRouter(t, Config{Base: base, Prices: budgetPrices, Clock: clock, Hooks: h,
-				Limits:    LimitConfig{MaxWait: time.Hour},
+				Limits:    Limits{MaxWait: time.Hour},
 				Upstreams: []Upstream{{Name: "a", BaseURL: "http://a.test/v1", MaxInFlight: 1, RPM: rpm}},
 				Budgets:   []Budget{budget}})
 			u := r.ups[0]

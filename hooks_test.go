@@ -112,7 +112,7 @@ func TestHooksWaitAndBreaker(t *testing.T) {
 	r, err := New(Config{
 		Clock:     clock,
 		Upstreams: []Upstream{{Name: "a", BaseURL: srv.URL, RPM: 1}},
-		Limits:    LimitConfig{MaxWait: 2 * time.Minute},
+		Limits:    Limits{MaxWait: 2 * time.Minute},
 		Breaker:   BreakerConfig{Failures: 1, OnChange: func(e BreakerEvent) { changes = append(changes, e.To.String()) }},
 		Retry:     RetryConfig{MaxAttempts: 1},
 		Hooks:     loggingHooks(&l, "h"),

@@ -362,7 +362,7 @@ var deadlineCases = []struct {
 		r, reps := newTestRouter(t, Config{
 			Clock:     clock,
 			Upstreams: []Upstream{{Name: "a", BaseURL: srvs[0].URL, RPM: 1}},
-			Limits:    LimitConfig{MaxWait: 2 * time.Minute},
+			Limits:    Limits{MaxWait: 2 * time.Minute},
 		})
 		require.NoError(t, call(context.Background(), r))
 		ctx := newPassingDeadline()
@@ -385,7 +385,7 @@ var deadlineCases = []struct {
 		r, reps := newTestRouter(t, Config{
 			Clock:     clock,
 			Upstreams: []Upstream{{Name: "a", BaseURL: srvs[0].URL, RPM: 1}},
-			Limits:    LimitConfig{MaxWait: 2 * time.Minute},
+			Limits:    Limits{MaxWait: 2 * time.Minute},
 		})
 		require.NoError(t, call(context.Background(), r))
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -110,7 +110,7 @@ func ExampleClock() {
 	clock := relaytest.NewClock(time.Time{})
 	router, err := relay.New(relay.Config{
 		Upstreams: []relay.Upstream{{Name: "a", BaseURL: srv.URL, RPM: 1}},
-		Limits:    relay.LimitConfig{MaxWait: -1}, // refuse at once rather than wait
+		Limits:    relay.Limits{MaxWait: -1}, // refuse at once rather than wait
 		Clock:     clock,
 	})
 	if err != nil {
