@@ -4,8 +4,10 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -415,4 +417,40 @@ func TestTimeoutsProbeTTL(t *testing.T) {
 	} {
 		assert.Equal(t, c.want, r.probeTTL(&candidate{up: r.byName[c.up], model: c.model}), "%s on %s", c.model, c.up)
 	}
+}
+
+// TestAttemptTimeoutBeforeTheCallGoesOut: an attempt whose timer fires
+// after it was armed but before its call went out (here, while
+// Hooks.OnAttempt runs) timed out: it is retried on the next upstream,
+// not ended as if the caller had cancelled.
+func TestAttemptTimeoutBeforeTheCallGoesOut(t *testing.T) {
+	clk := newFakeClock()
+	ok := func(name string) *httptest.Server {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"choices":[{"message":{"content":"`+name+`"},"finish_reason":"stop"}]}`)
+		}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	a, b := ok("a"), ok("b")
+	var calls atomic.Int32
+	r, reps := newTestRouter(t, Config{
+		Clock:     clk,
+		Upstreams: []Upstream{{Name: "a", BaseURL: a.URL}, {Name: "b", BaseURL: b.URL}},
+		Strategy:  StrategyPriority,
+		Retry:     RetryConfig{AttemptTimeout: time.Second, Backoff: func(int) time.Duration { return 0 }},
+		Hooks: Hooks{OnAttempt: func(ctx context.Context, info AttemptInfo, _ *http.Request) func(AttemptDone) {
+			if calls.Add(1) == 1 {
+				clk.Advance(time.Second) // the first attempt's timer fires before its call
+			}
+			return nil
+		}},
+	})
+	resp, _, err := send(t, r, chatBody("gpt-4.1", "x"))
+	require.NoError(t, err)
+	assert.Equal(t, "b", resp.Header.Get(HeaderUpstream))
+	rep := reps.all()[0]
+	assert.Equal(t, 2, rep.Attempts)
+	assert.NoError(t, rep.Err)
 }

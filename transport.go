@@ -433,6 +433,7 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 	// 0 while waiting, 1 once the response is kept, 2 once the timer fired.
 	var state atomic.Int32
 	var stop func() bool
+	parent := ctx
 	if d := cand.timeouts().Attempt; d > 0 {
 		ctx, a.cancel = context.WithCancel(ctx)
 		cancel := a.cancel
@@ -462,6 +463,9 @@ func (t *trip) send(ctx context.Context, cand candidate, body outBody, n int, he
 		r.untake(ctx, t, &cand, t.tokens, a.sent)
 		if stop != nil {
 			stop()
+			if !state.CompareAndSwap(0, 1) && parent.Err() == nil {
+				err = ErrAttemptTimeout // the timer fired before the call went out
+			}
 		}
 		a.err = err
 		return a
