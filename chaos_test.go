@@ -235,7 +235,7 @@ func (u *chaosUpstream) answerStream(w http.ResponseWriter, f string, body []byt
 		w.Header().Set("X-Chaos-Fault", f)
 		w.Write(body)
 		w.(http.Flusher).Flush()
-		wait(time.Second) // the stream is finished; the connection stays open
+		wait(5 * time.Second) // the stream is finished; the connection stays open, far past IdleTimeout
 		return
 	}
 	events := bytes.SplitAfter(body, []byte("\n\n"))
@@ -294,7 +294,8 @@ func runChaos(t *testing.T, requests, workers int) {
 		Hedge:   HedgeConfig{Delay: 20 * time.Millisecond, Budget: 0.2},
 		Breaker: BreakerConfig{Cooldown: 20 * time.Millisecond, MaxCooldown: 50 * time.Millisecond},
 		Limits:  Limits{MaxWait: 20 * time.Millisecond},
-		Stream:  StreamConfig{IdleTimeout: 100 * time.Millisecond},
+		// (long enough that a busy host's scheduling delays are no stall)
+		Stream: StreamConfig{IdleTimeout: 500 * time.Millisecond},
 		OnReport: func(rep Report) {
 			reports.Add(1)
 			if secretIn(fmt.Sprintf("%+v %#v", rep, rep)) || (rep.Err != nil && secretIn(rep.Err.Error())) {
