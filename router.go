@@ -109,8 +109,8 @@ func (r *Router) Format(f fmt.State, verb rune) {
 	fmt.Fprintf(f, "relay.Router{Upstreams: %q}", names)
 }
 
-// CloseIdleConnections calls CloseIdleConnections on Config.Base when it has
-// that method.
+// CloseIdleConnections calls CloseIdleConnections on Config.Base (the
+// latest configuration's, after Update) when it has that method.
 func (r *Router) CloseIdleConnections() {
 	type closeIdler interface{ CloseIdleConnections() }
 	if c, ok := r.current().s.base.(closeIdler); ok {
