@@ -241,6 +241,7 @@ func (r *Router) p99Over(lat *latencyWindow) bool {
 // the router starts no goroutine. Without ProbePath it does nothing. It
 // is safe for concurrent use.
 func (r *Router) Probe(ctx context.Context) []string {
+	r = r.current()
 	if r.s.breaker.probePath == "" {
 		return nil
 	}

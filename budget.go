@@ -660,6 +660,7 @@ type BudgetSpend struct {
 // figures are the fleet's as of its last answer with this replica's since,
 // Replicas times. It is safe for concurrent use.
 func (r *Router) Spend() []BudgetSpend {
+	r = r.current()
 	r.settlePending(nil)
 	now := r.s.clock.Now()
 	var out []BudgetSpend

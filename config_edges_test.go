@@ -113,7 +113,7 @@ func TestEmptyKeyPrefix(t *testing.T) {
 func TestHedgeBudgetRounding(t *testing.T) {
 	r, err := New(Config{Upstreams: []Upstream{{Name: "a", BaseURL: "https://x/v1"}}, Hedge: HedgeConfig{Delay: time.Second, Budget: 0.0005}})
 	require.NoError(t, err)
-	assert.Positive(t, r.hedges.deposit, "Budget 0.0005 (1 hedge per 2000 requests) became 0")
+	assert.Positive(t, r.hedges.deposit.Load(), "Budget 0.0005 (1 hedge per 2000 requests) became 0")
 }
 
 // A Base error naming the URL (as any http.Client-based transport's

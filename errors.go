@@ -72,6 +72,12 @@ var (
 // request cannot succeed anywhere: DefaultShouldRetry does not retry it.
 var ErrInvalidHeader = errors.New("relay: request header cannot be sent over HTTP")
 
+// ErrNotUpdatable: Router.Update was given a Config whose Clock, State or
+// Ledger differs from the router's; the error names the setting, and
+// nothing changed. Those settings hold what the router learned: make a
+// new Router to change them.
+var ErrNotUpdatable = errors.New("relay: setting cannot change in an Update")
+
 // Error describes a failed request. It wraps the cause (a sentinel above, a
 // context error or a transport error).
 type Error struct {

@@ -11,7 +11,7 @@ import (
 // spends one. It is lock-free.
 type hedgeBudget struct {
 	bal     atomic.Int64
-	deposit int64
+	deposit atomic.Int64 // HedgeConfig.Budget's (Router.Update may change it)
 }
 
 const hedgeBudgetCap = 10 * hedgeUnit
@@ -30,7 +30,7 @@ const hedgeReserve = 2 * hedgeUnit
 func (b *hedgeBudget) add() {
 	for {
 		old := b.bal.Load()
-		nv := min(old+b.deposit, hedgeBudgetCap)
+		nv := min(old+b.deposit.Load(), hedgeBudgetCap)
 		if old == nv || b.bal.CompareAndSwap(old, nv) {
 			return
 		}

@@ -16,19 +16,38 @@ import (
 // them), its in-flight cap (Limits), and the queues of this
 // process's requests that wait for them (queue.go). The limits
 // themselves are kept by the store.
+//
+// The values are those of one configuration; the slots and the queues are
+// what the router learned, which Router.Update carries to the next one.
 type limiter struct {
-	fleet store.Limits // the upstream's, as every replica gives them to the store
-	share store.Limits // this replica's share (Replicas), for the local share
-	slots *slots       // nil: no in-flight cap
-	turns turns        // the requests waiting for the limits
-	owed  owed         // what the local share admitted, not yet told to the shared store
+	fleet   store.Limits // the upstream's, as every replica gives them to the store
+	share   store.Limits // this replica's share (Replicas), for the local share
+	slots   *slots       // nil: no in-flight cap
+	*queues              // the upstream's, whatever its configuration
 }
 
-func (l *limiter) init(name string, rpm, tpm, replicas, maxInFlight int) {
+// queues are the requests waiting for an upstream's limits, and what its
+// local share owes the shared store.
+type queues struct {
+	turns turns // the requests waiting for the limits
+	owed  owed  // what the local share admitted, not yet told to the shared store
+}
+
+// init sets the limiter up with its queues q. was is the slots of the
+// configuration before, if it had a cap: a cap that stays keeps them (the
+// requests holding and waiting for slots), at its new size.
+func (l *limiter) init(name string, rpm, tpm, replicas, maxInFlight int, q *queues, was *slots) {
 	l.fleet = store.Limits{Name: name, RPM: rpm, TPM: tpm}
 	l.share = store.Limits{Name: name, RPM: shareOf(rpm, replicas), TPM: shareOf(tpm, replicas)}
-	if maxInFlight > 0 {
+	l.queues = q
+	switch {
+	case maxInFlight > 0 && was != nil:
+		was.resize(maxInFlight)
+		l.slots = was
+	case maxInFlight > 0:
 		l.slots = &slots{cap: maxInFlight}
+	case was != nil:
+		was.resize(math.MaxInt) // no cap now: the requests of the configuration before wait for none
 	}
 }
 

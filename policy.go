@@ -201,6 +201,7 @@ type Candidate struct {
 // Jitter (and the random parts of the other strategies) may move a request.
 // It is safe for concurrent use, as RoundTrip is.
 func (r *Router) Decide(req *http.Request) (Decision, error) {
+	r = r.current()
 	if req.URL == nil {
 		return Decision{}, &Error{Op: "read request", Err: errors.New("nil request URL")}
 	}

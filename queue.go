@@ -169,15 +169,28 @@ func (s *slots) inUse() int {
 	return s.used
 }
 
-// release gives a slot back: to the first waiter, if any.
+// release gives a slot back: to the first waiter, if any, unless more
+// slots are taken than the cap allows (it was lowered).
 func (s *slots) release() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.h) > 0 {
+	if len(s.h) > 0 && s.used <= s.cap {
 		s.finish(s.h[0], nil) // the slot passes on
 		return
 	}
 	s.used--
+}
+
+// resize sets the cap to n. The slots taken stay taken; when the cap grows,
+// the waiters it makes room for are served at once.
+func (s *slots) resize(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cap = n
+	for len(s.h) > 0 && s.used < s.cap {
+		s.used++
+		s.finish(s.h[0], nil)
+	}
 }
 
 // turns orders this process's requests that wait for one upstream's

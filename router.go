@@ -26,20 +26,34 @@ package relay
 import (
 	"fmt"
 	"net/http"
+	"sync"
+	"sync/atomic"
 )
 
 // Router is an http.RoundTripper that classifies, routes, rewrites, sends and
 // reports OpenAI-compatible requests. Create it with New; the zero Router is
 // not usable. It is safe for simultaneous use by multiple goroutines and runs
 // no background goroutine.
+//
+// Its configuration can be replaced while it serves (Update). Each
+// configuration is a Router of its own, which shares with the others what
+// the router learned (the store, the upstreams' circuits, latencies and
+// queues, the hedge budget, the memo of token counts); the Router New
+// returned serves every request with the latest one, and a request keeps
+// the one it started with to its end.
 type Router struct {
 	s       settings
 	ups     []*upstream
 	byName  map[string]*upstream
 	counter *counter
-	hedges  hedgeBudget
-	stores  // the store admissions are decided on (state.go)
-	ids     requestIDs
+	hedges  *hedgeBudget
+	*stores // the store admissions are decided on (state.go)
+	ids     *requestIDs
+
+	// live is the configuration that new requests use once Update has
+	// replaced the one New made (nil: r's own); mu keeps Updates in turn.
+	live atomic.Pointer[Router]
+	mu   sync.Mutex
 }
 
 var _ http.RoundTripper = (*Router)(nil)
@@ -52,22 +66,42 @@ func New(cfg Config) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Router{s: s, byName: make(map[string]*upstream, len(s.upstreams))}
+	r := &Router{s: s, stores: new(stores), ids: new(requestIDs), hedges: new(hedgeBudget)}
 	r.initStores()
 	r.counter = newCounter(s.memoEntries, s.imageTokens)
 	r.ids.init()
-	r.hedges.deposit = s.hedge.deposit
+	r.hedges.deposit.Store(s.hedge.deposit)
 	r.hedges.bal.Store(hedgeReserve) // the reserve is there from the start: it orders hedges, it does not delay the first
-	for _, us := range s.upstreams {
-		u := newUpstream(us, &r.s)
+	r.initUpstreams(nil)
+	return r, nil
+}
+
+// initUpstreams makes r's upstreams, each with what the router learned of
+// it in the configuration was (nil: none; see Update).
+func (r *Router) initUpstreams(was *Router) {
+	r.byName = make(map[string]*upstream, len(r.s.upstreams))
+	for _, us := range r.s.upstreams {
+		var old *upstream
+		if was != nil {
+			old = was.byName[us.cfg.Name]
+		}
+		u := newUpstream(us, &r.s, old)
 		r.byName[u.cfg.Name] = u
 		r.ups = append(r.ups, u)
 	}
-	return r, nil
+}
+
+// current returns the configuration new requests use.
+func (r *Router) current() *Router {
+	if g := r.live.Load(); g != nil {
+		return g
+	}
+	return r
 }
 
 // Format prints the Router without its secrets, for every verb.
 func (r *Router) Format(f fmt.State, verb rune) {
+	r = r.current()
 	names := make([]string, len(r.ups))
 	for i, u := range r.ups {
 		names[i] = u.cfg.Name
@@ -75,11 +109,11 @@ func (r *Router) Format(f fmt.State, verb rune) {
 	fmt.Fprintf(f, "relay.Router{Upstreams: %q}", names)
 }
 
-// CloseIdleConnections calls CloseIdleConnections on Config.Base when it has
-// that method.
+// CloseIdleConnections calls CloseIdleConnections on Config.Base (the
+// latest configuration's, after Update) when it has that method.
 func (r *Router) CloseIdleConnections() {
 	type closeIdler interface{ CloseIdleConnections() }
-	if c, ok := r.s.base.(closeIdler); ok {
+	if c, ok := r.current().s.base.(closeIdler); ok {
 		c.CloseIdleConnections()
 	}
 }

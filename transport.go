@@ -31,7 +31,7 @@ const (
 // ErrNoUpstream, ErrRateLimited, ErrCircuitOpen, the context's error or the
 // transport's). It is safe for concurrent use.
 func (r *Router) RoundTrip(req *http.Request) (*http.Response, error) {
-	t := newTrip(r, req)
+	t := newTrip(r.current(), req) // the request's configuration, to its end
 	resp, err := t.roundTrip(req)
 	if p := t.hookPanic.Swap(&tripReturned); p != nil {
 		// A hook panicked during the request: it unwound as a cancelled

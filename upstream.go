@@ -11,26 +11,47 @@ import (
 // upstream is an Upstream with its live state: in-flight count, counters,
 // latency window, circuit breaker and limiter. Each part has its own lock
 // (or none), so no lock is shared by all upstreams.
+//
+// Its settings and limits are those of one configuration of the Router;
+// what the router learned of it (learned) outlives them: Router.Update
+// gives the upstream of the same name in the new configuration the same
+// learned state.
 type upstream struct {
 	upstreamSettings
 
-	seed     uint64                      // rendezvous seed, from the name
-	paths    [len(knownEndpoints)]string // the URL path of each of knownEndpoints on this upstream
+	seed  uint64                      // rendezvous seed, from the name
+	paths [len(knownEndpoints)]string // the URL path of each of knownEndpoints on this upstream
+	lim   limiter
+	*learned
+}
+
+// learned is what the router learned of one upstream, kept across
+// Router.Update while the upstream keeps its name.
+type learned struct {
 	inflight atomic.Int64
 	requests atomic.Uint64
 	failures atomic.Uint64
 	lat      latencyWindow
 	circ     circuit
-	lim      limiter
+	queues   queues // the limiter's
 }
 
-func newUpstream(us upstreamSettings, s *settings) *upstream {
+// newUpstream returns the upstream us with the state it learned: from
+// was, the same upstream in the configuration before (nil: a new one,
+// which starts with nothing learned).
+func newUpstream(us upstreamSettings, s *settings, was *upstream) *upstream {
 	u := &upstream{upstreamSettings: us, seed: fnv1a(fnvOffset64, us.cfg.Name)}
 	for i, ep := range knownEndpoints {
 		u.paths[i] = u.base.Path + "/" + ep
 	}
-	u.lat.init(latencyWindowSize)
-	u.lim.init(us.cfg.Name, us.cfg.RPM, us.cfg.TPM, s.replicas, us.cfg.MaxInFlight)
+	var slots *slots
+	if was == nil {
+		u.learned = new(learned)
+		u.lat.init(latencyWindowSize)
+	} else {
+		u.learned, slots = was.learned, was.lim.slots
+	}
+	u.lim.init(us.cfg.Name, us.cfg.RPM, us.cfg.TPM, s.replicas, us.cfg.MaxInFlight, &u.queues, slots)
 	return u
 }
 
@@ -67,6 +88,7 @@ func (u *upstream) unclaim() {
 // serving the model is saturated at MaxInFlight or has a recent p99 over
 // Breaker.BusyP99. It is false when no upstream serves the model.
 func (r *Router) Busy(model string) bool {
+	r = r.current()
 	any := false
 	for _, u := range r.ups {
 		if !u.serves(model) {
@@ -96,6 +118,7 @@ type UpstreamStats struct {
 // Stats returns a snapshot of every upstream's live state, in
 // configuration order. It is safe for concurrent use.
 func (r *Router) Stats() []UpstreamStats {
+	r = r.current()
 	now := r.s.clock.Now()
 	out := make([]UpstreamStats, len(r.ups))
 	for i, u := range r.ups {
