@@ -304,6 +304,20 @@ type RetryConfig struct {
 	// (github.com/cenkalti/backoff's ExponentialBackOff, one per request).
 	// It is called concurrently.
 	Backoff func(n int) time.Duration
+	// BadAnswerFallbacks are models a bad 2xx answer is retried on, at
+	// once and as one of MaxAttempts: an answer a content filter stopped
+	// (a choice's finish_reason "content_filter"; a Responses answer
+	// incomplete for "content_filter") or one with no output (no text,
+	// refusal or tool call). A plain answer is judged when its body came
+	// whole within 1 s and 1 MiB, a stream before its first content (see
+	// StreamConfig.FailoverWindow). The next model is the one after the
+	// answering model in the list, or the first when it is not in it; the
+	// attempts that follow go to that model's upstreams (a failure there is
+	// retried on them, never on a model whose answer was bad).
+	// Report.BadAnswer says why an answer was set aside, and its usage is
+	// billed with the hedges' (Report.HedgeUsage). When no later attempt
+	// answers, the bad answer is returned. If empty, off.
+	BadAnswerFallbacks []string
 }
 
 // HedgeConfig configures hedging: a request with no response headers after
@@ -422,12 +436,26 @@ type StreamConfig struct {
 	// 0, 25 s; negative: off. Upstream.Timeouts and Config.ModelTimeouts
 	// set it per upstream and per model.
 	IdleTimeout time.Duration
+	// FailoverWindow bounds the hold of a stream's response until its
+	// first content chunk (text, refusal, tool call), so that a stream that
+	// fails before it can be retried elsewhere, under RetryConfig, while
+	// nothing has reached the caller: an error event (judged as the status
+	// its error counts as: a rate limit as a 429 with its retry hint, a
+	// server error as a 500, an invalid request as a 400, which is not
+	// retried), a cut, data that is not JSON, or a stall (IdleTimeout counts
+	// during the hold). The held bytes then reach the caller unchanged. A
+	// stream still without content once the window has passed (looked at
+	// as its bytes arrive), or after 1 MiB, is handed over as it is; so is
+	// every stream of the last attempt. If 0, 10 s; negative: off (a stream
+	// is handed over at its headers). FirstTokenTimeout, when set, is the
+	// hold's bound instead.
+	FailoverWindow time.Duration
 	// FirstTokenTimeout, when set, holds a stream's response until its first
 	// content chunk; if none comes within this time of the response headers
 	// the router cancels that upstream and tries the next candidate (as a
-	// retry, under RetryConfig), while nothing has reached the caller. A
-	// stream that ends or fails before its first content chunk is handed to
-	// the caller as it is. Once a byte reached the caller, a stream is never
+	// retry, under RetryConfig), while nothing has reached the caller; a
+	// stream that fails before its first content is retried as under
+	// FailoverWindow. Once a byte reached the caller, a stream is never
 	// retried. If 0, off. Upstream.Timeouts and Config.ModelTimeouts set it
 	// per upstream and per model.
 	FirstTokenTimeout time.Duration
@@ -483,6 +511,7 @@ type retrySettings struct {
 	maxRetryAfter time.Duration
 	shouldRetry   func(*http.Response, error) bool
 	backoff       func(int) time.Duration // nil: exponential
+	badAnswer     []string                // BadAnswerFallbacks
 }
 
 type hedgeSettings struct {
@@ -506,6 +535,7 @@ type breakerSettings struct {
 // streamSettings are the stream settings but for the timeouts, which are
 // each upstream's (see candidate.timeouts).
 type streamSettings struct {
+	window      time.Duration // FailoverWindow; 0: off
 	injectUsage bool
 }
 
@@ -590,6 +620,7 @@ func resolve(c Config) (settings, error) {
 	s.breaker = resolveBreaker(c.Breaker, bad)
 	s.breaker.onChange = s.hooks.OnBreaker
 	s.stream = streamSettings{injectUsage: !c.Stream.KeepUsageOption}
+	s.stream.window = offOr(c.Stream.FailoverWindow, 10*time.Second)
 	s.upstreams = resolveUpstreams(c.Upstreams, bad)
 	resolveTimeouts(c, s.upstreams, bad)
 	s.budgets = resolveBudgets(c.Budgets, bad)
@@ -634,6 +665,7 @@ func resolveRetry(c RetryConfig, bad func(string, ...any)) retrySettings {
 		max: orDefault(c.MaxInterval, 1200*time.Millisecond), multiplier: orDefault(c.Multiplier, 2),
 		randomization: offOr(c.RandomizationFactor, 0.5), maxRetryAfter: orDefault(c.MaxRetryAfter, 8*time.Second),
 		shouldRetry: c.ShouldRetry, backoff: c.Backoff,
+		badAnswer: slices.Clone(c.BadAnswerFallbacks),
 	}
 	if r.shouldRetry == nil {
 		r.shouldRetry = DefaultShouldRetry
@@ -645,6 +677,11 @@ func resolveRetry(c RetryConfig, bad func(string, ...any)) retrySettings {
 	notNegative(bad, "Retry.MaxRetryAfter", c.MaxRetryAfter)
 	if r.randomization >= 1 {
 		bad("Retry.RandomizationFactor %g must be below 1", c.RandomizationFactor)
+	}
+	for i, m := range c.BadAnswerFallbacks {
+		if m == "" || hasCtl(m) {
+			bad("Retry.BadAnswerFallbacks[%d] %q is empty or has a control character", i, m)
+		}
 	}
 	return r
 }
@@ -917,8 +954,8 @@ func validHeaderValue(v string) bool {
 type namedModel struct{ field, model string }
 
 // namedModels lists the models the configuration routes to besides the
-// requested ones: a ClusterPolicy's, the budgets' Downgrade models and
-// ContextFallbacks.
+// requested ones: a ClusterPolicy's, the budgets' Downgrade models,
+// ContextFallbacks and Retry.BadAnswerFallbacks.
 func namedModels(c Config) []namedModel {
 	var out []namedModel
 	add := func(field, model string) {
@@ -945,6 +982,9 @@ func namedModels(c Config) []namedModel {
 	}
 	for i, m := range c.ContextFallbacks {
 		add(fmt.Sprintf("ContextFallbacks[%d]", i), m)
+	}
+	for i, m := range c.Retry.BadAnswerFallbacks {
+		add(fmt.Sprintf("Retry.BadAnswerFallbacks[%d]", i), m)
 	}
 	return out
 }

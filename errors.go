@@ -59,6 +59,11 @@ var (
 	// Report.Err: the caller reads the event's bytes as the upstream sent
 	// them.
 	ErrStreamError = errors.New("relay: upstream sent an error in the stream")
+	// ErrStreamMalformed: a stream held for its first content sent an
+	// event whose data is not valid JSON before it; the router tried the
+	// next candidate, as after a connection error (see
+	// StreamConfig.FailoverWindow).
+	ErrStreamMalformed = errors.New("relay: upstream sent malformed data before the stream's first content")
 	// ErrUpstreamStatus: the final response had a status of 400 or more.
 	// The response itself is still returned to the caller with err == nil;
 	// this error only appears in Report.Err.

@@ -86,3 +86,44 @@ func ExampleBudget() {
 	// refused: relay: admit model gpt-4.1 budget team: budget exceeded
 	// team team-a: spent $0.000080 of $0.01
 }
+
+// An answer a content filter stopped is retried on a fallback model, and
+// the report says so (docs/resilience.md quotes the lines between the
+// markers).
+func ExampleRetryConfig_badAnswerFallbacks() {
+	azure, openai := relaytest.NewServer(), relaytest.NewServer() // fake upstreams on loopback
+	defer azure.Close()
+	defer openai.Close()
+	azure.Script(relaytest.Fault{ContentFilter: true})
+	azureURL, openaiURL := azure.URL, openai.URL
+	// README:bad-answer
+	router, err := relay.New(relay.Config{
+		Upstreams: []relay.Upstream{
+			{Name: "azure", BaseURL: azureURL, Models: []string{"gpt-4.1"}},
+			{Name: "openai", BaseURL: openaiURL, Models: []string{"gpt-4o"}},
+		},
+		Retry: relay.RetryConfig{BadAnswerFallbacks: []string{"gpt-4o"}},
+		OnReport: func(r relay.Report) {
+			if r.BadAnswer != "" {
+				fmt.Printf("%s answer set aside; %s answered\n", r.BadAnswer, r.Model)
+			}
+		},
+	})
+	// README:end
+	if err != nil {
+		log.Fatal(err)
+	}
+	body := `{"model":"gpt-4.1","messages":[{"role":"user","content":"hi"}]}`
+	req, _ := http.NewRequest("POST", azureURL+"/chat/completions", strings.NewReader(body))
+	resp, err := router.RoundTrip(req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	fmt.Println(resp.Header.Get(relay.HeaderModel))
+
+	// Output:
+	// content_filter answer set aside; gpt-4o answered
+	// gpt-4o
+}

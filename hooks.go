@@ -31,7 +31,10 @@ type Hooks struct {
 	// (it may add headers, such as a W3C traceparent). The function it
 	// returns, if not nil, runs once, when the call's outcome is known: its
 	// response headers or its error, or ErrFirstTokenTimeout when
-	// first-token failover gave up on its stream.
+	// first-token failover gave up on its stream, or the failure of a
+	// stream that failed before its first content (an error wrapping
+	// ErrStreamError, ErrStreamMalformed, ErrStreamStalled or
+	// io.ErrUnexpectedEOF), with the stream's status.
 	OnAttempt func(ctx context.Context, a AttemptInfo, out *http.Request) func(AttemptDone)
 	// OnWait runs after a request waited for an upstream's rate limits or
 	// in-flight slot.
@@ -78,7 +81,11 @@ func StateFallbackOps() []string {
 	return []string{"admit", "refund", "observe", "reserve", "settle", "usage"}
 }
 
-// AttemptInfo describes one upstream call as it starts.
+// AttemptInfo describes one upstream call as it starts. Its Retry is also,
+// after a stream that failed before its first content, "stream-error",
+// "stream-cut", "stream-malformed" or "stalled", and after a bad answer
+// set aside for a fallback model (RetryConfig.BadAnswerFallbacks),
+// "content_filter" or "empty".
 type AttemptInfo struct {
 	Upstream string        // the upstream's name
 	Model    string        // the model asked of the upstream

@@ -50,7 +50,7 @@ type Report struct {
 	TTFT          time.Duration // to the first content byte (streams) or the response headers
 	Attempts      int           // upstream calls made, hedges included
 	Hedged        bool          // a hedge was sent
-	HedgeUsage    Usage         // losing hedges' usage, when they answered too, added up (billed; in the costs, not in Usage)
+	HedgeUsage    Usage         // losing attempts' usage (hedges that answered too, answers set aside, streams failed over), added up (billed; in the costs, not in Usage)
 	HedgeWon      bool          // the hedge's answer was the one returned
 	Overhead      time.Duration // time RoundTrip spent in the router itself: upstream calls and waits excluded
 	StatusCode    int           // final status; 0 when none came
@@ -62,6 +62,12 @@ type Report struct {
 	// choices). That usage is taken for a broken upstream's: the costs and
 	// budgets charge the bound, while Usage keeps the reported figures.
 	UsageCapped bool
+
+	// BadAnswer says why an answer was set aside for a model of
+	// RetryConfig.BadAnswerFallbacks (BadAnswerContentFilter,
+	// BadAnswerEmpty; the first one's, when several were); "" when none
+	// was. Model is the model whose answer was returned.
+	BadAnswer string
 
 	// Context is the request's context, so a hook can reach what the
 	// caller kept in it (a trace, a user). It may be done by the time the
@@ -165,6 +171,7 @@ func (t *trip) report(end bodyEnd) Report {
 		Priority:       t.route.Priority,
 		HedgeWon:       t.att.hedge == 1,
 		HedgeUsage:     t.loserUsage(),
+		BadAnswer:      t.bad.String(),
 		Overhead:       t.overhead,
 		Stream:         t.c.req.Stream,
 		Err:            end.err,

@@ -119,14 +119,15 @@ func exponential(s *retrySettings) backoff.BackOff {
 // goes to next.
 func (t *trip) retryWait(a *attempt, next candidate, i int, rt *retrier) (wait time.Duration, final bool) {
 	s := &t.r.s.retry
-	if i == s.maxAttempts-1 || t.stopped(t.ctx) != nil || !s.shouldRetry(a.resp, a.err) {
+	resp, err := a.judged()
+	if i == s.maxAttempts-1 || t.stopped(t.ctx) != nil || !s.shouldRetry(resp, err) {
 		return 0, true
 	}
 	// A server's hint is about itself: it sets the wait when the retry goes
 	// back to it. Another upstream is tried after the backoff (the limiter
 	// holds this one for its hint).
-	if a.resp != nil && next.up == a.cand.up {
-		if hint, ok := RetryAfter(a.resp.Header, t.r.s.clock.Now()); ok {
+	if resp != nil && next.up == a.cand.up {
+		if hint, ok := RetryAfter(resp.Header, t.r.s.clock.Now()); ok {
 			return hint, hint > s.maxRetryAfter // the server asks for longer than we wait: answer now
 		}
 	}
@@ -138,6 +139,8 @@ func (t *trip) retryWait(a *attempt, next candidate, i int, rt *retrier) (wait t
 // of its error.
 func retryReason(a *attempt) string {
 	switch {
+	case a.stream != nil && a.stream.failed != nil:
+		return a.stream.failed.why
 	case a.resp != nil:
 		return strconv.Itoa(a.resp.StatusCode)
 	case errors.Is(a.err, ErrAttemptTimeout):

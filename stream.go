@@ -83,6 +83,7 @@ type streamBody struct {
 	drop      bool // the injected usage chunk may still come: hold back events
 	dropBlank bool // the usage chunk was removed at its data line: remove the blank line that ends it
 	buf       []byte
+	pooled    *[]byte // the pool's buffer buf is, if it is
 	r, dec, w int
 	scan      int  // first byte not yet scanned
 	lineStart int  // start of the line being scanned
@@ -101,6 +102,11 @@ type streamBody struct {
 	evHead  [streamHeadMax]byte // of a long event: its first bytes
 	evHeadN int
 	evTail  []byte // of a long event: its last streamTailMax bytes (to 2×streamTailMax)
+
+	// holding: the stream is held until its first content (see hold);
+	// failed: it failed before its first content (see judgeHold).
+	holding bool
+	failed  *streamFailure
 
 	rerr  error       // the upstream's read error (io.EOF included), once it came
 	over  atomic.Bool // the stream was finished: Read returns final
@@ -149,6 +155,12 @@ type streamState struct {
 	errMsg    string // the stream's error event, if any
 	haveErr   bool
 	junk      []byte // lines that are not SSE fields, before any data line
+
+	// What the hold before the first content looks at (see hold).
+	errKind   errorKind // the kind of an error event that came before the first content (status 0: none)
+	errRaw    []byte    // its error object, when it was read
+	malformed bool      // an event whose data is not valid JSON came before the first content
+	filtered  bool      // a choice finished with content_filter, or a Responses answer was cut by one
 }
 
 func newStreamBody(t *trip, a *attempt) *streamBody {
@@ -209,20 +221,21 @@ func (s *streamBody) Read(p []byte) (int, error) {
 // streamBufs recycles the buffers of streams that hold bytes back.
 var streamBufs = sync.Pool{New: func() any { b := make([]byte, streamBufSize); return &b }}
 
-// recycle returns buf to the pool once everything in it was handed out;
-// only Read calls it, so no other goroutine holds the buffer.
+// recycle returns the pool's buffer once everything in buf was handed out
+// (a larger one, grown to hold an event, is let go); only Read calls it,
+// so no other goroutine holds the buffer.
 func (s *streamBody) recycle() {
-	if len(s.buf) == streamBufSize {
-		b := s.buf
-		s.buf = nil
-		streamBufs.Put(&b)
+	if s.pooled != nil {
+		streamBufs.Put(s.pooled)
 	}
+	s.buf, s.pooled = nil, nil
 }
 
 // fill reads the upstream into buf and decides what of it may be handed out.
 func (s *streamBody) fill() {
 	if s.buf == nil {
-		s.buf = *streamBufs.Get().(*[]byte)
+		s.pooled = streamBufs.Get().(*[]byte)
+		s.buf = *s.pooled
 	}
 	if s.r == s.dec && s.r > 0 {
 		// Everything decided was handed out: move the held bytes to the front.
@@ -232,9 +245,19 @@ func (s *streamBody) fill() {
 		s.evStart = max(s.evStart-d, 0)
 	}
 	if s.w == len(s.buf) {
-		nb := make([]byte, 2*len(s.buf))
+		n := 2 * len(s.buf)
+		if s.holding {
+			// The hold keeps an event up to streamEventMax: room for one
+			// at once, rather than by doubling.
+			n = max(n, streamEventMax+streamBufSize)
+		}
+		nb := make([]byte, n)
 		copy(nb, s.buf[:s.w])
 		s.buf = nb
+		if s.pooled != nil { // the pool's buffer is no longer used
+			streamBufs.Put(s.pooled)
+			s.pooled = nil
+		}
 	}
 	n, err := s.rc.Read(s.buf[s.w:])
 	s.w += n
@@ -571,7 +594,7 @@ func (s *streamBody) dataLine(val []byte, full int, inSc bool) {
 		if typ := s.longType(); string(typ) == "response.failed" {
 			// Its error comes before the output it repeats.
 			if e := gjson.GetBytes(head, "response.error"); e.IsObject() {
-				s.streamError(e.Get("code").String(), e.Get("message").String())
+				s.streamError(e)
 			}
 		}
 		s.evTail = s.evTail[:0]
@@ -701,7 +724,7 @@ func (s *streamBody) longEvent(size int) {
 		st.terminal = true
 	case "response.failed":
 		st.terminal = true
-		s.streamError("", "response.failed (an event over 256 KiB, its error not read)")
+		s.streamErrorText("", "response.failed (an event over 256 KiB, its error not read)")
 	default:
 		s.content()
 		st.estTokens += size / 4
@@ -767,6 +790,9 @@ func (s *streamBody) data(v []byte) (usageChunk bool) {
 		}
 		return false
 	}
+	if s.holding && !st.gotFirst && !gjson.ValidBytes(v) {
+		st.malformed = true // (looked for only while the stream is held)
+	}
 	typ := firstType(v)
 	if typ == nil && st.evLen > 0 {
 		if ev := st.ev[:st.evLen]; bytes.HasPrefix(ev, []byte("response.")) || string(ev) == "error" {
@@ -820,16 +846,20 @@ func (s *streamBody) responsesEvent(typ, v []byte) {
 		if u, ok := parseUsage(v); ok {
 			st.usage, st.haveUsage = u, true
 		}
-		if string(typ) == "response.failed" {
-			e := gjson.GetBytes(v, "response.error")
-			s.streamError(e.Get("code").String(), e.Get("message").String())
+		switch string(typ) {
+		case "response.failed":
+			s.streamError(gjson.GetBytes(v, "response.error"))
+		case "response.incomplete":
+			if gjson.GetBytes(v, "response.incomplete_details.reason").Str == "content_filter" {
+				st.filtered = true
+			}
 		}
 	case "error":
 		root := gjson.ParseBytes(v)
 		if e := root.Get("error"); e.IsObject() {
 			root = e
 		}
-		s.streamError(root.Get("code").String(), root.Get("message").String())
+		s.streamError(root)
 	}
 }
 
@@ -925,8 +955,7 @@ func (s *streamBody) chunkMember(key, v []byte, j int, f *chunkFacts) {
 		}
 	case "error":
 		if v[j] == '{' {
-			e := gjson.GetBytes(v, "error")
-			s.streamError(e.Get("code").String(), e.Get("message").String())
+			s.streamError(gjson.GetBytes(v, "error"))
 		}
 	}
 }
@@ -937,6 +966,9 @@ func (s *streamBody) finishChoices(v []byte) {
 		if fr := c.Get("finish_reason"); fr.Type == gjson.String && fr.Str != "" {
 			if i := c.Get("index").Int(); i >= 0 && i < 64 {
 				s.st.finished |= 1 << i
+			}
+			if fr.Str == "content_filter" {
+				s.st.filtered = true
 			}
 		}
 		return true
@@ -1015,13 +1047,29 @@ func (s *streamBody) countEst() int {
 	return s.t.c.enc.Count(text)
 }
 
-// streamError records the first error event of the stream.
-func (s *streamBody) streamError(code, msg string) {
+// streamError records the first error event of the stream, e its error
+// object, and what kind of error it is.
+func (s *streamBody) streamError(e gjson.Result) {
+	if st := &s.st; !st.haveErr && !st.gotFirst {
+		st.errKind = errorKindOf(e)
+		if len(e.Raw) <= streamJunkMax {
+			st.errRaw = []byte(s.t.r.s.secrets.redact(e.Raw, sentSecrets(s.a.out)...))
+		}
+	}
+	s.streamErrorText(e.Get("code").String(), e.Get("message").String())
+}
+
+// streamErrorText records the first error event of the stream, from its
+// code and message.
+func (s *streamBody) streamErrorText(code, msg string) {
 	st := &s.st
 	if st.haveErr {
 		return
 	}
 	st.haveErr = true
+	if !st.gotFirst && st.errKind.status == 0 {
+		st.errKind.status = http.StatusInternalServerError // (an error not read: see longEvent)
+	}
 	// Upstreams echo the key they got ("Incorrect API key provided: ..."),
 	// a caller's own one too when the router forwarded it.
 	msg = s.t.r.s.secrets.redact(msg, sentSecrets(s.a.out)...)
@@ -1070,9 +1118,10 @@ func (s *streamBody) end(cause error, closed bool) error {
 	var readErr, cancelled error
 	switch {
 	case closed:
-		if err := t.ctx.Err(); err != nil && !s.complete() {
+		if err := t.ctx.Err(); err != nil && (!s.complete() || s.r < s.dec) {
 			// Cancelled and closed before the stream's end (openai-go
-			// closes it so when its context ends): not a success.
+			// closes it so when its context ends), or before reading all
+			// that was read ahead of it: not a success.
 			cancelled = err
 		}
 	case s.stalled.Load():
@@ -1102,13 +1151,7 @@ func (s *streamBody) end(cause error, closed bool) error {
 		e.StatusCode = t.att.resp.StatusCode
 		end.err = e
 	}
-	if !st.haveErr && !st.sawData && len(st.junk) > 0 {
-		// A body that is not SSE, such as a JSON error sent with the
-		// event-stream Content-Type.
-		if e := gjson.GetBytes(st.junk, "error"); e.IsObject() {
-			s.streamError(e.Get("code").String(), e.Get("message").String())
-		}
-	}
+	s.junkError()
 	if st.haveErr {
 		end.err = t.errorf("stream", fmt.Errorf("%w: %s", ErrStreamError, st.errMsg))
 	}
@@ -1120,6 +1163,17 @@ func (s *streamBody) end(cause error, closed bool) error {
 	s.mu.Unlock()
 	t.finish(end) // without s.mu: OnReport runs with no lock held
 	return final
+}
+
+// junkError reads the error of a body that is not SSE, such as a JSON error
+// sent with the event-stream Content-Type, from the lines kept of it.
+func (s *streamBody) junkError() {
+	st := &s.st
+	if !st.haveErr && !st.sawData && len(st.junk) > 0 {
+		if e := gjson.GetBytes(st.junk, "error"); e.IsObject() {
+			s.streamError(e)
+		}
+	}
 }
 
 // errBodyClosed is what Read returns after Close, as net/http's bodies do.
@@ -1157,11 +1211,48 @@ func (s *streamBody) drain() {
 	}()
 }
 
-// awaitFirstToken reads ahead, keeping what it read for the caller, until
-// the first content chunk arrives. It returns ErrFirstTokenTimeout when none
-// came within d of the call. A stream that ends or fails before, or sends
-// more than 1 MiB without content, is left for the caller as it is.
-func (s *streamBody) awaitFirstToken(d time.Duration) error {
+// hold reads ahead, keeping what it read for the caller, until the
+// stream's first content chunk, or until what it read says that none will
+// come: an error event, data that is not JSON, the stream's end (clean or
+// cut), a stall (the idle timeout counts while the hold waits, as while
+// the caller waits in Read). It returns ErrFirstTokenTimeout when d is set
+// and no content came within d of the call. It stops too past
+// streamAheadMax bytes read, at an event too long to parse, and, with d
+// zero, once window has passed, looked at as bytes arrive: the stream is
+// then the caller's as it is.
+func (s *streamBody) hold(d, window time.Duration) error {
+	clock := s.t.r.s.clock
+	start := clock.Now()
+	var fired func() bool
+	if d > 0 {
+		fired = s.firstTokenTimer(d)
+	}
+	s.holding = true
+	// Silence before the first content is bounded by the first-token
+	// timeout when there is one (a slow model's own, which may be longer
+	// than IdleTimeout), else by IdleTimeout.
+	if d <= 0 {
+		s.enter()
+	}
+	for !s.holdOver() {
+		s.fill()
+		if d <= 0 && clock.Now().Sub(start) >= window {
+			break
+		}
+	}
+	if d <= 0 {
+		s.leave()
+	}
+	s.holding = false
+	if fired != nil && fired() {
+		return ErrFirstTokenTimeout
+	}
+	return nil
+}
+
+// firstTokenTimer arms the first-token timer, which closes the upstream
+// when it fires; fired stops it and reports whether it fired first.
+func (s *streamBody) firstTokenTimer(d time.Duration) (fired func() bool) {
 	// state settles the race between the timer and the first token: 0
 	// while waiting, 1 once the stream is kept, 2 once the timer fired.
 	var state atomic.Int32
@@ -1173,19 +1264,26 @@ func (s *streamBody) awaitFirstToken(d time.Duration) error {
 			}
 		}
 	})
-	for !s.st.gotFirst && s.rerr == nil && s.w-s.r < streamAheadMax {
-		s.fill()
+	return func() bool {
+		stop()
+		return !state.CompareAndSwap(0, 1)
 	}
-	stop()
-	if !state.CompareAndSwap(0, 1) {
-		return ErrFirstTokenTimeout
-	}
-	return nil
+}
+
+// holdOver reports whether the hold has what it waits for: the first
+// content, or a reason to stop waiting for it. An event over
+// streamEventMax ends it too (a long tool-call argument, a long terminal
+// Responses event): its bytes are not kept to be parsed, nor held.
+func (s *streamBody) holdOver() bool {
+	st := &s.st
+	return st.gotFirst || st.haveErr || st.malformed || s.rerr != nil || s.evLong || s.evSize+s.sc.PendingSize() > streamEventMax ||
+		s.contentDone() || s.w-s.r >= streamAheadMax
 }
 
 // abandon releases a stream that is not handed to the caller: the upstream
-// body is closed and no report is made.
+// body is closed, its timers stopped, and no report is made.
 func (s *streamBody) abandon() {
+	s.stopTimer()
 	s.rc.Close()
 	if s.a.cancel != nil {
 		s.a.cancel()

@@ -281,7 +281,9 @@ func TestStreamNoBlankLinesChunkAtItsLine(t *testing.T) {
 			closeLines := sync.OnceFunc(func() { close(lines) }) // the upstream's end
 			defer closeLines()
 			defer pw.CloseWithError(errors.New("test over")) // a Read still blocked fails
-			r, reps := bodyRouter(t, Config{Clock: clk, Stream: StreamConfig{IdleTimeout: -1}}, func() io.Reader { return pr })
+			// (the upstream sends each line once the one before was read:
+			// not held for its first content)
+			r, reps := bodyRouter(t, Config{Clock: clk, Stream: StreamConfig{IdleTimeout: -1, FailoverWindow: -1}}, func() io.Reader { return pr })
 			hreq, _ := http.NewRequest("POST", "http://relay.invalid/v1/chat/completions", strings.NewReader(req))
 			resp, err := r.RoundTrip(hreq)
 			require.NoError(t, err)

@@ -371,7 +371,9 @@ func TestStreamStalled(t *testing.T) {
 			r, reps := newTestRouter(t, Config{
 				Upstreams: []Upstream{{Name: "a", BaseURL: srv.URL}},
 				Clock:     clk,
-				Stream:    StreamConfig{IdleTimeout: 10 * time.Second},
+				// (a Responses stream stalls here before its first content:
+				// held, it would be retried elsewhere, see failover_test.go)
+				Stream: StreamConfig{IdleTimeout: 10 * time.Second, FailoverWindow: -1},
 			})
 			srv.Script(relaytest.Fault{StallAfter: 3})
 			req := chatStreamReq
@@ -515,9 +517,10 @@ func TestStreamEarlyClose(t *testing.T) {
 	assert.Equal(t, Usage{PromptTokens: all[0].PromptTokens, CompletionTokens: 1, Estimated: true}, all[0].Usage)
 	assert.Positive(t, all[0].TTFT)
 
-	// Closed without reading: still one report.
+	// Closed without reading: still one report. (Not held for its first
+	// content: a held stream's TTFT is when the router read it.)
 	up2 := newSSEUpstream(t, fixture(t, "chat_stream_recorded_gpt4o_text_usage.sse"))
-	r2, reps2 := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up2.URL + "/v1"}}})
+	r2, reps2 := newTestRouter(t, Config{Upstreams: []Upstream{{Name: "a", BaseURL: up2.URL + "/v1"}}, Stream: StreamConfig{FailoverWindow: -1}})
 	hreq, _ = http.NewRequest("POST", "http://relay.invalid/v1/chat/completions", strings.NewReader(chatStreamReq))
 	resp, err = r2.RoundTrip(hreq)
 	require.NoError(t, err)
@@ -693,7 +696,8 @@ func TestStreamReadAfterEnd(t *testing.T) {
 func TestStreamConcurrentClose(t *testing.T) {
 	pr, pw := io.Pipe()
 	defer pw.Close()
-	r, reps := bodyRouter(t, Config{}, func() io.Reader { return pr })
+	// (the upstream writes once RoundTrip returned: not held)
+	r, reps := bodyRouter(t, Config{Stream: StreamConfig{FailoverWindow: -1}}, func() io.Reader { return pr })
 	hreq, _ := http.NewRequest("POST", "http://relay.invalid/v1/chat/completions", strings.NewReader(chatStreamReq))
 	resp, err := r.RoundTrip(hreq)
 	require.NoError(t, err)

@@ -208,6 +208,7 @@ type trip struct {
 	// (the bools sit beside done, in its padding: the trip stays in its size class)
 	widened bool         // retried on a larger window once
 	hedged  bool         // a hedge was sent
+	bad     badReason    // why the first bad answer set aside was bad (Report.BadAnswer)
 	end     bodyEnd      // how it ended, for the report
 	votes   atomic.Int32 // parties the report still waits for (see vote)
 
@@ -263,7 +264,7 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 			continue
 		}
 		if err != nil {
-			return t.giveUp(err, prev)
+			return t.giveUp(err, &prev)
 		}
 		cand := cands[idx]
 		next = idx + 1
@@ -289,69 +290,151 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 		t.outside += now.Sub(at)
 		t.observe(&a, now)
 		wait, final := t.retryWait(&a, cands[next%len(cands)], i, &rt)
+		t.why = retryReason(&a)
+		bad := false
 		if final && i < r.s.retry.maxAttempts-1 {
 			if n, ok := t.widen(&cands, &a); ok {
 				next, wait, final = n, 0, false // a larger window, at once
+			} else if t.fallBack(&cands, &a) {
+				next, wait, final, bad = 0, 0, false, true // another model, at once
+				adm.tried = 0                              // (indexes of the candidates before)
 			}
 		}
-		t.why, t.backoff = retryReason(&a), wait
+		t.backoff = wait
 		if final {
-			if a.resp == nil && prev.kept != nil && ctx.Err() == nil {
-				a.release()
-				return t.finalize(*prev.kept) // an earlier response beats no response
-			}
-			return t.finalize(a)
+			return t.conclude(&a, &prev)
 		}
-		prev.add(&a)
+		if bad {
+			prev.setBad(t, &a)
+		} else {
+			prev.add(t, &a)
+		}
 		at = r.s.clock.Now()
 		err = sleep(ctx, r.s.clock, wait)
 		t.outside += r.s.clock.Now().Sub(at)
 		if err != nil {
+			prev.settle(t, nil)
 			return nil, t.fail(&Error{Op: "backoff", Upstream: a.cand.up.cfg.Name, Model: a.cand.model, Err: err})
 		}
 	}
 	panic("relay: unreachable")
 }
 
-// previous are the attempts the loop went past: the last one with a
-// response (kept, its body read in the background, in case it is the one
-// returned in the end) and the last one without.
-type previous struct{ kept, lost *attempt }
+// previous are the attempts the loop went past, in case one of them is
+// returned in the end: the last one with a response (kept: its body read in
+// the background; for a stream that failed before its first content, the
+// bytes held, its upstream let go), the last one without, and the last bad
+// answer set aside for a fallback model (kept as it is, held).
+type previous struct{ kept, lost, bad *attempt }
 
-// add discards a and keeps it as the last of its kind.
-func (p *previous) add(a *attempt) {
-	a.discard()
+// add keeps a, an attempt not returned now, as the last of its kind.
+func (p *previous) add(t *trip, a *attempt) {
+	if a.failure() != nil {
+		a.stream.abandon() // its bytes stay, to be read if it is returned
+		if a.held {
+			a.held = false
+			a.cand.up.unclaim()
+		}
+	} else {
+		a.discard()
+	}
 	if a.resp == nil {
 		if a.err != nil { // an abandoned stream has neither: nothing to give back
 			p.lost = a
 		}
 		return
 	}
-	if p.kept != nil {
-		p.kept.closeKept()
-	}
+	p.drop(t, p.kept)
 	p.kept = a
 }
 
-// close stops the background read of a kept response that was not
-// returned.
-func (p *previous) close(t *trip) {
-	if p.kept != nil && t.att.resp != p.kept.resp {
-		p.kept.closeKept()
+// setBad keeps a, a bad answer set aside for a fallback model, in case no
+// fallback answers better; the bad answer kept before it is let go.
+func (p *previous) setBad(t *trip, a *attempt) {
+	p.drop(t, p.bad)
+	if a.held {
+		a.held = false
+		a.cand.up.unclaim() // (its context lives on with its body)
+	}
+	p.bad = a
+}
+
+// drop lets go of a kept attempt that is not returned: a bad answer and a
+// stream are closed and billed as a hedge's losing attempt is (see
+// setAside); a response's background read is stopped.
+func (p *previous) drop(t *trip, k *attempt) {
+	switch {
+	case k == nil:
+	case k == p.bad:
+		t.setAside(k, true) // an answer, billed even without a usage
+	case k.stream != nil:
+		t.setAside(k, false)
+	default:
+		k.closeKept()
 	}
 }
 
-// giveUp ends a trip whose next attempt could not be admitted: the last
-// upstream response if there was one, else the last real failure, else the
-// admission's error.
-func (t *trip) giveUp(err error, prev previous) (*http.Response, error) {
+// settle lets go of the kept attempts but ret, the one returned (nil:
+// none), before the request is reported.
+func (p *previous) settle(t *trip, ret *attempt) {
+	for _, k := range [...]*attempt{p.kept, p.bad} {
+		if k != ret {
+			p.drop(t, k)
+		}
+	}
+	p.kept, p.bad = nil, nil
+}
+
+// close lets go of what is still kept and was not returned, once the loop
+// is over.
+func (p *previous) close(t *trip) {
+	for _, k := range [...]*attempt{p.kept, p.bad} {
+		if k != nil && k.resp != t.att.resp {
+			p.drop(t, k)
+		}
+	}
+}
+
+// conclude ends the loop with a, the last attempt: its answer, or a bad
+// answer set aside before it when a did not answer, or an earlier response
+// when a got none.
+func (t *trip) conclude(a *attempt, p *previous) (*http.Response, error) {
+	ret := a
+	switch {
+	case t.ctx.Err() != nil:
+	case p.bad != nil && (a.resp == nil || a.resp.StatusCode >= 300 || a.failure() != nil):
+		ret = p.bad // a bad answer beats a failure
+	case a.resp == nil && p.kept != nil:
+		ret = p.kept // an earlier response beats no response
+	}
+	p.settle(t, ret)
+	if ret != a {
+		if a.resp != nil || a.stream != nil {
+			t.setAside(a, false)
+		}
+		a.release()
+	}
+	return t.finalize(*ret)
+}
+
+// giveUp ends a trip whose next attempt could not be admitted: a bad
+// answer set aside, else the last upstream response if there was one, else
+// the last real failure, else the admission's error.
+func (t *trip) giveUp(err error, p *previous) (*http.Response, error) {
+	var ret *attempt
 	if t.ctx.Err() == nil {
 		switch {
-		case prev.kept != nil:
-			return t.finalize(*prev.kept) // the last upstream response, intact
-		case prev.lost != nil:
-			return t.finalize(*prev.lost) // the real failure, not the limiter's
+		case p.bad != nil:
+			ret = p.bad // a 2xx answer, if a bad one
+		case p.kept != nil:
+			ret = p.kept // the last upstream response, intact
+		case p.lost != nil:
+			ret = p.lost // the real failure, not the limiter's
 		}
+	}
+	p.settle(t, ret)
+	if ret != nil {
+		return t.finalize(*ret)
 	}
 	if err == ErrBudgetExceeded {
 		return nil, t.fail(t.budgetError(t.route.Model))
@@ -376,36 +459,43 @@ func (bc *bodyCache) get(t *trip, cand candidate) outBody {
 	return bc.out
 }
 
-// awaitFirstToken is first-token failover: with the attempt's first-token
-// timeout set, a 2xx stream is read ahead (nothing has reached the caller
-// yet) until its first content chunk; if none comes in time, the attempt becomes a
-// failure to retry. The loop skips it on the last attempt: a slow stream
-// beats none.
+// awaitFirstToken holds a 2xx stream until its first content chunk (see
+// streamBody.hold), while nothing has reached the caller: a stream with no
+// content within the first-token timeout becomes a failure to retry, and
+// one that failed before its first content is judged (judgeHold), to be
+// retried as its failure says. The loop skips it on the last attempt: a
+// slow or failing stream is then the caller's, as it is.
 func (t *trip) awaitFirstToken(a *attempt) (waited bool) {
-	d := a.cand.timeouts().FirstToken
-	if a.err != nil || d <= 0 || a.resp.StatusCode >= 300 || !isEventStream(a.resp.Header) || t.r.s.retry.shouldRetry(a.resp, nil) {
-		return false // (a stream the retry policy retries anyway is not read ahead)
+	d, window := a.cand.timeouts().FirstToken, t.r.s.stream.window
+	if a.err != nil || (d <= 0 && window <= 0) || a.resp.StatusCode >= 300 || !isEventStream(a.resp.Header) || t.r.s.retry.shouldRetry(a.resp, nil) {
+		return false // (a stream the retry policy retries anyway is not held)
 	}
 	decompress(a.resp) // the first token is looked for in the decoded stream
 	a.stream = newStreamBody(t, a)
-	if err := a.stream.awaitFirstToken(d); err != nil {
+	if err := a.stream.hold(d, window); err != nil {
 		a.stream.abandon()
 		a.resp, a.stream, a.err = nil, nil, err
+		return true
 	}
+	a.stream.judgeHold()
 	return true
 }
 
 // observe feeds an attempt's outcome to its upstream's breaker, limiter and
 // counters, at now.
 func (t *trip) observe(a *attempt, now time.Time) {
-	o := outcomeOf(a.resp, a.err)
-	if a.resp == nil && (t.ctx.Err() != nil || errors.Is(a.err, errHookPanicked)) {
+	resp, err := a.judged()
+	o := outcomeOf(resp, err)
+	if resp == nil && (t.ctx.Err() != nil || errors.Is(err, errHookPanicked)) {
 		o = outcomeNeutral // the caller gave up (cancel or its own deadline), not the upstream
 	}
 	if a.hookDone != nil {
 		d := AttemptDone{Err: a.err, Latency: a.latency}
 		if a.resp != nil {
 			d.StatusCode = a.resp.StatusCode
+		}
+		if f := a.failure(); f != nil {
+			d.Err = f
 		}
 		done := a.hookDone
 		a.hookDone = nil
@@ -416,11 +506,11 @@ func (t *trip) observe(a *attempt, now time.Time) {
 	var hint time.Duration
 	if o == outcomeFailure {
 		u.failures.Add(1)
-		if a.resp != nil {
-			hint, _ = RetryAfter(a.resp.Header, now)
+		if resp != nil {
+			hint, _ = RetryAfter(resp.Header, now)
 		}
 	}
-	t.r.record(t.ctx, t, &a.cand, a.resp, o, hint, now)
+	t.r.record(t.ctx, t, &a.cand, resp, o, hint, now)
 }
 
 // send makes one upstream call. The attempt holds the in-flight count and

@@ -76,12 +76,15 @@
 // An attempt's outcome (and a retry's reason, the outcome of the attempt it
 // follows) is a status class ("2xx", "4xx", "429", "5xx") or an error kind
 // ("timeout", "attempt_timeout", "canceled", "deadline_exceeded",
-// "connection", "_OTHER"). A retry after a 2xx is a first-token failover (or
-// a custom ShouldRetry). error.type is the status code ("503") of an error
-// response, or one of "no_upstream", "body_too_large", "rate_limited",
-// "circuit_open", "attempt_timeout", "first_token_timeout",
-// "stream_stalled", "stream_error", "canceled", "deadline_exceeded",
-// "timeout", "connection", "_OTHER".
+// "connection", "_OTHER"; for a stream failed over before its first content
+// "first_token_timeout", "stream_error", "stream_malformed",
+// "stream_stalled"). A retry after a 2xx follows a bad answer
+// (RetryConfig.BadAnswerFallbacks) or a custom ShouldRetry. error.type is
+// the status code ("503") of an error response, or one of "no_upstream",
+// "body_too_large", "rate_limited", "circuit_open", "attempt_timeout",
+// "first_token_timeout", "stream_stalled", "stream_error",
+// "stream_malformed", "canceled", "deadline_exceeded", "timeout",
+// "connection", "_OTHER".
 //
 // # Models
 //

@@ -310,6 +310,9 @@ func (a *answer) answer(ep string, req gjson.Result) {
 	model := req.Get("model").Str
 	stream := req.Get("stream").Bool()
 	pieces := Pieces(a.s.cfg.reply, u.completion-u.reasoning)
+	if a.f.ContentFilter || a.f.Empty {
+		pieces = nil
+	}
 	now := time.Now().Unix()
 	switch ep {
 	case epChat:
@@ -321,17 +324,16 @@ func (a *answer) answer(ep string, req gjson.Result) {
 		c := chatCompletion{ID: id, Object: "chat.completion", Created: now, Model: model,
 			ServiceTier: "default", SystemFingerprint: "fp_relaytest"}
 		msg := chatMessage{Role: "assistant", Annotations: []any{}}
-		finish := "stop"
-		if a.f.ToolCall {
+		finish := a.finish(u)
+		switch {
+		case a.f.ContentFilter:
+		case a.f.ToolCall:
 			tc := toolCall{ID: "call_relaytest" + itoa(a.n), Type: "function"}
 			tc.Function.Name, tc.Function.Arguments = toolName, strings.Join(toolArgs, "")
 			msg.ToolCalls = []toolCall{tc}
 			finish = "tool_calls"
-		} else {
+		default:
 			msg.Content = ptr(strings.Join(pieces, ""))
-			if u.length {
-				finish = "length"
-			}
 		}
 		c.Choices = []chatChoice{{Message: msg, FinishReason: finish}}
 		if !a.f.NoUsage {
@@ -344,10 +346,7 @@ func (a *answer) answer(ep string, req gjson.Result) {
 			a.textStream(req, id, model, now, u, pieces)
 			return
 		}
-		finish := "stop"
-		if u.length {
-			finish = "length"
-		}
+		finish := a.finish(u)
 		c := textCompletion{ID: id, Object: "text_completion", Created: now, Model: model,
 			SystemFingerprint: "fp_relaytest",
 			Choices:           []textChoice{{Text: strings.Join(pieces, ""), FinishReason: &finish}}}
@@ -361,6 +360,13 @@ func (a *answer) answer(ep string, req gjson.Result) {
 		a.writeJSON(c)
 	case epResponses:
 		resp := a.response(req, model, now, u, strings.Join(pieces, ""))
+		if a.f.ContentFilter || a.f.Empty {
+			resp.Output = []outputItem{}
+		}
+		if a.f.ContentFilter {
+			resp.Status, resp.CompletedAt = "incomplete", nil
+			resp.IncompleteDetails = map[string]string{"reason": "content_filter"}
+		}
 		if stream {
 			a.responsesStream(resp, pieces)
 			return
@@ -503,6 +509,19 @@ func (a *answer) model(id string) {
 	}
 	a.write(http.StatusNotFound, "application/json", errorJSON(
 		"The model '"+id+"' does not exist", "invalid_request_error", "model", "model_not_found"))
+}
+
+// finish is the finish_reason of a normal chat or completions answer:
+// "content_filter" for a Fault.ContentFilter, "length" when the request's
+// max tokens cut it, else "stop".
+func (a *answer) finish(u usage) string {
+	switch {
+	case a.f.ContentFilter:
+		return "content_filter"
+	case u.length:
+		return "length"
+	}
+	return "stop"
 }
 
 // contentType is the Content-Type of an answer whose own is ct: the

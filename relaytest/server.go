@@ -188,6 +188,34 @@ type Fault struct {
 	// write events does not add up over a long stream, as a model decoding
 	// at a steady rate sends them.
 	ChunkInterval time.Duration
+	// EarlyError makes a stream fail before its first content: after its
+	// first event (the chat role chunk, Responses' response.created; at
+	// once for completions) it sends an error event shaped as Status's
+	// errors for this status (429 rate_limit_exceeded, whose message asks
+	// to "try again in 1s"; 500 server_error; 400 invalid_request_error...)
+	// and ends without [DONE]: chat and completions send `data:
+	// {"error":{...}}`, Responses an `error` event, or, with FailedEvent,
+	// response.failed.
+	EarlyError int
+	// FailedEvent makes a Responses stream's EarlyError a response.failed
+	// event, its error in response.error, instead of an error event.
+	FailedEvent bool
+	// Malformed makes a stream send, right before its first content event,
+	// an event whose data is JSON cut short (`data: {"id":"chatcmpl-…",
+	// "choices":[{"delta":{"cont`), then go on as usual.
+	Malformed bool
+	// ContentFilter makes the answer one a content filter stopped before
+	// any output: chat and completions choices finish with
+	// "content_filter" and no text (streams: the role chunk, then the
+	// finish chunk); a Responses answer is "incomplete" with
+	// incomplete_details.reason "content_filter" and no output (streams:
+	// response.created, response.in_progress, response.incomplete). Usage
+	// is as usual.
+	ContentFilter bool
+	// Empty makes the answer one with no output: chat and completions
+	// choices finish with "stop" and no text; a Responses answer is
+	// completed with no output item. Usage is as usual.
+	Empty bool
 }
 
 func (f Fault) clone() Fault {
@@ -506,5 +534,6 @@ func (f Fault) IsZero() bool {
 	return f.Status == 0 && len(f.Header) == 0 && f.Body == "" && f.ContentType == "" && f.Delay == 0 && !f.Drop && !f.Hang &&
 		f.CachedTokens == 0 && f.ReasoningTokens == 0 && !f.NoUsage && f.ChunkDelay == 0 && f.FirstTokenDelay == 0 &&
 		f.StallAfter == 0 && f.CutAfter == 0 && !f.ErrorEvent && !f.EventLines && !f.ToolCall &&
-		f.ChunkInterval == 0 && f.CompletionTokens == 0
+		f.ChunkInterval == 0 && f.CompletionTokens == 0 &&
+		f.EarlyError == 0 && !f.FailedEvent && !f.Malformed && !f.ContentFilter && !f.Empty
 }

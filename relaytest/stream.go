@@ -93,11 +93,31 @@ func (a *answer) streamError(e *sse) {
 	e.send(a.eventName("error"), errorJSON(streamErrorMessage, "server_error", "", ""))
 }
 
+// earlyError sends the error event of a Fault.EarlyError, on a chat or
+// completions stream, and reports whether it did: the stream then ends.
+func (a *answer) earlyError(e *sse) bool {
+	if a.f.EarlyError == 0 {
+		return false
+	}
+	e.send(a.eventName("error"), errorBody(a.f.EarlyError, gjson.GetBytes(a.body, "model").Str, a.r))
+	return true
+}
+
+// malformed sends the event of a Fault.Malformed: JSON cut short.
+func (a *answer) malformed(e *sse, name string) {
+	if a.f.Malformed {
+		e.send(name, []byte(`{"id":"relaytest-malformed","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"cont`))
+	}
+}
+
 // contentEvents sends n content events, event(i) for each; with
 // Fault.ErrorEvent the stream ends in an error event after the first (or at
 // once when there is none), and contentEvents reports false.
 func (a *answer) contentEvents(e *sse, n int, event func(i int) []byte) bool {
 	for i := range n {
+		if i == 0 {
+			a.malformed(e, a.eventName("message"))
+		}
 		e.content(a.eventName("message"), event(i))
 		if i == 0 && a.f.ErrorEvent {
 			a.streamError(e)
@@ -126,17 +146,17 @@ func (a *answer) chatStream(req gjson.Result, id, model string, now int64, u usa
 
 	first := chunkDelta{Role: "assistant", Content: json.RawMessage(`""`), Refusal: jsonNull}
 	parts := pieces
-	finish := "stop"
-	if u.length {
-		finish = "length"
-	}
-	if a.f.ToolCall {
+	finish := a.finish(u)
+	if a.f.ToolCall && !a.f.ContentFilter {
 		tc := toolCall{Index: ptr(0), ID: "call_relaytest" + itoa(a.n), Type: "function"}
 		tc.Function.Name = toolName
 		first.Content, first.ToolCalls = jsonNull, []toolCall{tc}
 		parts, finish = toolArgs, "tool_calls"
 	}
 	e.send(a.eventName("message"), chunk([]chunkChoice{{Delta: first}}))
+	if a.earlyError(e) {
+		return
+	}
 	ok := a.contentEvents(e, len(parts), func(i int) []byte {
 		var d chunkDelta
 		if a.f.ToolCall {
@@ -171,13 +191,10 @@ func (a *answer) textStream(req gjson.Result, id, model string, now int64, u usa
 		return mustJSON(c)
 	}
 	e := a.startStream()
-	if !a.contentEvents(e, len(pieces), func(i int) []byte { return chunk([]textChoice{{Text: pieces[i]}}, nil) }) {
+	if a.earlyError(e) || !a.contentEvents(e, len(pieces), func(i int) []byte { return chunk([]textChoice{{Text: pieces[i]}}, nil) }) {
 		return
 	}
-	finish := "stop"
-	if u.length {
-		finish = "length"
-	}
+	finish := a.finish(u)
 	e.send(a.eventName("message"), chunk([]textChoice{{FinishReason: &finish}}, nil))
 	if includeUsage {
 		e.send(a.eventName("message"), chunk([]textChoice{}, mustJSON(struct {
@@ -234,7 +251,19 @@ func (a *answer) responsesStream(done *response, pieces []string) {
 	start := *done
 	start.Status, start.CompletedAt, start.Output, start.Usage = "in_progress", nil, []outputItem{}, jsonNull
 	e.event("response.created", false, field{"response", start})
+	if a.f.EarlyError != 0 {
+		a.responsesEarlyError(e, start)
+		return
+	}
 	e.event("response.in_progress", false, field{"response", start})
+	if len(done.Output) == 0 { // Fault.ContentFilter, Fault.Empty
+		end := "response.completed"
+		if done.Status == "incomplete" {
+			end = "response.incomplete"
+		}
+		e.event(end, false, field{"response", done})
+		return
+	}
 
 	item := done.Output[0]
 	itemID, text := item.ID, item.Content[0].Text
@@ -246,6 +275,9 @@ func (a *answer) responsesStream(done *response, pieces []string) {
 	e.event("response.content_part.added", false,
 		with(field{"part", outputText{Type: "output_text", Text: "", Annotations: []any{}}})...)
 	for i, p := range pieces {
+		if i == 0 {
+			a.malformed(e, "response.output_text.delta")
+		}
 		e.event("response.output_text.delta", true, with(field{"delta", p})...)
 		if i == 0 && a.f.ErrorEvent {
 			a.responsesError(e)
@@ -260,6 +292,23 @@ func (a *answer) responsesStream(done *response, pieces []string) {
 	e.event("response.content_part.done", false, with(field{"part", item.Content[0]})...)
 	e.event("response.output_item.done", false, field{"output_index", 0}, field{"item", item})
 	e.event("response.completed", false, field{"response", done})
+}
+
+// responsesEarlyError sends the error of a Fault.EarlyError on a Responses
+// stream: an error event, or response.failed with FailedEvent.
+func (a *answer) responsesEarlyError(e *sse, r response) {
+	err := gjson.GetBytes(errorBody(a.f.EarlyError, r.Model, a.r), "error")
+	code := err.Get("code").Str
+	if code == "" {
+		code = err.Get("type").Str
+	}
+	if !a.f.FailedEvent {
+		e.event("error", false, field{"code", code}, field{"message", err.Get("message").Str}, field{"param", nil})
+		return
+	}
+	r.Status = "failed"
+	r.Error = map[string]string{"code": code, "message": err.Get("message").Str}
+	e.event("response.failed", false, field{"response", r})
 }
 
 func (a *answer) responsesError(e *sse) {

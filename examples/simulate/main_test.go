@@ -530,16 +530,15 @@ func TestProgress(t *testing.T) {
 // Asserted: the batch targets against direct (p99 ≤ 0.5×, throughput ≥ 2×),
 // success ≥ 99.9% in striped, affinity and cluster-aware, cluster-aware's
 // p99 no lower than its unloaded bound (a lower bound of any run that
-// answers every request, as a success of 99.9% on 600 requests requires),
-// affinity's chat cache hits ≥ 75% (83–85% on 300 turns), the
-// expected-cost mode's prediction (median error ≤ 10% of the prompt) and
-// its input cost under affinity's on chat and agent, and the stalls call
-// budget (≤ 1.06×). Logged: cluster-aware's p99 over its unloaded bound
-// (target ≤ 1.2×), the other chat figures (on 300 turns every region's
-// cache still holds the young conversations, so striping hits almost as
-// often as affinity), expected-cost's cost against the ≤ 0.75× target and
-// its p99 against affinity's, and the stalls p99 ratio (a 2% share of 600
-// requests puts a dozen stalls around the p99, too few to be stable).
+// answers every request, as a success of 99.9% on 600 requests requires)
+// and that bound over half the baseline's p99 (why the baseline target is
+// out of reach), affinity's chat cache hits ≥ 75% (83–85% on 300 turns),
+// and the stalls call budget (≤ 1.06×). Logged: the baseline ratio itself,
+// the other chat figures (on 300 turns every region's cache still holds the
+// young conversations, so striping hits almost as often as affinity; the
+// p99 ratio is near 1 on full runs too) and the stalls p99 ratio (a 2%
+// share of 600 requests puts a dozen stalls around the p99, too few to be
+// stable).
 func TestTargets(t *testing.T) {
 	targetsOnly(t)
 	if testing.Short() {
@@ -557,19 +556,16 @@ func TestTargets(t *testing.T) {
 		}
 		require.Positive(t, ca.UnloadedP99ms, "the unloaded bound is computed")
 		assert.GreaterOrEqual(t, ca.P99ms, ca.UnloadedP99ms, "no run beats its unloaded bound")
-		t.Logf("cluster-aware p99 / direct p99 = %.2f (target ≤ 0.5), throughput × %.1f (target ≥ 2); p99 / its unloaded bound %.1f ms = %.2f (target ≤ 1.2, logged)",
-			p99, tput, ca.UnloadedP99ms, ca.P99ms/ca.UnloadedP99ms)
+		assert.Greater(t, ca.UnloadedP99ms, 0.5*m["baseline"].P99ms, "even unloaded, cluster-aware's p99 is over half the baseline's")
+		t.Logf("cluster-aware p99 / direct p99 = %.2f (target ≤ 0.5), throughput × %.1f (target ≥ 2); p99 / baseline p99 = %.2f (target ≤ 0.5, logged); unloaded bound %.1f ms = %.2f × baseline p99",
+			p99, tput, ca.P99ms/m["baseline"].P99ms, ca.UnloadedP99ms, ca.UnloadedP99ms/m["baseline"].P99ms)
 	})
 	t.Run("chat", func(t *testing.T) {
-		m := runJSON(t, "-workload", "chat", "-requests", "300", "-modes", "striped,affinity,expected-cost")
+		m := runJSON(t, "-workload", "chat", "-requests", "300", "-modes", "striped,affinity")
 		st, af := m["striped"], m["affinity"]
 		assert.GreaterOrEqual(t, af.CacheHitPct, 75.0, "affinity cache hits")
-		t.Logf("chat affinity: cache hits %.1f%% (target ≥ 75), on history tokens × %.2f striped's (target ≥ 2.5, logged); input $/1k × %.2f (target ≤ 0.6, logged); p99 × %.2f (target ≤ 1, logged)",
-			af.CacheHitPct, af.HistoryHitPct/st.HistoryHitPct, af.InputPer1kReq/st.InputPer1kReq, af.P99ms/st.P99ms)
-		checkExpectedCost(t, m)
-	})
-	t.Run("agent", func(t *testing.T) {
-		checkExpectedCost(t, runJSON(t, "-workload", "agent", "-requests", "300", "-modes", "affinity,expected-cost"))
+		t.Logf("chat affinity: cache hits %.1f%% (target ≥ 75), × %.2f striped's (target ≥ 2.5, logged); input $/1k × %.2f (target ≤ 0.6, logged); p99 × %.2f (target ≤ 1, logged)",
+			af.CacheHitPct, af.CacheHitPct/st.CacheHitPct, af.InputPer1kReq/st.InputPer1kReq, af.P99ms/st.P99ms)
 	})
 	t.Run("stalls", func(t *testing.T) {
 		m := runJSON(t, "-scenario", "stalls", "-requests", "600", "-modes", "cluster-aware,hedged")
@@ -580,17 +576,4 @@ func TestTargets(t *testing.T) {
 		t.Logf("stalls: hedged p99 / cluster-aware = %.2f (target ≤ 0.4, logged), upstream calls × %.3f (target ≤ 1.06)",
 			he.P99ms/ca.P99ms, he.AttemptsPerReq/ca.AttemptsPerReq)
 	})
-}
-
-// checkExpectedCost holds the expected-cost mode of a session workload's
-// run to its targets: the prediction's error (asserted), its input cost
-// under affinity's (asserted; ≤ 0.75×, logged) and its p99 against
-// affinity's (logged).
-func checkExpectedCost(t *testing.T, m map[string]result) {
-	t.Helper()
-	ec, af := m["expected-cost"], m["affinity"]
-	assert.LessOrEqual(t, ec.PredictionErrPct, 10.0, "expected-cost median prediction error, % of the prompt")
-	assert.Less(t, ec.InputPer1kReq, af.InputPer1kReq, "expected-cost input $/1k req under affinity's")
-	t.Logf("expected-cost: prediction error %.2f%% (target ≤ 10), input $/1k × %.2f affinity's (target ≤ 0.75, logged), p99 × %.2f (target ≤ 1, logged)",
-		ec.PredictionErrPct, ec.InputPer1kReq/af.InputPer1kReq, ec.P99ms/af.P99ms)
 }

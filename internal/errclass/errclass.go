@@ -68,6 +68,7 @@ var sentinels = []struct {
 	name string
 }{
 	{relay.ErrStreamError, "stream_error"},
+	{relay.ErrStreamMalformed, "stream_malformed"},
 	{relay.ErrNoUpstream, "no_upstream"},
 	{relay.ErrBodyTooLarge, "body_too_large"},
 	{relay.ErrRateLimited, "rate_limited"},

@@ -36,6 +36,7 @@ func TestErrorType(t *testing.T) {
 		{wrap(relay.ErrUpstreamStatus), 503, "503"},
 		{wrap(relay.ErrUpstreamStatus), 429, "429"},
 		{wrap(relay.ErrStreamError), 200, "stream_error"},
+		{wrap(relay.ErrStreamMalformed), 200, "stream_malformed"},
 		{wrap(relay.ErrNoUpstream), 0, "no_upstream"},
 		{wrap(relay.ErrBodyTooLarge), 0, "body_too_large"},
 		{wrap(relay.ErrRateLimited), 0, "rate_limited"},

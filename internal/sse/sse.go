@@ -148,6 +148,10 @@ func (s *Scanner) add(p []byte) {
 // Pending reports whether a line has been started and not ended.
 func (s *Scanner) Pending() bool { return s.size > 0 || s.cr }
 
+// PendingSize returns the length so far of the line being assembled (its
+// bytes fed without a line end yet).
+func (s *Scanner) PendingSize() int { return s.size }
+
 // Flush returns the started line at the end of the stream, as Scan would
 // have had it ended there (a trailing '\r' is dropped), and resets the
 // Scanner. ok is false when no line was started.
