@@ -182,6 +182,9 @@ func TestHedgeBudgetHoldsUnderOutage(t *testing.T) {
 			<-clock.armed
 		}
 	}
+	// A hedged request whose loser completed too is reported once the
+	// loser's usage is read, which may be after the caller has its answer.
+	require.Eventually(t, func() bool { return len(reps.all()) == n }, 5*time.Second, time.Millisecond)
 	hedged := 0
 	for _, rep := range reps.all() {
 		if rep.Hedged {
