@@ -304,7 +304,8 @@ type reservations struct {
 	refused   *budgetSettings
 	unpriced  string // the model without a price the refusing budget could not count, if that was why
 	seenKeys  bool
-	downgrade bool // the request was moved to a budget's Downgrade model
+	downgrade bool  // the request was moved to a budget's Downgrade model
+	clamps    uint8 // budget clamps tried (clampBudget)
 }
 
 // scope calls b's Scope for the trip's request. A panic in it is the
