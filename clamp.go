@@ -149,7 +149,7 @@ func (cl *clamping) appendSets(sets []topSet, endpoint string) []topSet {
 // the request as without the clamp).
 func (t *trip) clampWindow(rt Route) {
 	s, q := &t.r.s, &t.c.req
-	if !s.clamp.on || !clampable(q.Endpoint) || q.PromptTokens == 0 || q.MaxTokens <= 0 || rt.Model == "" ||
+	if !s.clamp.on || !clampable(q.Endpoint) || !t.c.json || q.PromptTokens == 0 || q.MaxTokens <= 0 || rt.Model == "" ||
 		s.fits(rt.Model, q.PromptTokens, q.MaxTokens) {
 		return
 	}
@@ -183,8 +183,8 @@ func (t *trip) clampWindow(rt Route) {
 // then reserves and charges the clamped limit.
 func (t *trip) clampBudget(ctx context.Context, cands []candidate, adm *admission) bool {
 	s, q, res := &t.r.s, &t.c.req, &t.res
-	if !s.clamp.on || res.refused == nil || res.unpriced != "" || !clampable(q.Endpoint) {
-		return false
+	if !s.clamp.on || res.refused == nil || res.unpriced != "" || !clampable(q.Endpoint) || !t.c.json {
+		return false // (a body the router cannot edit cannot carry a clamp)
 	}
 	if res.clamps > 0 && (!res.downgrade || res.clamps > 1) {
 		return false

@@ -341,4 +341,15 @@ func TestClampBudgetMinimumAndDowngrade(t *testing.T) {
 	assert.Equal(t, 2, srv.Calls(), "no upstream called")
 	assert.Equal(t, "cap", reps.all()[0].Budget)
 	assert.Zero(t, reps.all()[0].Clamp)
+
+	// A body the router cannot edit (not a JSON object) is not clamped:
+	// its limit could not be written.
+	r, reps = newTestRouter(t, Config{Prices: budgetPrices, Clock: newFakeClock(), Clamp: ClampConfig{MaxTokens: true},
+		Policy:    PolicyFunc(func(Request) Route { return Route{Model: "m"} }), // (priced: the budget counts it)
+		Upstreams: []Upstream{{Name: "u", BaseURL: srv.URL}},
+		Budgets:   []Budget{{Name: "cap", Limit: 100, Window: Window{Every: time.Hour}}}})
+	_, _, err = clampSend(t, r, EndpointChat, `not json`)
+	require.ErrorIs(t, err, ErrBudgetExceeded, "reserved at DefaultMaxTokens, 1024")
+	assert.Zero(t, reps.all()[0].Clamp)
+	assert.Equal(t, 2, srv.Calls())
 }
