@@ -353,3 +353,29 @@ func TestClampBudgetMinimumAndDowngrade(t *testing.T) {
 	assert.Zero(t, reps.all()[0].Clamp)
 	assert.Equal(t, 2, srv.Calls())
 }
+
+// TestClampWindowThenBudget: a request clamped to its model's window is
+// reserved at the window; when the budget cannot pay even for that, it is
+// clamped again, to what the budget pays for, and the report keeps the
+// caller's limit as From.
+func TestClampWindowThenBudget(t *testing.T) {
+	srv := clampUpstream(t)
+	prices := map[string]Price{"w": {InputPerMTok: 1e6, OutputPerMTok: 1e6, MaxInputTokens: 1000, MaxOutputTokens: 60}}
+	body := clampBody(EndpointChat, "w", 2, "max_tokens", 500, false)
+	for i, limit := range []float64{100, 50} {
+		r, reps := newTestRouter(t, Config{Prices: prices, Clock: newFakeClock(), Clamp: ClampConfig{MaxTokens: true},
+			Upstreams: []Upstream{{Name: "u", BaseURL: srv.URL}},
+			Budgets:   []Budget{{Name: "cap", Limit: limit, Window: Window{Every: time.Hour}}}})
+		p := promptTokens(t, r, EndpointChat, body)
+		want := Clamp{From: 500, To: 60, Reason: ConstraintContextWindow}
+		if limit < float64(p+60) {
+			want = Clamp{From: 500, To: int(limit) - p, Reason: ConstraintBudget, Budget: "cap"}
+		}
+		require.Equal(t, []string{ConstraintContextWindow, ConstraintBudget}[i], want.Reason, "%d prompt tokens", p)
+		_, _, err := clampSend(t, r, EndpointChat, body)
+		require.NoError(t, err)
+		assert.Equal(t, want, reps.all()[0].Clamp)
+		assert.EqualValues(t, want.To, gjson.GetBytes(srv.Requests()[i].Body, "max_tokens").Int())
+	}
+	assert.Equal(t, 2, srv.Calls())
+}
