@@ -34,7 +34,8 @@ import (
 // pay for: what is left of each budget covering it (after the prompt's
 // input cost) at the model's output price, the smallest of them, on the
 // candidate that allows the most; before the budget's Downgrade model is
-// tried. A request that sets no limit is reserved at
+// tried (the Downgrade itself clamped to its window when the limit is over
+// it). A request that sets no limit is reserved at
 // Limits.DefaultMaxTokens; clamped, it gets a limit written into its body
 // (max_completion_tokens on chat, max_output_tokens on Responses,
 // max_tokens on completions).
@@ -153,14 +154,7 @@ func (t *trip) clampWindow(rt Route) {
 		s.fits(rt.Model, q.PromptTokens, q.MaxTokens) {
 		return
 	}
-	room := func(m string) int { // the limit m allows the prompt, 0 when none (or none below the limit)
-		in, out := s.window(m)
-		if m == "" || (in > 0 && q.PromptTokens > in) || out <= 0 || out >= q.MaxTokens || out < s.clamp.min {
-			return 0
-		}
-		return out
-	}
-	if to := room(rt.Model); to > 0 {
+	if to := t.windowClamp(rt.Model); to > 0 {
 		t.setClamp(to, ConstraintContextWindow, "")
 		return
 	}
@@ -169,19 +163,34 @@ func (t *trip) clampWindow(rt Route) {
 		return // a model fits the whole request: fitWindow moves it there
 	}
 	for _, m := range models {
-		if to := room(m); to > 0 {
+		if to := t.windowClamp(m); to > 0 {
 			t.setClamp(to, ConstraintContextWindow, "")
 			return
 		}
 	}
 }
 
+// windowClamp returns, when the clamp is on, the limit the request gets on
+// model m: m's output window, when its prompt fits m's input window and
+// the window is below the request's limit and at least the minimum; else 0.
+func (t *trip) windowClamp(m string) int {
+	s, q := &t.r.s, &t.c.req
+	if !s.clamp.on || !clampable(q.Endpoint) || !t.c.json || m == "" || q.MaxTokens <= 0 {
+		return 0
+	}
+	in, out := s.window(m)
+	if (in > 0 && q.PromptTokens > in) || out <= 0 || out >= q.MaxTokens || out < s.clamp.min {
+		return 0
+	}
+	return out
+}
+
 // clampBudget answers a budget's refusal of every candidate, when the
 // clamp is on: the request's limit is lowered to what its budgets can pay
 // for on the candidate that allows the most, once before the budget's
-// Downgrade model is tried and once after. It reports whether it did; adm
-// then reserves and charges the clamped limit.
-func (t *trip) clampBudget(ctx context.Context, cands []candidate, adm *admission) bool {
+// Downgrade model is tried and once after. It reports whether it did: the
+// admission then reserves and charges the clamped limit.
+func (t *trip) clampBudget(ctx context.Context, cands []candidate) bool {
 	s, q, res := &t.r.s, &t.c.req, &t.res
 	if !s.clamp.on || res.refused == nil || res.unpriced != "" || !clampable(q.Endpoint) || !t.c.json {
 		return false // (a body the router cannot edit cannot carry a clamp)
@@ -203,8 +212,6 @@ func (t *trip) clampBudget(ctx context.Context, cands []candidate, adm *admissio
 		return false
 	}
 	t.setClamp(best, ConstraintBudget, by)
-	adm.tokens = q.PromptTokens + best*n
-	t.tokens = adm.tokens
 	return true
 }
 

@@ -379,3 +379,36 @@ func TestClampWindowThenBudget(t *testing.T) {
 	}
 	assert.Equal(t, 2, srv.Calls())
 }
+
+// TestClampDowngradeToItsWindow: a budget's Downgrade model whose output
+// window is below the request's limit is refused without the clamp (the
+// downgrade would fail with context_length_exceeded); with it, the request
+// is downgraded with its limit clamped to that window.
+func TestClampDowngradeToItsWindow(t *testing.T) {
+	srv := clampUpstream(t)
+	prices := map[string]Price{
+		"m":     {InputPerMTok: 1e6, OutputPerMTok: 1e6, MaxInputTokens: 1000, MaxOutputTokens: 1000},
+		"cheap": {InputPerMTok: 1e5, OutputPerMTok: 1e5, MaxInputTokens: 1000, MaxOutputTokens: 100},
+	}
+	body := clampBody(EndpointChat, "m", 2, "max_tokens", 500, false)
+	for _, on := range []bool{false, true} {
+		r, reps := newTestRouter(t, Config{Prices: prices, Clock: newFakeClock(), Clamp: ClampConfig{MaxTokens: on},
+			Upstreams: []Upstream{{Name: "u", BaseURL: srv.URL}},
+			Budgets:   []Budget{{Name: "cap", Limit: 20, Window: Window{Every: time.Hour}, Downgrade: "cheap"}}})
+		p := promptTokens(t, r, EndpointChat, body)
+		require.Less(t, 20, p+16, "m cannot pay for the minimum")
+		_, _, err := clampSend(t, r, EndpointChat, body)
+		rep := reps.all()[0]
+		if !on {
+			require.ErrorIs(t, err, ErrBudgetExceeded)
+			assert.Zero(t, srv.Calls())
+			continue
+		}
+		require.NoError(t, err)
+		rec := srv.Requests()[0]
+		assert.Equal(t, "cheap", rec.Model)
+		assert.EqualValues(t, 100, gjson.GetBytes(rec.Body, "max_tokens").Int(), "%s", rec.Body)
+		assert.Equal(t, ConstraintBudget, rep.Constraint)
+		assert.Equal(t, Clamp{From: 500, To: 100, Reason: ConstraintContextWindow}, rep.Clamp)
+	}
+}

@@ -260,9 +260,10 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 	for i := 0; i < r.s.retry.maxAttempts; i++ {
 		idx, queued, err := r.acquire(ctx, cands, next, adm)
 		t.outside += queued
-		if err == ErrBudgetExceeded && (t.clampBudget(ctx, cands, &adm) || t.downgrade(&cands)) {
-			bodies = bodyCache{} // (a clamp changes the body)
-			i--                  // a smaller limit or a cheaper route, not an attempt
+		if err == ErrBudgetExceeded && (t.clampBudget(ctx, cands) || t.downgrade(&cands)) {
+			adm.tokens = r.admissionOf(&t.c).tokens // (a clamp lowers it)
+			t.tokens, bodies = adm.tokens, bodyCache{}
+			i-- // a smaller limit or a cheaper route, not an attempt
 			continue
 		}
 		if err != nil {
