@@ -204,8 +204,13 @@ func (t *trip) clampBudget(ctx context.Context, cands []candidate) bool {
 	best, by := 0, ""
 	now := s.clock.Now()
 	for i := range cands {
-		if out, name := t.affordable(ctx, &cands[i], now); out/n > best {
-			best, by = out/n, name
+		out, name := t.affordable(ctx, &cands[i], now)
+		per := out / n
+		if _, w := s.window(cands[i].model); w > 0 {
+			per = min(per, w) // (a request that set no limit gets none over the window)
+		}
+		if per > best {
+			best, by = per, name
 		}
 	}
 	if best >= cur || best < s.clamp.min {

@@ -412,3 +412,18 @@ func TestClampDowngradeToItsWindow(t *testing.T) {
 		assert.Equal(t, Clamp{From: 500, To: 100, Reason: ConstraintContextWindow}, rep.Clamp)
 	}
 }
+
+// TestClampBudgetWithinTheWindow: a request that set no limit, reserved at
+// DefaultMaxTokens (1024), that its budget cannot pay for, gets the limit
+// the budget pays for, but never one over its model's output window.
+func TestClampBudgetWithinTheWindow(t *testing.T) {
+	srv := clampUpstream(t)
+	prices := map[string]Price{"w": {InputPerMTok: 1e6, OutputPerMTok: 1e6, MaxInputTokens: 1000, MaxOutputTokens: 200}}
+	r, reps := newTestRouter(t, Config{Prices: prices, Clock: newFakeClock(), Clamp: ClampConfig{MaxTokens: true},
+		Upstreams: []Upstream{{Name: "u", BaseURL: srv.URL}},
+		Budgets:   []Budget{{Name: "cap", Limit: 500, Window: Window{Every: time.Hour}}}})
+	_, _, err := clampSend(t, r, EndpointChat, clampBody(EndpointChat, "w", 2, "", 0, false))
+	require.NoError(t, err)
+	assert.EqualValues(t, 200, gjson.GetBytes(srv.Requests()[0].Body, "max_completion_tokens").Int())
+	assert.Equal(t, Clamp{From: 0, To: 200, Reason: ConstraintBudget, Budget: "cap"}, reps.all()[0].Clamp)
+}
