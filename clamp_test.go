@@ -427,3 +427,32 @@ func TestClampBudgetWithinTheWindow(t *testing.T) {
 	assert.EqualValues(t, 200, gjson.GetBytes(srv.Requests()[0].Body, "max_completion_tokens").Int())
 	assert.Equal(t, Clamp{From: 0, To: 200, Reason: ConstraintBudget, Budget: "cap"}, reps.all()[0].Clamp)
 }
+
+// TestClampHedgeAndRetry: every attempt carries the clamped limit: a
+// hedge (its first attempt never answers) and a retry after a 503.
+func TestClampHedgeAndRetry(t *testing.T) {
+	first, second := clampUpstream(t), clampUpstream(t)
+	first.SetDefault(relaytest.Fault{Hang: true})
+	r, reps := newTestRouter(t, Config{Prices: windowPrices, Clamp: ClampConfig{MaxTokens: true}, Clock: newAutoClock(),
+		Hedge:     HedgeConfig{Delay: time.Millisecond},
+		Upstreams: []Upstream{{Name: "first", BaseURL: first.URL}, {Name: "second", BaseURL: second.URL}}})
+	r.hedges.bal.Store(hedgeBudgetCap)
+	body := clampBody(EndpointChat, "small", 10, "max_tokens", 500, false)
+	resp, _, err := clampSend(t, r, EndpointChat, body)
+	require.NoError(t, err)
+	assert.Equal(t, "second", resp.Header.Get(HeaderUpstream))
+	assert.True(t, reps.all()[0].Hedged)
+
+	first.SetDefault(relaytest.Fault{Status: 503})
+	r2, _ := newTestRouter(t, Config{Prices: windowPrices, Clamp: ClampConfig{MaxTokens: true}, Clock: newAutoClock(),
+		Upstreams: []Upstream{{Name: "first", BaseURL: first.URL}, {Name: "second", BaseURL: second.URL}}})
+	resp, _, err = clampSend(t, r2, EndpointChat, body)
+	require.NoError(t, err)
+	assert.Equal(t, "second", resp.Header.Get(HeaderUpstream))
+
+	for _, rec := range append(first.Requests(), second.Requests()...) {
+		assert.EqualValues(t, 50, gjson.GetBytes(rec.Body, "max_tokens").Int(), "%s", rec.Body)
+	}
+	assert.Equal(t, 2, first.Calls())
+	assert.Equal(t, 2, second.Calls())
+}
