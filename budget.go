@@ -304,7 +304,8 @@ type reservations struct {
 	refused   *budgetSettings
 	unpriced  string // the model without a price the refusing budget could not count, if that was why
 	seenKeys  bool
-	downgrade bool // the request was moved to a budget's Downgrade model
+	downgrade bool  // the request was moved to a budget's Downgrade model
+	clamps    uint8 // budget clamps tried (clampBudget)
 }
 
 // scope calls b's Scope for the trip's request. A panic in it is the
@@ -549,14 +550,23 @@ func (t *trip) downgrade(cands *[]candidate) bool {
 	if b == nil || b.Downgrade == "" || t.res.downgrade {
 		return false
 	}
+	to := 0 // a clamp to the model's window (Config.Clamp)
 	if q := &t.c.req; q.Endpoint != "" && q.PromptTokens > 0 && !t.r.s.fits(b.Downgrade, q.PromptTokens, q.MaxTokens) {
-		return false // it would fail with context_length_exceeded: refused instead
+		if to = t.windowClamp(b.Downgrade); to == 0 {
+			return false // it would fail with context_length_exceeded: refused instead
+		}
 	}
 	t.res.downgrade = true
 	t.constraint = ConstraintBudget
 	n := len(*cands)
 	*cands = t.r.appendCandidates(*cands, b.Downgrade, t.r.s.clock.Now(), t.key, true, t.require)
-	return len(*cands) > n
+	if len(*cands) == n {
+		return false
+	}
+	if to > 0 {
+		t.setClamp(to, ConstraintContextWindow, "")
+	}
+	return true
 }
 
 // budgetError is the error of a request a budget refused.

@@ -147,6 +147,11 @@ type Config struct {
 	// request an upstream refused with context_length_exceeded.
 	ContextFallbacks []string
 
+	// Clamp, when on, lowers a request's output-token limit to what its
+	// model's window and its budgets allow instead of refusing it (see
+	// ClampConfig). Off by default.
+	Clamp ClampConfig
+
 	// Clock is the router's source of time. If nil, the real clock. Tests
 	// inject a fake one.
 	Clock Clock
@@ -501,6 +506,7 @@ type settings struct {
 	contextFallbacks []string
 	currency         Currency     // Code and PerUSD set
 	ledger           store.Ledger // nil: the State's
+	clamp            clampSettings
 }
 
 type retrySettings struct {
@@ -625,6 +631,7 @@ func resolve(c Config) (settings, error) {
 	resolveTimeouts(c, s.upstreams, bad)
 	s.budgets = resolveBudgets(c.Budgets, bad)
 	s.contextFallbacks = slices.Clone(c.ContextFallbacks)
+	s.clamp = resolveClamp(c.Clamp, bad)
 	s.currency = Currency{Code: c.Currency.Code, PerUSD: orDefault(c.Currency.PerUSD, 1)}
 	if s.currency.Code == "" {
 		s.currency.Code = "USD"

@@ -211,6 +211,7 @@ func (t *trip) decide(body []byte, random bool) ([]candidate, error) {
 // models whose window fits, the upstreams that carry the required tags.
 func (t *trip) plan(random bool) ([]candidate, error) {
 	r := t.r
+	t.clampWindow(t.route)
 	rt, changed, err := r.s.fitWindow(&t.c.req, t.route)
 	if err != nil {
 		return nil, &Error{Op: "route", Model: t.route.Model, Err: err}

@@ -182,6 +182,10 @@ type Decision struct {
 	// upstream, the model it would be sent, and the timeouts its attempt
 	// would get.
 	Candidates []Candidate
+	// Clamp is the clamp of the request's output-token limit to its
+	// model's window (Config.Clamp), if one would be made; Request keeps
+	// the limit the policy saw.
+	Clamp Clamp
 }
 
 // Candidate is one attempt a Decision plans.
@@ -212,6 +216,9 @@ func (r *Router) Decide(req *http.Request) (Decision, error) {
 	t := &trip{r: r, req: req, ctx: req.Context()} // no hooks: nothing is sent
 	cands, err := t.decide(body, false)
 	d := Decision{Request: t.c.req, Route: t.route, Constraint: t.constraint}
+	if t.clamp != nil {
+		d.Clamp, d.Request.MaxTokens = t.clamp.Clamp, t.clamp.From
+	}
 	if err != nil {
 		return d, err
 	}

@@ -69,6 +69,10 @@ type Report struct {
 	// was. Model is the model whose answer was returned.
 	BadAnswer string
 
+	// Clamp says how the request's output-token limit was lowered instead
+	// of refusing it (Config.Clamp); the zero Clamp when it was not.
+	Clamp Clamp
+
 	// Context is the request's context, so a hook can reach what the
 	// caller kept in it (a trace, a user). It may be done by the time the
 	// report is made.
@@ -176,6 +180,9 @@ func (t *trip) report(end bodyEnd) Report {
 		Stream:         t.c.req.Stream,
 		Err:            end.err,
 		Context:        t.ctx,
+	}
+	if t.clamp != nil {
+		rep.Clamp = t.clamp.Clamp
 	}
 	if rep.Upstream == "" {
 		rep.Upstream = failedUpstream(end.err) // the upstream a failure names, if any

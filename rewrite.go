@@ -220,6 +220,9 @@ func (t *trip) bodyFor(cand candidate) outBody {
 	s := &t.r.s
 	var buf [8]topSet
 	sets := buf[:0]
+	if t.clamp != nil {
+		sets = t.clamp.appendSets(sets, t.c.req.Endpoint)
+	}
 	if name := cand.up.sentName(cand.model); name != "" && name != t.c.req.Model {
 		sets = append(sets, topSet{key: "model", raw: gjson.AppendJSONString(nil, name)})
 	}

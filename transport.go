@@ -203,6 +203,7 @@ type trip struct {
 	losers  []loserUsage
 	loserMu sync.Mutex
 	res     reservations // what it holds in budgets
+	clamp   *clamping    // the clamp of its output-token limit, if one was made
 	view    budgetView   // Request.Budget
 	done    atomic.Bool  // the body is done (finish ran)
 	// (the bools sit beside done, in its padding: the trip stays in its size class)
@@ -259,8 +260,10 @@ func (t *trip) run(cands []candidate) (*http.Response, error) {
 	for i := 0; i < r.s.retry.maxAttempts; i++ {
 		idx, queued, err := r.acquire(ctx, cands, next, adm)
 		t.outside += queued
-		if err == ErrBudgetExceeded && t.downgrade(&cands) {
-			i-- // a cheaper route, not an attempt
+		if err == ErrBudgetExceeded && (t.clampBudget(ctx, cands) || t.downgrade(&cands)) {
+			adm.tokens = r.admissionOf(&t.c).tokens // (a clamp lowers it)
+			t.tokens, bodies = adm.tokens, bodyCache{}
+			i-- // a smaller limit or a cheaper route, not an attempt
 			continue
 		}
 		if err != nil {
