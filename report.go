@@ -69,6 +69,11 @@ type Report struct {
 	// was. Model is the model whose answer was returned.
 	BadAnswer string
 
+	// PredictedCached is the cached tokens StrategyExpectedCost predicted
+	// for the upstream that answered, beside Usage.CachedTokens (what it
+	// reported); 0 under other strategies.
+	PredictedCached int
+
 	// Context is the request's context, so a hook can reach what the
 	// caller kept in it (a trace, a user). It may be done by the time the
 	// report is made.
@@ -123,6 +128,7 @@ func (t *trip) vote() {
 		return
 	}
 	rep := t.report(t.end)
+	t.noteServed(&rep)
 	var spends []SpendEvent
 	var late *hookPanic
 	if len(t.r.s.budgets) > 0 {
@@ -176,6 +182,8 @@ func (t *trip) report(end bodyEnd) Report {
 		Stream:         t.c.req.Stream,
 		Err:            end.err,
 		Context:        t.ctx,
+
+		PredictedCached: int(t.att.cand.predicted),
 	}
 	if rep.Upstream == "" {
 		rep.Upstream = failedUpstream(end.err) // the upstream a failure names, if any
