@@ -259,29 +259,38 @@ func (rec *blockRecord) len() int {
 // predictCached predicts the cached tokens a request of promptTokens
 // tokens, whose blocks are b, would report on u serving model at now.
 func predictCached(u *upstream, b *promptBlocks, model string, promptTokens int, now time.Time) int {
+	cached, _ := predict(u, b, model, promptTokens, now)
+	return cached
+}
+
+// predict is predictCached, with the run of leading blocks u served for
+// model within its TTL.
+func predict(u *upstream, b *promptBlocks, model string, promptTokens int, now time.Time) (cached, run int) {
 	rules := u.cache
 	if rules.off || b == nil {
-		return 0
+		return 0, 0
 	}
-	run := u.blocks.run(b, model, now.Add(-rules.ttl))
-	cached := b.tokensAt(run, promptTokens)
+	run = u.blocks.run(b, model, now.Add(-rules.ttl))
+	cached = b.tokensAt(run, promptTokens)
 	if rules.step > 1 {
 		cached -= cached % rules.step
 	}
 	if cached < rules.minTokens {
-		return 0
+		return 0, run
 	}
-	return cached
+	return cached, run
 }
 
 // rankByCost orders each model's candidates in cands by expected cost:
 // (prompt − predicted cached)·input + cached·cached input + output
 // estimate·output, at the model's price and the upstream's price factor;
 // a model without a price by uncached prompt tokens. Equal costs go by
-// expected prefill (uncached tokens count 10× cached ones), then by the
-// affinity ranking the candidates come in, so cold requests keep their
-// cache locality. Each candidate keeps its prediction.
-func (r *Router) rankByCost(cands []candidate, c *classified, now time.Time) {
+// expected prefill (uncached tokens count 10× cached ones), then, when
+// some of them served part of the prompt, by the fewest requests in
+// flight, then by rendezvous hashing on tieKey (a cold prompt: the
+// affinity ranking, so cold requests keep cache locality). Each candidate
+// keeps its prediction.
+func (r *Router) rankByCost(cands []candidate, c *classified, key uint64, now time.Time) {
 	if c.req.Endpoint == "" {
 		return
 	}
@@ -298,44 +307,73 @@ func (r *Router) rankByCost(cands []candidate, c *classified, now time.Time) {
 		for end < len(cands) && cands[end].model == cands[start].model {
 			end++
 		}
-		seg := cands[start:end]
-		price, priced := lookupPrice(r.s.prices, seg[0].model)
-		type score struct {
-			cost, prefill float64
-			rank          int
-		}
-		var buf [16]score
-		scores := buf[:0]
-		for i := range seg {
-			cd := &seg[i]
-			cached := predictCached(cd.up, c.blocks, cd.model, p, now)
-			cd.predicted = int32(min(cached, math.MaxInt32))
-			s := score{prefill: float64(p-cached) + float64(cached)/10, rank: i}
-			if priced {
-				s.cost = price.Cost(Usage{PromptTokens: p, CachedTokens: cached, CompletionTokens: out}) * cd.up.factor
-			} else {
-				s.cost = float64(p - cached)
-			}
-			scores = append(scores, s)
-		}
-		if len(seg) > 1 {
-			slices.SortStableFunc(scores, func(a, b score) int {
-				switch {
-				case a.cost != b.cost:
-					return cmpFloat(a.cost, b.cost)
-				case a.prefill != b.prefill:
-					return cmpFloat(a.prefill, b.prefill)
-				}
-				return a.rank - b.rank
-			})
-			var tmp [16]candidate
-			old := append(tmp[:0], seg...)
-			for i, s := range scores {
-				seg[i] = old[s.rank]
-			}
-		}
+		r.rankModel(cands[start:end], c, key, p, out, now)
 		start = end
 	}
+}
+
+// rankModel is rankByCost for the candidates of one model.
+func (r *Router) rankModel(seg []candidate, c *classified, key uint64, p, out int, now time.Time) {
+	price, priced := lookupPrice(r.s.prices, seg[0].model)
+	type score struct {
+		cost, prefill float64
+		tie           uint64
+		i             int
+	}
+	var buf [16]score
+	scores := buf[:0]
+	longest := 0
+	for i := range seg {
+		cd := &seg[i]
+		cached, run := predict(cd.up, c.blocks, cd.model, p, now)
+		longest = max(longest, run)
+		cd.predicted = int32(min(cached, math.MaxInt32))
+		s := score{prefill: float64(p-cached) + float64(cached)/10, i: i}
+		if priced {
+			s.cost = price.Cost(Usage{PromptTokens: p, CachedTokens: cached, CompletionTokens: out}) * cd.up.factor
+		} else {
+			s.cost = float64(p - cached)
+		}
+		scores = append(scores, s)
+	}
+	if len(seg) < 2 {
+		return
+	}
+	tk := tieKey(c.blocks, key, longest)
+	for i := range scores {
+		scores[i].tie = ^rendezvous(tk, seg[i].up.seed)
+		if longest > 0 { // the fewest in flight first, then the hash ranking
+			scores[i].tie = uint64(min(seg[i].up.inflight.Load(), 1<<15))<<48 | scores[i].tie>>16
+		}
+	}
+	slices.SortStableFunc(scores, func(a, b score) int {
+		switch {
+		case a.cost != b.cost:
+			return cmpFloat(a.cost, b.cost)
+		case a.prefill != b.prefill:
+			return cmpFloat(a.prefill, b.prefill)
+		}
+		return cmpUint(a.tie, b.tie)
+	})
+	var tmp [16]candidate
+	old := append(tmp[:0], seg...)
+	for i, s := range scores {
+		seg[i] = old[s.i]
+	}
+}
+
+// tieKey is the key equal costs are ranked by last: the affinity key when no
+// candidate served a block of the prompt (a cold prompt goes where the
+// requests sharing its prefix go); else the hash of the first block past
+// the longest run served (of the last block, when all were), since the
+// served part is as good anywhere it is held, and the rest goes where
+// requests sharing it go: a conversation's first turn behind a system
+// prompt held everywhere finds a home of its own.
+func tieKey(b *promptBlocks, key uint64, longest int) uint64 {
+	if longest == 0 || len(b.hashes) == 0 {
+		return key
+	}
+	return b.hashes[min(longest, len(b.hashes)-1)]
 }
 
 func cmpFloat(a, b float64) int {

@@ -99,7 +99,7 @@ func (r *Router) candidates(buf []candidate, c *classified, route Route, key uin
 	}
 	out := r.plan(buf, route.Model, route.Fallbacks, key, random, require)
 	if r.s.strategy == StrategyExpectedCost {
-		r.rankByCost(out, c, r.s.clock.Now())
+		r.rankByCost(out, c, key, r.s.clock.Now())
 	}
 	return out
 }
