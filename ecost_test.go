@@ -255,3 +255,28 @@ func TestExpectedCostSkipsOpenAndOverloaded(t *testing.T) {
 	d := f.decide(t, longChat("gpt-4.1", 1500, "q3"))
 	assert.NotContains(t, d.Upstreams, home)
 }
+
+func TestExpectedCostEqualWarmthGoesToLeastLoaded(t *testing.T) {
+	f := newEcostFleet(t, nil)
+	// The same system prompt served everywhere: every upstream predicts
+	// the same cached tokens for a new question behind it.
+	ups := f.r.current().ups
+	for _, u := range ups {
+		c := classifiedOf(t, f.r, longChat("gpt-4.1", 1500, "seed"))
+		u.blocks.served(c.blocks, "gpt-4.1", f.clock.Now(), f.r.s.recordBlocks)
+	}
+	body := longChat("gpt-4.1", 1500, "a new question")
+	d := f.decide(t, body)
+	require.Len(t, d.Candidates, 3)
+	for _, c := range d.Candidates {
+		assert.Equal(t, d.Candidates[0].PredictedCached, c.PredictedCached)
+		assert.Positive(t, c.PredictedCached)
+	}
+	// Load the first two: the third, now the least loaded, goes first.
+	first, second := ups[indexOf(f.r, d.Upstreams[0])], ups[indexOf(f.r, d.Upstreams[1])]
+	first.inflight.Add(2)
+	second.inflight.Add(1)
+	defer first.inflight.Add(-2)
+	defer second.inflight.Add(-1)
+	assert.Equal(t, []string{d.Upstreams[2], d.Upstreams[1], d.Upstreams[0]}, f.decide(t, body).Upstreams)
+}
