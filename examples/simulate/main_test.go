@@ -540,7 +540,8 @@ func TestProgress(t *testing.T) {
 // answers every request, as a success of 99.9% on 600 requests requires)
 // and that bound over half the baseline's p99 (why the baseline target is
 // out of reach), affinity's chat cache hits ≥ 75% (83–85% on 300 turns),
-// and the stalls call budget (≤ 1.06×). Logged: the baseline ratio itself,
+// expected-cost's median prediction error ≤ 10% of the prompt on chat and
+// agent (a count, not a time), and the stalls call budget (≤ 1.06×). Logged: the baseline ratio itself,
 // the other chat figures (on 300 turns every region's cache still holds the
 // young conversations, so striping hits almost as often as affinity; the
 // p99 ratio is near 1 on full runs too) and the stalls p99 ratio (a 2%
