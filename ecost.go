@@ -28,10 +28,11 @@ import (
 //  2. Blocks tile it from its start: block i ends blockBytes bytes after
 //     block i-1 (moved back to a rune start); a partial last block is not
 //     a block. A block is about 128 tokens.
-//  3. Block i's hash is FNV-1a 64 over its bytes continued from block
-//     i-1's (finished by fmix64), the first one seeded with
-//     "relay/blocks/v1/": each hash covers all text up to the end of its
-//     block, as the prefix shards' do. The record keys a block by its hash
+//  3. Block i's hash continues block i-1's over its bytes eight at a time
+//     (words, as the conversation anchor is hashed) and is finished by
+//     fmix64, the first one seeded with "relay/blocks/v1/": each hash
+//     covers all text up to the end of its block, as the prefix shards'
+//     do. The record keys a block by its hash
 //     mixed with the model it was sent for, since a provider caches per
 //     model.
 //  4. The tokens up to the end of block i are estimated as the request's
@@ -132,7 +133,7 @@ func blocksOf(c *classified) *promptBlocks {
 		if end <= start {
 			end = start + blockBytes
 		}
-		h = fmix64(fnv1a(h, string(t[start:end])))
+		h = fmix64(words(h, t[start:end]))
 		b.hashes, b.ends = append(b.hashes, h), append(b.ends, end)
 		start = end
 	}
