@@ -305,3 +305,23 @@ func BenchmarkDecideExpectedCost(b *testing.B) {
 		})
 	}
 }
+
+func TestBlocksBoundedOnHugePrompts(t *testing.T) {
+	r := routerWith(t, Config{Strategy: StrategyExpectedCost, Upstreams: upstreamsN(1), MaxBodyBytes: 8 << 20})
+	c := classifiedOf(t, r, longChat("gpt-4.1", 400000, "q")) // about 1.4 MB of prompt
+	assert.LessOrEqual(t, len(c.blocks.hashes), blockTextLimit/blockBytes, "at most 256 KiB are read")
+	assert.Greater(t, len(c.blocks.hashes), blockTextLimit/blockBytes-8)
+	last := 0
+	for n := 1; n <= len(c.blocks.hashes); n++ {
+		got := c.blocks.tokensAt(n, c.req.PromptTokens)
+		require.GreaterOrEqual(t, got, last)
+		last = got
+	}
+	assert.Less(t, last, c.req.PromptTokens/2, "the blocks cover the prompt's head only")
+	// The record is as large as configured, and Update keeps it.
+	r2 := routerWith(t, Config{Strategy: StrategyExpectedCost, CacheRecordBlocks: 100, Upstreams: upstreamsN(1)})
+	r2.ups[0].blocks.served(c.blocks, "gpt-4.1", time.Now(), r2.s.recordBlocks)
+	assert.Len(t, r2.ups[0].blocks.keys, 128, "100 blocks: 32 sets of 4")
+	require.NoError(t, r2.Update(Config{Strategy: StrategyExpectedCost, Upstreams: upstreamsN(2)}))
+	assert.Positive(t, r2.current().ups[0].blocks.run(c.blocks, "gpt-4.1", time.Time{}), "the upstream keeps what it served")
+}
