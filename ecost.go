@@ -26,15 +26,14 @@ import (
 //     blockTextLimit bytes (at a rune start), so a prompt of any size costs
 //     bounded time: about 64k tokens of prefix are recorded.
 //  2. Blocks tile it from its start: block i ends blockBytes bytes after
-//     block i-1 (moved back to a rune start); a partial last block is not
-//     a block. A block is about 128 tokens.
+//     the end of block i-1 (moved back to a rune start); a partial last
+//     block is not a block. A block is about 128 tokens.
 //  3. Block i's hash continues block i-1's over its bytes eight at a time
 //     (words, as the conversation anchor is hashed) and is finished by
 //     fmix64, the first one seeded with "relay/blocks/v1/": each hash
 //     covers all text up to the end of its block, as the prefix shards'
-//     do. The record keys a block by its hash
-//     mixed with the model it was sent for, since a provider caches per
-//     model.
+//     do. The record keys a block by its hash mixed with the model it was
+//     sent for, since a provider caches per model.
 //  4. The tokens up to the end of block i are estimated as the request's
 //     prompt tokens times the share of the canonical prompt's bytes that
 //     end covers (of the body's bytes when the text was cut).
