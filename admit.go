@@ -428,7 +428,7 @@ func (r *Router) claim(cands []candidate, c *candidate, capped bool, p Priority)
 	if !u.lim.trySlot(p) {
 		return claimNoSlot
 	}
-	if capped && r.s.strategy == StrategyBoundedLoad && !c.forced {
+	if capped && (r.s.strategy == StrategyBoundedLoad || r.s.strategy == StrategyExpectedCost) && !c.forced {
 		limit := r.boundedCap(cands, c.model)
 		for {
 			cur := u.inflight.Load()

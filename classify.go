@@ -23,8 +23,9 @@ type classified struct {
 	// int32 beside the two bools, in their padding: a trip, which holds a
 	// classified, stays in its size class.)
 	choices int32
-	body    string // the body, viewed as a string (no copy)
-	key     uint64 // the affinity key (see keyOf)
+	body    string        // the body, viewed as a string (no copy)
+	key     uint64        // the affinity key (see keyOf)
+	blocks  *promptBlocks // the prompt's prefix blocks, once StrategyExpectedCost needs them
 }
 
 // maxChoices bounds the "n" a request's worst case is counted with (the

@@ -88,7 +88,14 @@ type Config struct {
 	PromptCacheKey bool
 	// LoadFactor is the c of StrategyBoundedLoad: no upstream takes more
 	// than ⌈c·average⌉ in-flight requests. If 0, 1.25; at least 1.
+	// StrategyExpectedCost keeps the same bound.
 	LoadFactor float64
+	// CacheRecordBlocks bounds the record StrategyExpectedCost keeps of
+	// the prompt-prefix blocks (about 128 tokens each) each upstream
+	// served: a table of that many blocks per upstream, 16 bytes each,
+	// allocated on the upstream's first answer. If 0, 16384 (256 KB per
+	// upstream).
+	CacheRecordBlocks int
 
 	// Retry configures retries and fallbacks.
 	Retry RetryConfig
@@ -251,6 +258,10 @@ type Upstream struct {
 	// settings; a model's entry in Config.ModelTimeouts wins over them (see
 	// Timeouts). Zero fields inherit; negative ones turn the bound off.
 	Timeouts Timeouts
+	// Cache says how the upstream's provider caches prompt prefixes, for
+	// StrategyExpectedCost's prediction of cached tokens. The zero value
+	// is OpenAI's rules (1024 tokens at least, steps of 128, 5 minutes).
+	Cache CacheRules
 }
 
 // Format prints the Upstream with its API key, header values and any
@@ -507,6 +518,7 @@ type settings struct {
 	currency         Currency     // Code and PerUSD set
 	ledger           store.Ledger // nil: the State's
 	clamp            clampSettings
+	recordBlocks     int // CacheRecordBlocks
 }
 
 type retrySettings struct {
@@ -563,6 +575,7 @@ type upstreamSettings struct {
 	// byModel, those of the ModelTimeouts models it serves.
 	timeouts Timeouts
 	byModel  map[string]Timeouts
+	cache    cacheRules // Cache, resolved
 }
 
 // bodyTag is a top-level JSON field set on every request body to an upstream.
@@ -608,7 +621,9 @@ func resolve(c Config) (settings, error) {
 	if s.imageTokens < 0 {
 		bad("ImageTokens %d is negative", c.ImageTokens)
 	}
-	if s.strategy > StrategyPriority {
+	s.recordBlocks = orDefault(c.CacheRecordBlocks, defaultRecordBlocks)
+	notNegative(bad, "CacheRecordBlocks", c.CacheRecordBlocks)
+	if s.strategy > StrategyExpectedCost {
 		bad("unknown Strategy %d", c.Strategy)
 	}
 	if !(s.jitter <= 1) || math.IsInf(s.jitter, -1) {
@@ -775,6 +790,8 @@ func resolveUpstream(c Upstream) (upstreamSettings, error) {
 	}
 	errs = append(errs, upstreamProblems(c)...)
 	errs = append(errs, nameProblems(c)...)
+	cache, cacheErrs := resolveCache(c.Cache)
+	errs = append(errs, cacheErrs...)
 	tags, tagErrs := resolveTags(c.BodyTags)
 	errs = append(errs, tagErrs...)
 	if len(c.BodyTags) > maxBodyTags {
@@ -787,7 +804,7 @@ func resolveUpstream(c Upstream) (upstreamSettings, error) {
 	}
 	base.Path = strings.TrimSuffix(base.Path, "/")
 	base.RawPath = ""
-	u := upstreamSettings{base: base, tags: tags, factor: orDefault(c.PriceFactor, 1), weight: orDefault(c.Weight, 1)}
+	u := upstreamSettings{base: base, tags: tags, factor: orDefault(c.PriceFactor, 1), weight: orDefault(c.Weight, 1), cache: cache}
 	resolveNames(&c, &u)
 	if c.APIKey != "" {
 		auth := "Bearer " + c.APIKey

@@ -196,6 +196,9 @@ type Candidate struct {
 	// (Upstream.ModelNames; the deployment on Azure).
 	UpstreamModel string
 	Timeouts      Timeouts // resolved for this upstream and model: zero is no bound
+	// PredictedCached is the cached tokens StrategyExpectedCost predicts
+	// the request would report on this upstream (0 under other strategies).
+	PredictedCached int
 }
 
 // Decide returns the routing decision for req without sending it: no
@@ -225,7 +228,7 @@ func (r *Router) Decide(req *http.Request) (Decision, error) {
 	for _, cand := range cands {
 		d.Upstreams = append(d.Upstreams, cand.up.cfg.Name)
 		d.Candidates = append(d.Candidates, Candidate{Upstream: cand.up.cfg.Name, Model: cand.model,
-			UpstreamModel: cand.up.sentName(cand.model), Timeouts: cand.timeouts()})
+			UpstreamModel: cand.up.sentName(cand.model), Timeouts: cand.timeouts(), PredictedCached: int(cand.predicted)})
 	}
 	return d, nil
 }

@@ -20,6 +20,9 @@ type candidate struct {
 	forced  bool  // its circuit is open, but it is the model's soonest to recover
 	failing bool  // a run of failures is in progress on it: a success ends it
 	took    uint8 // where its admission took its tokens (tookStore, tookShare), tookNone until it did
+	// predicted is the cached tokens StrategyExpectedCost predicts for
+	// the request here (Candidate.PredictedCached).
+	predicted int32
 }
 
 // probeToken returns the token of the probe c carries, or "".
@@ -56,6 +59,16 @@ const (
 	// StrategyPriority keeps the configuration order: the first upstream
 	// serving the model is the primary, the others are its failovers.
 	StrategyPriority
+	// StrategyExpectedCost sends a request where it is expected to cost
+	// least: each upstream's cached tokens for it are predicted from the
+	// prompt-prefix blocks it recently served and its CacheRules, and the
+	// upstreams are ranked by (prompt − cached)·input + cached·cached input
+	// + output·output at the model's price and the upstream's price factor
+	// (a model without a price: by uncached tokens). Ties (a cold prompt)
+	// follow the affinity ranking, so cold requests keep cache locality.
+	// No upstream takes more than ⌈LoadFactor·average⌉ in-flight requests,
+	// as under StrategyBoundedLoad.
+	StrategyExpectedCost
 )
 
 func (s Strategy) String() string {
@@ -70,6 +83,8 @@ func (s Strategy) String() string {
 		return "weighted"
 	case StrategyPriority:
 		return "priority"
+	case StrategyExpectedCost:
+		return "expected-cost"
 	}
 	return "Strategy(" + strconv.Itoa(int(s)) + ")"
 }
@@ -82,7 +97,11 @@ func (r *Router) candidates(buf []candidate, c *classified, route Route, key uin
 	if c.req.Endpoint == "" {
 		return r.healthy(buf[:0], "", r.s.clock.Now(), require)
 	}
-	return r.plan(buf, route.Model, route.Fallbacks, key, random, require)
+	out := r.plan(buf, route.Model, route.Fallbacks, key, random, require)
+	if r.s.strategy == StrategyExpectedCost {
+		r.rankByCost(out, c, key, r.s.clock.Now())
+	}
+	return out
 }
 
 // plan lists the candidates for a route in the order to try them: the
@@ -145,7 +164,7 @@ func (r *Router) order(seg []candidate, key uint64, now time.Time, random bool) 
 		return
 	}
 	switch r.s.strategy {
-	case StrategyAffinity, StrategyBoundedLoad:
+	case StrategyAffinity, StrategyBoundedLoad, StrategyExpectedCost:
 		sortBy(seg, func(c *candidate) uint64 { return ^rendezvous(key, c.up.seed) }) // highest score first
 		if r.s.strategy == StrategyAffinity && random && r.s.jitter > 0 && rand.Float64() < r.s.jitter {
 			j := 1 + rand.IntN(n-1)

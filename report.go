@@ -73,6 +73,11 @@ type Report struct {
 	// of refusing it (Config.Clamp); the zero Clamp when it was not.
 	Clamp Clamp
 
+	// PredictedCached is the cached tokens StrategyExpectedCost predicted
+	// for the upstream that answered, beside Usage.CachedTokens (what it
+	// reported); 0 under other strategies.
+	PredictedCached int
+
 	// Context is the request's context, so a hook can reach what the
 	// caller kept in it (a trace, a user). It may be done by the time the
 	// report is made.
@@ -127,6 +132,7 @@ func (t *trip) vote() {
 		return
 	}
 	rep := t.report(t.end)
+	t.noteServed(&rep)
 	var spends []SpendEvent
 	var late *hookPanic
 	if len(t.r.s.budgets) > 0 {
@@ -180,6 +186,8 @@ func (t *trip) report(end bodyEnd) Report {
 		Stream:         t.c.req.Stream,
 		Err:            end.err,
 		Context:        t.ctx,
+
+		PredictedCached: int(t.att.cand.predicted),
 	}
 	if t.clamp != nil {
 		rep.Clamp = t.clamp.Clamp

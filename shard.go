@@ -111,7 +111,7 @@ func (r *Router) keyOf(c *classified) uint64 { return c.key }
 // wantsKey reports whether something uses the affinity key.
 func (r *Router) wantsKey() bool {
 	st := r.s.strategy
-	return st == StrategyAffinity || st == StrategyBoundedLoad || r.s.cacheKey
+	return st == StrategyAffinity || st == StrategyBoundedLoad || st == StrategyExpectedCost || r.s.cacheKey
 }
 
 // prefixKey computes the affinity key of the body sc.rd read, in encoding

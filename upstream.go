@@ -33,7 +33,8 @@ type learned struct {
 	failures atomic.Uint64
 	lat      latencyWindow
 	circ     circuit
-	queues   queues // the limiter's
+	queues   queues      // the limiter's
+	blocks   blockRecord // the prompt-prefix blocks it served (StrategyExpectedCost)
 }
 
 // newUpstream returns the upstream us with the state it learned: from

@@ -142,6 +142,8 @@ var modes = []mode{
 		newSender: relayed(relayMode{strategy: relay.StrategyAffinity})},
 	{name: "bounded", about: "relay over 4 regions, StrategyBoundedLoad (the home region unless it holds over ⌈LoadFactor·average⌉ in flight)",
 		newSender: relayed(relayMode{strategy: relay.StrategyBoundedLoad})},
+	{name: "expected-cost", about: "relay over 4 regions, StrategyExpectedCost (the cheapest region for the prompt's predicted cached tokens, at most LoadFactor 2 × the average in flight; cold prompts: the affinity home), retries elsewhere",
+		simOnly: true, newSender: expectedCost},
 	{name: "cluster-aware", about: "affinity + ClusterPolicy: 80–260 tokens → " + fast + ", other mid → " + cheap,
 		newSender: relayed(relayMode{strategy: relay.StrategyAffinity, policy: clusterPolicy(false)})},
 	{name: "cluster-busy", about: "cluster-aware, WhenBusy: the window moves only while " + flagship + " is busy",
@@ -575,7 +577,7 @@ type sender struct {
 
 // routed sends through r.
 func routed(r *relay.Router) *sender {
-	return &sender{do: func(ctx context.Context, q *request) error { return send(ctx, r, q) }, close: r.CloseIdleConnections}
+	return &sender{do: func(ctx context.Context, q *request) error { return send(withRequest(ctx, q), r, q) }, close: r.CloseIdleConnections}
 }
 
 // direct sends every request to us-east's flagship, once: a Router with

@@ -422,8 +422,9 @@ func TestTargetLines(t *testing.T) {
 	rows := []result{
 		{Mode: "direct", P99ms: 300, ThroughputRPS: 100},
 		{Mode: "baseline", P99ms: 100, ThroughputRPS: 900},
-		{Mode: "striped", P99ms: 200, SuccessPct: 100, CacheHitPct: 30, InputPer1kReq: 1},
-		{Mode: "affinity", P99ms: 150, SuccessPct: 99.5, CacheHitPct: 80, InputPer1kReq: 0.5},
+		{Mode: "striped", P99ms: 200, SuccessPct: 100, CacheHitPct: 30, HistoryHitPct: 30, InputPer1kReq: 1},
+		{Mode: "affinity", P99ms: 150, SuccessPct: 99.5, CacheHitPct: 80, HistoryHitPct: 80, InputPer1kReq: 0.5},
+		{Mode: "expected-cost", P99ms: 160, SuccessPct: 100, CacheHitPct: 90, InputPer1kReq: 0.35, PredictErrPct: 3.5},
 		{Mode: "cluster-aware", P99ms: 90, ThroughputRPS: 1000, SuccessPct: 100, AttemptsPerReq: 1},
 		{Mode: "hedged", P99ms: 30, SuccessPct: 100, AttemptsPerReq: 1.1},
 	}
@@ -442,7 +443,13 @@ func TestTargetLines(t *testing.T) {
 
 	chat := lines("chat", "none")
 	assert.Contains(t, chat, "  PASS  affinity cache hits = 80.0% (target ≥ 75.0%)")
-	assert.Contains(t, chat, "  PASS  affinity cache hits / striped = 2.67× (target ≥ 2.50×)")
+	assert.Contains(t, chat, "  PASS  affinity history-token cache hits / striped = 2.67× (target ≥ 2.50×)")
+	assert.Contains(t, chat, "  PASS  expected-cost predicted cached tokens, median |error| / prompt tokens = 3.5% (target ≤ 10.0%)")
+	assert.Contains(t, chat, "  PASS  expected-cost input $/1k req / affinity = 0.70× (target ≤ 0.75×)")
+	assert.Contains(t, chat, "  MISS  expected-cost p99 / affinity p99 = 1.07× (target ≤ 1.00×)")
+	agent := lines("agent", "outage")
+	assert.Contains(t, agent, "Targets (agent workload, outage scenario): 2 of 4 met")
+	assert.NotContains(t, agent, "affinity cache hits")
 	assert.Contains(t, chat, "  PASS  affinity input $/1k req / striped = 0.50× (target ≤ 0.60×)")
 	assert.Contains(t, chat, "  PASS  affinity p99 / striped p99 = 0.75× (target ≤ 1.00×)")
 	assert.NotContains(t, chat, "baseline p99")
@@ -533,7 +540,8 @@ func TestProgress(t *testing.T) {
 // answers every request, as a success of 99.9% on 600 requests requires)
 // and that bound over half the baseline's p99 (why the baseline target is
 // out of reach), affinity's chat cache hits ≥ 75% (83–85% on 300 turns),
-// and the stalls call budget (≤ 1.06×). Logged: the baseline ratio itself,
+// expected-cost's median prediction error ≤ 10% of the prompt on chat and
+// agent (a count, not a time), and the stalls call budget (≤ 1.06×). Logged: the baseline ratio itself,
 // the other chat figures (on 300 turns every region's cache still holds the
 // young conversations, so striping hits almost as often as affinity; the
 // p99 ratio is near 1 on full runs too) and the stalls p99 ratio (a 2%
@@ -561,11 +569,21 @@ func TestTargets(t *testing.T) {
 			p99, tput, ca.P99ms/m["baseline"].P99ms, ca.UnloadedP99ms, ca.UnloadedP99ms/m["baseline"].P99ms)
 	})
 	t.Run("chat", func(t *testing.T) {
-		m := runJSON(t, "-workload", "chat", "-requests", "300", "-modes", "striped,affinity")
-		st, af := m["striped"], m["affinity"]
+		m := runJSON(t, "-workload", "chat", "-requests", "300", "-modes", "striped,affinity,expected-cost")
+		st, af, ec := m["striped"], m["affinity"], m["expected-cost"]
 		assert.GreaterOrEqual(t, af.CacheHitPct, 75.0, "affinity cache hits")
-		t.Logf("chat affinity: cache hits %.1f%% (target ≥ 75), × %.2f striped's (target ≥ 2.5, logged); input $/1k × %.2f (target ≤ 0.6, logged); p99 × %.2f (target ≤ 1, logged)",
-			af.CacheHitPct, af.CacheHitPct/st.CacheHitPct, af.InputPer1kReq/st.InputPer1kReq, af.P99ms/st.P99ms)
+		assert.LessOrEqual(t, ec.PredictErrPct, 10.0, "expected-cost prediction error")
+		t.Logf("chat affinity: cache hits %.1f%% (target ≥ 75), history hits × %.2f striped's (target ≥ 2.5, logged); input $/1k × %.2f (target ≤ 0.6, logged); p99 × %.2f (target ≤ 1, logged)",
+			af.CacheHitPct, af.HistoryHitPct/st.HistoryHitPct, af.InputPer1kReq/st.InputPer1kReq, af.P99ms/st.P99ms)
+		t.Logf("chat expected-cost: prediction error %.1f%% of the prompt (target ≤ 10); input $/1k × %.2f affinity's (target ≤ 0.75, logged); p99 × %.2f (target ≤ 1, logged)",
+			ec.PredictErrPct, ec.InputPer1kReq/af.InputPer1kReq, ec.P99ms/af.P99ms)
+	})
+	t.Run("agent", func(t *testing.T) {
+		m := runJSON(t, "-workload", "agent", "-requests", "300", "-modes", "affinity,expected-cost")
+		af, ec := m["affinity"], m["expected-cost"]
+		assert.LessOrEqual(t, ec.PredictErrPct, 10.0, "expected-cost prediction error")
+		t.Logf("agent expected-cost: prediction error %.1f%% of the prompt (target ≤ 10); input $/1k × %.2f affinity's (target ≤ 0.75, logged); p99 × %.2f (target ≤ 1, logged)",
+			ec.PredictErrPct, ec.InputPer1kReq/af.InputPer1kReq, ec.P99ms/af.P99ms)
 	})
 	t.Run("stalls", func(t *testing.T) {
 		m := runJSON(t, "-scenario", "stalls", "-requests", "600", "-modes", "cluster-aware,hedged")

@@ -55,6 +55,12 @@ type result struct {
 	QueueFull       int                `json:"queue_full"`
 	Slowed          int                `json:"slowed"`
 	Hung            int                `json:"hung"`
+	// HistoryHitPct is the share of history tokens (prompt tokens past
+	// the system prompt) that were cached: chat only.
+	HistoryHitPct float64 `json:"history_hit_pct,omitempty"`
+	// PredictErrPct is the median |predicted − reported| cached tokens as
+	// a percentage of the prompt tokens: expected-cost only.
+	PredictErrPct float64 `json:"predict_err_pct,omitempty"`
 	// UnloadedP99ms is the p99 the mode's policy would have if every
 	// request were served alone with the best case of the prefix cache
 	// (bound.go): cluster-aware on the batch workload only.
@@ -125,6 +131,7 @@ func summarize(m mode, o options, reports []relay.Report, wall time.Duration, co
 		res.CacheHitPct = round(100*float64(res.CachedTokens)/float64(res.PromptTokens), 1)
 	}
 	res.HedgesPct = round(100*float64(hedged)/n, 2)
+	res.HistoryHitPct = historyHitPct(reports)
 	res.AttemptsPerReq = round(float64(attempts)/n, 3)
 	fleetCounts(&res, st)
 	return res
@@ -317,7 +324,7 @@ func num(x float64) string {
 }
 
 // relayModes are the modes that go through the router with retries.
-var relayModes = []string{"striped", "affinity", "bounded", "cluster-aware", "cluster-busy", "hedged"}
+var relayModes = []string{"striped", "affinity", "bounded", "cluster-aware", "cluster-busy", "hedged", "expected-cost"}
 
 // targets returns the targets that apply to a run of a generated workload
 // and whose modes ran, and notes: measured ratios that have no target.
@@ -366,10 +373,13 @@ func targets(o options, results []result) (ts []target, notes []string) {
 		}
 		if okA && okS {
 			ts = append(ts,
-				target{what: "affinity cache hits / striped", value: af.CacheHitPct / math.Max(st.CacheHitPct, 0.01), bound: 2.5, unit: "×", prec: 2},
+				target{what: "affinity history-token cache hits / striped", value: af.HistoryHitPct / math.Max(st.HistoryHitPct, 0.01), bound: 2.5, unit: "×", prec: 2},
 				target{what: "affinity input $/1k req / striped", value: af.InputPer1kReq / st.InputPer1kReq, bound: 0.6, atMost: true, unit: "×", prec: 2},
 				target{what: "affinity p99 / striped p99", value: af.P99ms / st.P99ms, bound: 1, atMost: true, unit: "×", prec: 2})
 		}
+		ts = append(ts, ecostTargets(results)...)
+	case o.workload == "agent" && faults:
+		ts = append(ts, ecostTargets(results)...)
 	}
 	if !faults && okH && okC {
 		ts = append(ts,

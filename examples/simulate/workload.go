@@ -25,6 +25,7 @@ type request struct {
 	kind     string
 	at       time.Duration // send offset from the start (timed replays)
 	priority string        // X-Relay-Priority header value; "": none
+	system   int           // tokens of its system prompt in the canonical prompt (chat); 0: none counted
 }
 
 // endpointOf is the endpoint a request of the workload is sent to.
@@ -216,16 +217,21 @@ func chatWorkload(seed uint64, n, concurrency int) *workload {
 		head := fmt.Sprintf("You are the support assistant of product-%d. Answer from these product notes and policies:", 100+i)
 		systems[i] = head + text(rng, 1000+rng.IntN(3001)-bpe.O200K().Count(head))
 	}
+	sysTokens := make([]int, len(systems))
+	for i, sys := range systems {
+		sysTokens[i] = systemTokens(sys)
+	}
 	w := &workload{name: "chat", users: 2 * concurrency}
 	for conv := 0; len(w.reqs) < n; conv++ {
-		sys := systems[rng.IntN(len(systems))]
+		si := rng.IntN(len(systems))
+		sys := systems[si]
 		turns := min(3+rng.IntN(28), n-len(w.reqs))
 		msgs := []map[string]string{{"role": "system", "content": sys}}
 		start := len(w.reqs)
 		for t := range turns {
 			head := fmt.Sprintf("Conversation %d, question %d:", conv, t+1)
 			msgs = append(msgs, map[string]string{"role": "user", "content": head + text(rng, chatUserTokens(rng))})
-			q := request{kind: "turn", output: chatOutTokens(rng), stream: rng.Float64() < 0.6}
+			q := request{kind: "turn", output: chatOutTokens(rng), stream: rng.Float64() < 0.6, system: sysTokens[si]}
 			body := map[string]any{"model": flagship, "messages": msgs, "max_tokens": q.output}
 			if q.stream {
 				body["stream"] = true
