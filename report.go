@@ -122,6 +122,7 @@ func (t *trip) vote() {
 	if t.votes.Add(-1) != 0 {
 		return
 	}
+	t.learnTTFT(t.end)
 	rep := t.report(t.end)
 	var spends []SpendEvent
 	var late *hookPanic

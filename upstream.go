@@ -34,6 +34,7 @@ type learned struct {
 	lat      latencyWindow
 	circ     circuit
 	queues   queues // the limiter's
+	fits     ttftFits
 }
 
 // newUpstream returns the upstream us with the state it learned: from
