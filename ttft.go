@@ -9,21 +9,26 @@ import (
 )
 
 // The time-to-first-token model: per upstream, model and kind of answer
-// (stream or not), time to first token ≈ a + b × uncached prompt tokens,
-// fitted online from the answers' own figures.
+// (stream or not), time to first token ≈ a + b × uncached prompt tokens
+// (+ c × output tokens for an answer that is not a stream, whose headers
+// come once the whole answer is written), fitted online from the answers'
+// own figures.
 //
 //   - A sample is one answered attempt (2xx, read to its end): its size
 //     is the prompt tokens less the usage's cached tokens, its time the
 //     first content byte's for a stream and the response headers' for an
 //     answer that is not one, counted from when the attempt was sent.
 //   - The fit keeps the last ttftRing samples in a ring (fixed memory).
-//     Every ttftEvery new samples, b is the Theil–Sen slope (the median of
-//     the slopes between every two samples of different sizes, clamped at
-//     0), a the median of time − b × size, and the residuals' p50 and p95
-//     are kept: the p95 for a size n is a + b·n + the residuals' p95. A
-//     median-based fit stands up to a share of stalls (up to ~29% of the
-//     samples) without its line moving; the stalls go into the residuals'
-//     tail, where the p95 sees them.
+//     Every ttftEvery new samples it is fitted again by robust regression:
+//     iteratively reweighted least squares, first towards the least
+//     absolute deviations, then with Tukey's biweight (residuals past
+//     4.685 robust standard deviations weigh nothing), so a share of
+//     stalls does not move the line; b and c are clamped at 0, a is the
+//     median of what the line leaves, and the residuals' p50 and p95 are
+//     kept: the p95 for a size is the line's value + the residuals' p95.
+//     The stalls go into the residuals' tail, where the p95 sees them.
+//   - The share of prompt tokens the upstream answered from its cache over
+//     the ring predicts a request's uncached tokens: prompt × (1 − share).
 //   - The coefficients are published as one immutable value behind an
 //     atomic pointer: a prediction takes no lock. Adding a sample takes the
 //     fit's own lock, off the request's path (when the report is made).
@@ -43,18 +48,32 @@ const ttftMinSamples = 20
 // then fall back to the upstream's overall latency.
 const ttftMaxFits = 32
 
-// ttftCoef is a fit's published state. Times are nanoseconds, b is
-// nanoseconds per uncached prompt token.
+// ttftCoef is a fit's published state. Times are nanoseconds, b and c
+// nanoseconds per uncached prompt token and per output token.
 type ttftCoef struct {
-	a, b     float64
+	a, b, c  float64
 	r50, r95 float64
-	n        int // samples behind it
+	cached   float64 // share of the prompt tokens answered from the cache
+	out      float64 // median output tokens, for a request that sets no maximum
+	n        int     // samples behind it
 }
 
-// at returns the predicted time to first token of a request of n uncached
-// prompt tokens at the residual r (r50: the median, r95: the p95).
-func (c *ttftCoef) at(n int, r float64) time.Duration {
-	return time.Duration(max(c.a+c.b*float64(max(n, 0))+r, 0))
+// at returns the predicted time to first token of a request of n
+// uncached prompt tokens and out output tokens at the residual r (r50:
+// the median, r95: the p95).
+func (c *ttftCoef) at(n, out int, r float64) time.Duration {
+	return time.Duration(max(c.a+c.b*float64(max(n, 0))+c.c*float64(max(out, 0))+r, 0))
+}
+
+// predict returns the median and p95 for a request of prompt tokens,
+// asking for at most maxOut output tokens (0: unknown).
+func (c *ttftCoef) predict(prompt, maxOut int) (p50, p95 time.Duration) {
+	n := int(float64(prompt) * (1 - c.cached))
+	out := maxOut
+	if out <= 0 {
+		out = int(c.out)
+	}
+	return c.at(n, out, c.r50), c.at(n, out, c.r95)
 }
 
 // ttftFit is the fit of one upstream, model and kind of answer.
@@ -62,19 +81,27 @@ type ttftFit struct {
 	model  string
 	stream bool
 
-	mu     sync.Mutex
-	xs, ys [ttftRing]float64 // uncached tokens, nanoseconds
-	next   int
-	n      int // samples held, at most ttftRing
-	dirty  int // samples added since the last refit
-	coef   atomic.Pointer[ttftCoef]
+	mu    sync.Mutex
+	ring  [ttftRing]ttftSample
+	next  int
+	n     int // samples held, at most ttftRing
+	dirty int // samples added since the last refit
+	coef  atomic.Pointer[ttftCoef]
+}
+
+type ttftSample struct {
+	uncached, prompt, out int32
+	d                     float64 // nanoseconds
 }
 
 // add records a sample and refits when due.
-func (f *ttftFit) add(uncached int, d time.Duration) {
+func (f *ttftFit) add(prompt, cached, out int, d time.Duration) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.xs[f.next], f.ys[f.next] = float64(max(uncached, 0)), float64(d)
+	prompt = min(max(prompt, 0), math.MaxInt32)
+	cached = min(max(cached, 0), prompt)
+	f.ring[f.next] = ttftSample{uncached: int32(prompt - cached), prompt: int32(prompt),
+		out: int32(min(max(out, 0), math.MaxInt32)), d: float64(d)}
 	f.next = (f.next + 1) % ttftRing
 	f.n = min(f.n+1, ttftRing)
 	f.dirty++
@@ -83,43 +110,151 @@ func (f *ttftFit) add(uncached int, d time.Duration) {
 	}
 }
 
-// ttftScratch holds the pairwise slopes of a refit: ttftRing·(ttftRing−1)/2.
-var ttftScratch = sync.Pool{New: func() any {
-	s := make([]float64, 0, ttftRing*(ttftRing-1)/2)
-	return &s
-}}
-
 func (f *ttftFit) refitLocked() {
 	f.dirty = 0
-	n := f.n
-	xs, ys := f.xs[:n], f.ys[:n]
-	sp := ttftScratch.Get().(*[]float64)
-	s := (*sp)[:0]
-	for i := 0; i < n; i++ {
-		for j := i + 1; j < n; j++ {
-			if dx := xs[j] - xs[i]; dx != 0 {
-				s = append(s, (ys[j]-ys[i])/dx)
+	s := f.ring[:f.n]
+	var ls ttftLS
+	for i, x := range s {
+		ls.x[i] = [3]float64{1, float64(x.uncached), float64(x.out)}
+		ls.y[i] = x.d
+	}
+	ls.n = len(s)
+	if f.stream {
+		ls.off[2] = true // a stream's first token comes before its output
+	}
+	beta := ls.fit()
+	c := &ttftCoef{b: beta[1], c: beta[2], n: len(s)}
+	var res, outs [ttftRing]float64
+	var prompt, cached float64
+	for i, x := range s {
+		res[i] = x.d - c.b*float64(x.uncached) - c.c*float64(x.out)
+		outs[i] = float64(x.out)
+		prompt += float64(x.prompt)
+		cached += float64(x.prompt - x.uncached)
+	}
+	c.a = median(res[:len(s)])
+	for i := range s {
+		res[i] -= c.a
+	}
+	c.r50 = quantileSelect(res[:len(s)], 0.5)
+	c.r95 = quantileSelect(res[:len(s)], 0.95)
+	c.out = median(outs[:len(s)])
+	if prompt > 0 {
+		c.cached = cached / prompt
+	}
+	f.coef.Store(c)
+}
+
+// ttftLS is a robust least-squares fit of y on the columns of x (1, the
+// uncached tokens, the output tokens); a column marked off, or without
+// spread, is left out (its coefficient 0).
+type ttftLS struct {
+	x   [ttftRing][3]float64
+	y   [ttftRing]float64
+	n   int
+	off [3]bool
+}
+
+// fit returns the coefficients: 20 rounds of weights 1/|residual| (towards
+// the least absolute deviations), then 10 of Tukey's biweight; slopes are
+// clamped at 0 (a column whose slope would be negative is left out).
+func (ls *ttftLS) fit() [3]float64 {
+	for j := 1; j < 3; j++ {
+		lo, hi := math.Inf(1), math.Inf(-1)
+		for i := range ls.n {
+			lo, hi = min(lo, ls.x[i][j]), max(hi, ls.x[i][j])
+		}
+		if hi <= lo {
+			ls.off[j] = true
+		}
+	}
+	var w, r [ttftRing]float64
+	for i := range ls.n {
+		w[i] = 1
+	}
+	var beta [3]float64
+	for round := range 30 {
+		beta = ls.solve(&w)
+		for j := 1; j < 3; j++ {
+			if beta[j] < 0 { // clamp: leave the column out and solve again
+				ls.off[j] = true
+				beta = ls.solve(&w)
+			}
+		}
+		for i := range ls.n {
+			r[i] = ls.y[i] - beta[0] - beta[1]*ls.x[i][1] - beta[2]*ls.x[i][2]
+		}
+		if round < 20 {
+			for i := range ls.n {
+				w[i] = 1 / max(math.Abs(r[i]), float64(time.Microsecond))
+			}
+			continue
+		}
+		var abs [ttftRing]float64
+		for i := range ls.n {
+			abs[i] = math.Abs(r[i])
+		}
+		scale := max(1.4826*median(abs[:ls.n]), float64(time.Microsecond))
+		for i := range ls.n {
+			u := r[i] / (4.685 * scale)
+			if math.Abs(u) >= 1 {
+				w[i] = 0
+			} else {
+				w[i] = (1 - u*u) * (1 - u*u)
 			}
 		}
 	}
-	b := 0.0
-	if len(s) >= n { // sizes spread enough to tell a slope
-		b = max(median(s), 0)
+	return beta
+}
+
+// solve returns the weighted least-squares coefficients of the columns
+// not off (Gaussian elimination on the normal equations; a singular
+// system leaves the slopes 0).
+func (ls *ttftLS) solve(w *[ttftRing]float64) [3]float64 {
+	var cols [3]int
+	k := 0
+	for j := range 3 {
+		if j == 0 || !ls.off[j] {
+			cols[k] = j
+			k++
+		}
 	}
-	s = s[:0]
-	for i := range n {
-		s = append(s, ys[i]-b*xs[i])
+	var m [3][4]float64
+	for i := range ls.n {
+		for p := range k {
+			xp := ls.x[i][cols[p]] * w[i]
+			for q := range k {
+				m[p][q] += xp * ls.x[i][cols[q]]
+			}
+			m[p][k] += xp * ls.y[i]
+		}
 	}
-	a := median(s)
-	for i := range s {
-		s[i] -= a
+	var beta [3]float64
+	for p := range k {
+		piv := p
+		for q := p + 1; q < k; q++ {
+			if math.Abs(m[q][p]) > math.Abs(m[piv][p]) {
+				piv = q
+			}
+		}
+		m[p], m[piv] = m[piv], m[p]
+		if math.Abs(m[p][p]) < 1e-12 {
+			return beta
+		}
+		for q := range k {
+			if q == p {
+				continue
+			}
+			f := m[q][p] / m[p][p]
+			for c := p; c <= k; c++ {
+				m[q][c] -= f * m[p][c]
+			}
+		}
 	}
-	c := &ttftCoef{a: a, b: b, n: n}
-	c.r50 = quantileSelect(s, 0.5)
-	c.r95 = quantileSelect(s, 0.95)
-	*sp = s
-	ttftScratch.Put(sp)
-	f.coef.Store(c)
+	for p := range k {
+		beta[cols[p]] = m[p][k] / m[p][p]
+	}
+	return beta
 }
 
 // median returns the median of s, reordering s.
@@ -224,12 +359,6 @@ func (fs *ttftFits) predict(model string, stream bool) *ttftCoef {
 	return nil
 }
 
-// sizeOf is the request's size for a prediction: its uncached prompt
-// tokens. No prediction of the cache is made, so it is the whole prompt:
-// a prediction errs towards the slow side for a request whose prefix the
-// upstream holds.
-func (t *trip) sizeOf() int { return t.c.req.PromptTokens }
-
 // learnTTFT adds the answering attempt's time to first token to its fit:
 // a 2xx answer read to its end, with the usage's cached tokens taken off
 // the prompt.
@@ -249,12 +378,12 @@ func (t *trip) learnTTFT(end bodyEnd) {
 	if d <= 0 {
 		return
 	}
-	n := t.c.req.PromptTokens
+	prompt, cached, out := t.c.req.PromptTokens, 0, t.c.req.MaxTokens
 	if end.haveUsage {
-		n = max(end.usage.PromptTokens, n) - end.usage.CachedTokens
+		prompt, cached, out = max(end.usage.PromptTokens, prompt), end.usage.CachedTokens, end.usage.CompletionTokens
 	}
 	if f := a.cand.up.fits.make(a.cand.model, stream); f != nil {
-		f.add(n, d)
+		f.add(prompt, cached, out, d)
 	}
 }
 
@@ -265,8 +394,8 @@ func (t *trip) predictedTTFT(cand *candidate) (p50, p95 time.Duration, ok bool) 
 	if c == nil {
 		return 0, 0, false
 	}
-	n := t.sizeOf()
-	return c.at(n, c.r50), c.at(n, c.r95), true
+	p50, p95 = c.predict(t.c.req.PromptTokens, t.c.req.MaxTokens)
+	return p50, p95, true
 }
 
 // byDeadline orders cands by the request's deadline (deadline-aware

@@ -27,7 +27,7 @@ func feedLine(f *ttftFit, n int, a, b time.Duration, lo, hi int, outliers float6
 		if rng.Float64() < outliers {
 			d *= 10 + 40*rng.Float64()
 		}
-		f.add(size, time.Duration(d))
+		f.add(size, 0, 0, time.Duration(d))
 	}
 }
 
@@ -42,13 +42,51 @@ func TestTTFTFitConvergesDespiteOutliers(t *testing.T) {
 	assert.InDelta(t, 0, c.r50, float64(20*time.Millisecond), "the median residual is near the line")
 	// The stalls are in the tail: the p95 is far above the line.
 	assert.Greater(t, c.r95, float64(time.Second))
-	small, large := c.at(500, c.r50), c.at(15000, c.r50)
+	small, large := c.at(500, 0, c.r50), c.at(15000, 0, c.r50)
 	assert.InDelta(t, float64(250*time.Millisecond), float64(small), float64(60*time.Millisecond))
 	assert.InDelta(t, float64(1700*time.Millisecond), float64(large), float64(100*time.Millisecond))
-	assert.Less(t, c.at(500, c.r95), c.at(15000, c.r95))
+	assert.Less(t, c.at(500, 0, c.r95), c.at(15000, 0, c.r95))
 	// Bounded memory: the ring holds the last ttftRing samples.
 	assert.Equal(t, ttftRing, f.n)
 	assert.Equal(t, ttftRing, c.n)
+}
+
+func TestTTFTFitSeparatesOutputAndCache(t *testing.T) {
+	// Answers that are not streams: their headers wait for the whole
+	// output. 300 ms + 100 µs per uncached token + 25 ms per output
+	// token, 60% of each prompt cached; 10% stall 10–50×.
+	f := &ttftFit{}
+	rng := rand.New(rand.NewPCG(5, 5))
+	for range 500 {
+		prompt, out := 1000+rng.IntN(8000), 16+rng.IntN(1000)
+		cached := prompt * 6 / 10
+		d := 300*time.Millisecond + time.Duration(prompt-cached)*100*time.Microsecond + time.Duration(out)*25*time.Millisecond
+		if rng.Float64() < 0.1 {
+			d *= time.Duration(10 + rng.IntN(40))
+		}
+		f.add(prompt, cached, out, d)
+	}
+	c := f.coef.Load()
+	require.NotNil(t, c)
+	assert.InEpsilon(t, float64(100*time.Microsecond), c.b, 0.05, "per uncached token")
+	assert.InEpsilon(t, float64(25*time.Millisecond), c.c, 0.05, "per output token")
+	assert.InDelta(t, 0.6, c.cached, 0.01, "the cache's share of the prompt")
+	// A 5000-token prompt (2000 uncached, predicted from the share) asking
+	// for 100 tokens: 300 + 200 + 2500 ms.
+	p50, p95 := c.predict(5000, 100)
+	assert.InDelta(t, float64(3000*time.Millisecond), float64(p50), float64(100*time.Millisecond))
+	assert.Greater(t, p95, p50)
+	// Without a maximum, the median output the fit saw stands in.
+	p50, _ = c.predict(5000, 0)
+	assert.InDelta(t, float64(300*time.Millisecond+200*time.Millisecond)+c.c*c.out, float64(p50), float64(100*time.Millisecond))
+
+	// A stream's first token does not wait for its output.
+	g := &ttftFit{stream: true}
+	for i := range 100 {
+		g.add(1000+i*50, 0, 16+i*10, 200*time.Millisecond+time.Duration(1000+i*50)*100*time.Microsecond)
+	}
+	assert.Zero(t, g.coef.Load().c)
+	assert.InEpsilon(t, float64(100*time.Microsecond), g.coef.Load().b, 0.01)
 }
 
 func TestTTFTFitFollowsAChange(t *testing.T) {
@@ -63,22 +101,22 @@ func TestTTFTFitFollowsAChange(t *testing.T) {
 func TestTTFTFitColdAndFlat(t *testing.T) {
 	f := &ttftFit{}
 	for range ttftMinSamples - 1 {
-		f.add(1000, 300*time.Millisecond)
+		f.add(1000, 0, 0, 300*time.Millisecond)
 	}
 	assert.Nil(t, f.coef.Load(), "no prediction before ttftMinSamples")
-	f.add(1000, 300*time.Millisecond)
+	f.add(1000, 0, 0, 300*time.Millisecond)
 	c := f.coef.Load()
 	require.NotNil(t, c)
 	// One size only: no slope can be told, the level is the samples'.
 	assert.Zero(t, c.b)
-	assert.Equal(t, 300*time.Millisecond, c.at(1000, c.r95))
-	assert.Equal(t, 300*time.Millisecond, c.at(1_000_000, c.r95))
+	assert.Equal(t, 300*time.Millisecond, c.at(1000, 0, c.r95))
+	assert.Equal(t, 300*time.Millisecond, c.at(1_000_000, 0, c.r95))
 
 	// Times falling with size (noise, or a cache the size hides) never
 	// predict a negative slope.
 	g := &ttftFit{}
 	for i := range 40 {
-		g.add(100+i*100, time.Duration(5000-i*100)*time.Millisecond)
+		g.add(100+i*100, 0, 0, time.Duration(5000-i*100)*time.Millisecond)
 	}
 	assert.Zero(t, g.coef.Load().b)
 }
@@ -124,7 +162,7 @@ func warmFit(t *testing.T, r *Router, name, model string, a, b time.Duration) {
 			f := u.fits.make(model, false)
 			for i := range ttftRing {
 				size := 1 + i*4000/ttftRing
-				f.add(size, a+time.Duration(size)*b)
+				f.add(size, 0, 0, a+time.Duration(size)*b)
 			}
 			return
 		}
@@ -154,9 +192,9 @@ func TestHedgeDelayFollowsTheRequestsSize(t *testing.T) {
 	require.NoError(t, err)
 	ps, pl := ds.Request.PromptTokens, dl.Request.PromptTokens
 	require.Less(t, ps, pl)
-	assert.Equal(t, 100*time.Millisecond+time.Duration(ps)*time.Millisecond, ds.Candidates[0].PredictedTTFTP95)
-	assert.Equal(t, 100*time.Millisecond+time.Duration(pl)*time.Millisecond, dl.Candidates[0].PredictedTTFTP95)
-	assert.Equal(t, ds.Candidates[0].PredictedTTFTP95, ds.Candidates[0].PredictedTTFT, "no spread: p50 = p95")
+	assert.InDelta(t, 100*time.Millisecond+time.Duration(ps)*time.Millisecond, ds.Candidates[0].PredictedTTFTP95, float64(time.Microsecond))
+	assert.InDelta(t, 100*time.Millisecond+time.Duration(pl)*time.Millisecond, dl.Candidates[0].PredictedTTFTP95, float64(time.Microsecond))
+	assert.InDelta(t, ds.Candidates[0].PredictedTTFTP95, ds.Candidates[0].PredictedTTFT, float64(time.Microsecond), "no spread: p50 = p95")
 	assert.Zero(t, ds.Candidates[1].PredictedTTFT, "b's fit is cold")
 
 	send := func(id, body string) <-chan *http.Response {
@@ -209,7 +247,7 @@ func TestHedgeDelayFloorAndColdFit(t *testing.T) {
 	warmFit(t, r, "a", "gpt-4.1", 100*time.Millisecond, time.Millisecond)
 	assert.Equal(t, 400*time.Millisecond, tr.hedgeDelay(&cand), "Delay is the floor")
 	tr.c.req.PromptTokens = 1000
-	assert.Equal(t, 1100*time.Millisecond, tr.hedgeDelay(&cand))
+	assert.InDelta(t, 1100*time.Millisecond, tr.hedgeDelay(&cand), float64(time.Microsecond))
 	tr.c.req.Stream = true
 	assert.Equal(t, 400*time.Millisecond, tr.hedgeDelay(&cand), "a stream's fit is its own, cold")
 
@@ -253,7 +291,7 @@ func TestDeadlineReordersToAFasterCandidate(t *testing.T) {
 	d, err = decideFor(t, r, ctx, body)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"fast", "slow"}, d.Upstreams, "slow cannot answer within the hour")
-	assert.Equal(t, 2*time.Hour, d.Candidates[1].PredictedTTFT)
+	assert.InDelta(t, 2*time.Hour, d.Candidates[1].PredictedTTFT, float64(time.Millisecond))
 
 	// Without a deadline nothing moves.
 	d, err = decideFor(t, r, context.Background(), body)
