@@ -171,6 +171,9 @@ func (t *trip) raceHedge(results chan attempt, cancels [2]context.CancelFunc) at
 			go func() { // ends as soon as the cancelled attempt returns
 				loser := <-results
 				t.observe(&loser, t.r.s.clock.Now())
+				if loser.hedge == 0 {
+					t.learnOutwaited(&loser)
+				}
 				loser.close()
 			}()
 		}

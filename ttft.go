@@ -387,6 +387,31 @@ func (t *trip) learnTTFT(end bodyEnd) {
 	}
 }
 
+// learnOutwaited adds to its fit the time a hedged attempt waited before
+// the hedge's answer won and it was cancelled: at least its time to first
+// token, which was never seen. Without it the fit would learn only the
+// answers that came before the hedge delay and those of the hedges, and
+// its p95 would fall with every hedge (then more would be sent). The
+// cached tokens are the fit's share; the output, the request's maximum.
+func (t *trip) learnOutwaited(a *attempt) {
+	if a.cand.up == nil || a.latency <= 0 {
+		return
+	}
+	f := a.cand.up.fits.get(a.cand.model, t.c.req.Stream)
+	if f == nil {
+		return
+	}
+	c := f.coef.Load()
+	if c == nil {
+		return
+	}
+	prompt, out := t.c.req.PromptTokens, t.c.req.MaxTokens
+	if out <= 0 {
+		out = int(c.out)
+	}
+	f.add(prompt, int(float64(prompt)*c.cached), out, a.latency)
+}
+
 // predictedTTFT returns the median and p95 time to first token of the
 // trip's request on cand, and whether its fit is warm.
 func (t *trip) predictedTTFT(cand *candidate) (p50, p95 time.Duration, ok bool) {

@@ -222,6 +222,14 @@ func TestHedgeDelayFollowsTheRequestsSize(t *testing.T) {
 	resp := <-done
 	require.NotNil(t, resp)
 	assert.Equal(t, "b", resp.Header.Get(HeaderUpstream))
+	// The cancelled attempt's wait goes into a's fit: it took at least that.
+	fa := r.ups[0].fits.get("gpt-4.1", false)
+	require.Eventually(t, func() bool {
+		fa.mu.Lock()
+		defer fa.mu.Unlock()
+		last := fa.ring[(fa.next+ttftRing-1)%ttftRing]
+		return last.d == float64(ds.Candidates[0].PredictedTTFTP95) && int(last.prompt) == ps
+	}, 5*time.Second, time.Millisecond)
 
 	b.open("l")
 	done = send("l", large)
