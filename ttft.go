@@ -38,7 +38,7 @@ import (
 const ttftRing = 64
 
 // ttftEvery is how many new samples trigger a refit.
-const ttftEvery = 8
+const ttftEvery = 16
 
 // ttftMinSamples is how many samples a fit needs before it predicts.
 const ttftMinSamples = 20
@@ -145,6 +145,13 @@ func (f *ttftFit) refitLocked() {
 	f.coef.Store(c)
 }
 
+// The rounds of a fit: enough for the tests' lines with 15% stalls to
+// settle within 5%; a refit costs about 1 µs a round.
+const (
+	ttftLADRounds      = 8
+	ttftBiweightRounds = 3
+)
+
 // ttftLS is a robust least-squares fit of y on the columns of x (1, the
 // uncached tokens, the output tokens); a column marked off, or without
 // spread, is left out (its coefficient 0).
@@ -155,9 +162,10 @@ type ttftLS struct {
 	off [3]bool
 }
 
-// fit returns the coefficients: 20 rounds of weights 1/|residual| (towards
-// the least absolute deviations), then 10 of Tukey's biweight; slopes are
-// clamped at 0 (a column whose slope would be negative is left out).
+// fit returns the coefficients: ttftLADRounds rounds of weights
+// 1/|residual| (towards the least absolute deviations), then
+// ttftBiweightRounds of Tukey's biweight; slopes are clamped at 0 (a
+// column whose slope would be negative is left out).
 func (ls *ttftLS) fit() [3]float64 {
 	for j := 1; j < 3; j++ {
 		lo, hi := math.Inf(1), math.Inf(-1)
@@ -173,7 +181,7 @@ func (ls *ttftLS) fit() [3]float64 {
 		w[i] = 1
 	}
 	var beta [3]float64
-	for round := range 30 {
+	for round := range ttftLADRounds + ttftBiweightRounds {
 		beta = ls.solve(&w)
 		for j := 1; j < 3; j++ {
 			if beta[j] < 0 { // clamp: leave the column out and solve again
@@ -184,7 +192,7 @@ func (ls *ttftLS) fit() [3]float64 {
 		for i := range ls.n {
 			r[i] = ls.y[i] - beta[0] - beta[1]*ls.x[i][1] - beta[2]*ls.x[i][2]
 		}
-		if round < 20 {
+		if round < ttftLADRounds {
 			for i := range ls.n {
 				w[i] = 1 / max(math.Abs(r[i]), float64(time.Microsecond))
 			}

@@ -370,3 +370,19 @@ func TestAnswersTeachTheFit(t *testing.T) {
 	assert.NotNil(t, f.coef.Load())
 	assert.Nil(t, r.ups[0].fits.get("gpt-4.1", true), "no stream was answered")
 }
+
+// BenchmarkTTFTFitAdd is the cost of one answer to its fit, refits
+// included (one in ttftEvery), on spread sizes with stalls.
+func BenchmarkTTFTFitAdd(b *testing.B) {
+	f := &ttftFit{}
+	rng := rand.New(rand.NewPCG(9, 9))
+	b.ReportAllocs()
+	for b.Loop() {
+		prompt := 100 + rng.IntN(8000)
+		d := 300*time.Millisecond + time.Duration(prompt)*100*time.Microsecond
+		if rng.IntN(50) == 0 {
+			d *= 20
+		}
+		f.add(prompt, prompt/2, 16+rng.IntN(500), d)
+	}
+}
