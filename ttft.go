@@ -38,7 +38,7 @@ import (
 const ttftRing = 64
 
 // ttftEvery is how many new samples trigger a refit.
-const ttftEvery = 16
+const ttftEvery = 8
 
 // ttftMinSamples is how many samples a fit needs before it predicts.
 const ttftMinSamples = 20
@@ -122,7 +122,7 @@ func (f *ttftFit) refitLocked() {
 	if f.stream {
 		ls.off[2] = true // a stream's first token comes before its output
 	}
-	beta := ls.fit()
+	beta := ls.fit(f.coef.Load())
 	c := &ttftCoef{b: beta[1], c: beta[2], n: len(s)}
 	var res, outs [ttftRing]float64
 	var prompt, cached float64
@@ -148,8 +148,8 @@ func (f *ttftFit) refitLocked() {
 // The rounds of a fit: enough for the tests' lines with 15% stalls to
 // settle within 5%; a refit costs about 1 µs a round.
 const (
-	ttftLADRounds      = 8
-	ttftBiweightRounds = 3
+	ttftLADRounds      = 10
+	ttftBiweightRounds = 4
 )
 
 // ttftLS is a robust least-squares fit of y on the columns of x (1, the
@@ -162,11 +162,12 @@ type ttftLS struct {
 	off [3]bool
 }
 
-// fit returns the coefficients: ttftLADRounds rounds of weights
-// 1/|residual| (towards the least absolute deviations), then
+// fit returns the coefficients: from the weights 1/|residual| of the line
+// from (or of a flat line), ttftLADRounds rounds of weights 1/|residual|
+// (towards the least absolute deviations), then
 // ttftBiweightRounds of Tukey's biweight; slopes are clamped at 0 (a
 // column whose slope would be negative is left out).
-func (ls *ttftLS) fit() [3]float64 {
+func (ls *ttftLS) fit(from *ttftCoef) [3]float64 {
 	for j := 1; j < 3; j++ {
 		lo, hi := math.Inf(1), math.Inf(-1)
 		for i := range ls.n {
@@ -176,9 +177,22 @@ func (ls *ttftLS) fit() [3]float64 {
 			ls.off[j] = true
 		}
 	}
+	// The first weights come from the last fit's line (from), else from a
+	// flat line at the median: either way the stalls weigh little from the
+	// start.
 	var w, r [ttftRing]float64
+	var line [3]float64
+	if from != nil {
+		line = [3]float64{from.a, from.b, from.c}
+	} else {
+		for i := range ls.n {
+			r[i] = ls.y[i]
+		}
+		line[0] = median(r[:ls.n])
+	}
 	for i := range ls.n {
-		w[i] = 1
+		res := ls.y[i] - line[0] - line[1]*ls.x[i][1] - line[2]*ls.x[i][2]
+		w[i] = 1 / max(math.Abs(res), float64(time.Microsecond))
 	}
 	var beta [3]float64
 	for round := range ttftLADRounds + ttftBiweightRounds {
