@@ -24,8 +24,9 @@ import (
 //     absolute deviations, then with Tukey's biweight (residuals past
 //     4.685 robust standard deviations weigh nothing), so a share of
 //     stalls does not move the line; b and c are clamped at 0, a is the
-//     median of what the line leaves, and the residuals' p50 and p95 are
-//     kept: the p95 for a size is the line's value + the residuals' p95.
+//     median of what the line leaves, and the residuals' p50 and p95, as
+//     shares of the line's value, are kept: the p95 for a size is the
+//     line's value × (1 + the residuals' p95).
 //     The stalls go into the residuals' tail, where the p95 sees them.
 //   - The share of prompt tokens the upstream answered from its cache over
 //     the ring predicts a request's uncached tokens: prompt × (1 − share).
@@ -52,7 +53,7 @@ const ttftMaxFits = 32
 // nanoseconds per uncached prompt token and per output token.
 type ttftCoef struct {
 	a, b, c  float64
-	r50, r95 float64
+	r50, r95 float64 // residuals' quantiles, as shares of the line's value
 	cached   float64 // share of the prompt tokens answered from the cache
 	out      float64 // median output tokens, for a request that sets no maximum
 	n        int     // samples behind it
@@ -62,8 +63,18 @@ type ttftCoef struct {
 // uncached prompt tokens and out output tokens at the residual r (r50:
 // the median, r95: the p95).
 func (c *ttftCoef) at(n, out int, r float64) time.Duration {
-	return time.Duration(max(c.a+c.b*float64(max(n, 0))+c.c*float64(max(out, 0))+r, 0))
+	return time.Duration(max(c.line(n, out)*(1+r), 0))
 }
+
+// line is the fit's value for n uncached and out output tokens, at least
+// ttftFloor.
+func (c *ttftCoef) line(n, out int) float64 {
+	return max(c.a+c.b*float64(max(n, 0))+c.c*float64(max(out, 0)), ttftFloor)
+}
+
+// ttftFloor is the least value of a fit's line: a residual is a share of
+// the line, which must not be 0.
+const ttftFloor = float64(time.Millisecond)
 
 // predict returns the median and p95 for a request of prompt tokens,
 // asking for at most maxOut output tokens (0: unknown).
@@ -133,8 +144,8 @@ func (f *ttftFit) refitLocked() {
 		cached += float64(x.prompt - x.uncached)
 	}
 	c.a = median(res[:len(s)])
-	for i := range s {
-		res[i] -= c.a
+	for i, x := range s {
+		res[i] = x.d/c.line(int(x.uncached), int(x.out)) - 1
 	}
 	c.r50 = quantileSelect(res[:len(s)], 0.5)
 	c.r95 = quantileSelect(res[:len(s)], 0.95)

@@ -39,9 +39,10 @@ func TestTTFTFitConvergesDespiteOutliers(t *testing.T) {
 	require.NotNil(t, c)
 	assert.InEpsilon(t, float64(100*time.Microsecond), c.b, 0.05, "slope")
 	assert.InDelta(t, float64(200*time.Millisecond), c.a, float64(60*time.Millisecond), "intercept")
-	assert.InDelta(t, 0, c.r50, float64(20*time.Millisecond), "the median residual is near the line")
-	// The stalls are in the tail: the p95 is far above the line.
-	assert.Greater(t, c.r95, float64(time.Second))
+	assert.InDelta(t, 0, c.r50, 0.02, "the median residual is near the line")
+	// The stalls are in the tail: the p95 is several times the line, at
+	// every size (the residuals are shares of the line).
+	assert.Greater(t, c.r95, 2.0)
 	small, large := c.at(500, 0, c.r50), c.at(15000, 0, c.r50)
 	assert.InDelta(t, float64(250*time.Millisecond), float64(small), float64(60*time.Millisecond))
 	assert.InDelta(t, float64(1700*time.Millisecond), float64(large), float64(100*time.Millisecond))
