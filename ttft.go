@@ -39,7 +39,7 @@ import (
 const ttftRing = 64
 
 // ttftEvery is how many new samples trigger a refit.
-const ttftEvery = 8
+const ttftEvery = 16
 
 // ttftMinSamples is how many samples a fit needs before it predicts.
 const ttftMinSamples = 20
@@ -157,10 +157,11 @@ func (f *ttftFit) refitLocked() {
 }
 
 // The rounds of a fit: enough for the tests' lines with 15% stalls to
-// settle within 5%; a refit costs about 1 µs a round.
+// settle within 5%, from the last fit's line; a refit costs about 2 µs a
+// round.
 const (
-	ttftLADRounds      = 10
-	ttftBiweightRounds = 4
+	ttftLADRounds      = 6
+	ttftBiweightRounds = 3
 )
 
 // ttftLS is a robust least-squares fit of y on the columns of x (1, the
