@@ -32,7 +32,8 @@ import (
 //     the ring predicts a request's uncached tokens: prompt × (1 − share).
 //   - The coefficients are published as one immutable value behind an
 //     atomic pointer: a prediction takes no lock. Adding a sample takes the
-//     fit's own lock, off the request's path (when the report is made).
+//     fit's own lock once the answer was read (when the report is made),
+//     never before the response is returned.
 //   - A fit predicts once it holds ttftMinSamples samples.
 
 // ttftRing is the number of recent samples a fit keeps.
