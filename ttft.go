@@ -463,7 +463,9 @@ func (t *trip) predictedTTFT(cand *candidate) (p50, p95 time.Duration, ok bool) 
 // past the time left goes after those that may make it, in the order they
 // had; when every candidate is warm and none may make it, the request is
 // refused with ErrDeadlineUnreachable. A cold candidate (a fit with too
-// few samples) is taken to make it: nothing is refused on a guess.
+// few samples) is taken to make it: nothing is refused on a guess. (Past
+// 8 late candidates, the others keep their places: a request with that
+// many is never refused.)
 func (t *trip) byDeadline(ctx context.Context, cands []candidate) error {
 	dl, ok := ctx.Deadline()
 	if !ok || len(cands) == 0 {
