@@ -350,7 +350,10 @@ type HedgeConfig struct {
 	Delay time.Duration
 	// P95 uses the first upstream's observed p95 time to headers as the
 	// delay once 20 samples are in; Delay (required with P95) is the delay
-	// before that, and the floor after.
+	// before that, and the floor after. Once the upstream's fit of time to
+	// first token against prompt size holds 20 answers of the model (and
+	// kind: stream or not), the delay is the p95 that fit predicts for the
+	// request's size instead (docs/routing.md: time to first token by size).
 	P95 bool
 	// Budget caps hedges to a fraction of requests, so an outage does not
 	// double the load: each request adds Budget to a balance (capped at 10

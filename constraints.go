@@ -204,7 +204,11 @@ func (t *trip) decide(body []byte, random bool) ([]candidate, error) {
 		return nil, err
 	}
 	t.key = r.keyOf(&t.c)
-	return t.plan(random)
+	cands, err := t.plan(random)
+	if err == nil {
+		err = t.byDeadline(t.ctx, cands)
+	}
+	return cands, err
 }
 
 // plan applies the route's constraints and lists its candidates: the

@@ -41,6 +41,12 @@ var (
 	// ErrCircuitOpen: every candidate's circuit opened while the request was
 	// being routed, and no response was obtained.
 	ErrCircuitOpen = errors.New("relay: every candidate's circuit is open")
+	// ErrDeadlineUnreachable: the request's context deadline leaves less
+	// time than every candidate's predicted median time to first token for
+	// its size (each candidate's fit warm: see HedgeConfig); no upstream
+	// was called, and it is not retried. A candidate whose fit is cold is
+	// never counted out.
+	ErrDeadlineUnreachable = errors.New("relay: no candidate can answer before the deadline")
 	// ErrAttemptTimeout: an attempt got no response headers within its
 	// attempt timeout (RetryConfig.AttemptTimeout, or its upstream's or
 	// model's Timeouts.Attempt). It is retried like a connection error. It

@@ -50,10 +50,20 @@ func (b *hedgeBudget) take(reserve int64) bool {
 	}
 }
 
-// hedgeDelay is the delay after which an attempt on u is hedged.
-func (r *Router) hedgeDelay(u *upstream) time.Duration {
+// hedgeDelay is the delay after which an attempt on cand is hedged: with
+// P95, the predicted p95 time to first token for the request's size on
+// cand's upstream and model once that fit is warm (ttft.go), else the
+// upstream's overall p95 once 20 samples are in; Delay is the floor.
+func (t *trip) hedgeDelay(cand *candidate) time.Duration {
+	r, u := t.r, cand.up
 	d := r.s.hedge.delay
-	if r.s.hedge.p95 && u.lat.count() >= 20 {
+	if !r.s.hedge.p95 {
+		return d
+	}
+	if _, p95, ok := t.predictedTTFT(cand); ok {
+		return max(d, p95)
+	}
+	if u.lat.count() >= 20 {
 		d = max(d, u.lat.p95())
 	}
 	return d
@@ -103,7 +113,7 @@ func (t *trip) sendHedged(ctx context.Context, cands []candidate, idx int, adm a
 	// holds up the requests queued behind it; the delay itself lets 5% of
 	// normal answers through), the hedges go to those still waiting at a
 	// later look, the slowest, instead of to whichever came first.
-	for wait, waited := r.hedgeDelay(cand.up), time.Duration(0); ; wait = waited {
+	for wait, waited := t.hedgeDelay(&cand), time.Duration(0); ; wait = waited {
 		fire := make(chan struct{})
 		stop := r.s.clock.AfterFunc(wait, func() { close(fire) })
 		select {
@@ -161,6 +171,9 @@ func (t *trip) raceHedge(results chan attempt, cancels [2]context.CancelFunc) at
 			go func() { // ends as soon as the cancelled attempt returns
 				loser := <-results
 				t.observe(&loser, t.r.s.clock.Now())
+				if loser.hedge == 0 {
+					t.learnOutwaited(&loser)
+				}
 				loser.close()
 			}()
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 )
 
 // Policy decides where a request goes. Route is called once per RoundTrip
@@ -199,6 +200,11 @@ type Candidate struct {
 	// PredictedCached is the cached tokens StrategyExpectedCost predicts
 	// the request would report on this upstream (0 under other strategies).
 	PredictedCached int
+	// PredictedTTFT and PredictedTTFTP95 are the median and p95 time to
+	// first token (the response headers' for an answer that is not a
+	// stream) predicted for this request's prompt size on this upstream
+	// and model; zero until the fit holds 20 answers.
+	PredictedTTFT, PredictedTTFTP95 time.Duration
 }
 
 // Decide returns the routing decision for req without sending it: no
@@ -227,8 +233,10 @@ func (r *Router) Decide(req *http.Request) (Decision, error) {
 	}
 	for _, cand := range cands {
 		d.Upstreams = append(d.Upstreams, cand.up.cfg.Name)
-		d.Candidates = append(d.Candidates, Candidate{Upstream: cand.up.cfg.Name, Model: cand.model,
-			UpstreamModel: cand.up.sentName(cand.model), Timeouts: cand.timeouts(), PredictedCached: int(cand.predicted)})
+		c := Candidate{Upstream: cand.up.cfg.Name, Model: cand.model,
+			UpstreamModel: cand.up.sentName(cand.model), Timeouts: cand.timeouts(), PredictedCached: int(cand.predicted)}
+		c.PredictedTTFT, c.PredictedTTFTP95, _ = t.predictedTTFT(&cand)
+		d.Candidates = append(d.Candidates, c)
 	}
 	return d, nil
 }

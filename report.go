@@ -131,6 +131,7 @@ func (t *trip) vote() {
 	if t.votes.Add(-1) != 0 {
 		return
 	}
+	t.learnTTFT(t.end)
 	rep := t.report(t.end)
 	t.noteServed(&rep)
 	var spends []SpendEvent

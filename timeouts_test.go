@@ -41,12 +41,12 @@ func TestTimeoutsResolution(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []Candidate{
 		// gpt-4.1 turns first-token failover off everywhere, even where the upstream sets it
-		{"fast", "gpt-4.1", "gpt-4.1", Timeouts{Attempt: 2 * time.Second, Idle: 25 * time.Second}, 0},
-		{"slow", "gpt-4.1", "gpt-4.1", Timeouts{Attempt: 30 * time.Second}, 0},
-		{"chat-only", "gpt-4.1", "gpt-4.1", Timeouts{Attempt: 2 * time.Second, Idle: 25 * time.Second}, 0},
+		{Upstream: "fast", Model: "gpt-4.1", UpstreamModel: "gpt-4.1", Timeouts: Timeouts{Attempt: 2 * time.Second, Idle: 25 * time.Second}},
+		{Upstream: "slow", Model: "gpt-4.1", UpstreamModel: "gpt-4.1", Timeouts: Timeouts{Attempt: 30 * time.Second}},
+		{Upstream: "chat-only", Model: "gpt-4.1", UpstreamModel: "gpt-4.1", Timeouts: Timeouts{Attempt: 2 * time.Second, Idle: 25 * time.Second}},
 		// o3's entry beats the upstream's Attempt; the upstream's Idle -1 still holds
-		{"fast", "o3", "o3", Timeouts{Attempt: 2 * time.Minute, FirstToken: 20 * time.Second, Idle: 25 * time.Second}, 0},
-		{"slow", "o3", "o3", Timeouts{Attempt: 2 * time.Minute, FirstToken: 20 * time.Second}, 0},
+		{Upstream: "fast", Model: "o3", UpstreamModel: "o3", Timeouts: Timeouts{Attempt: 2 * time.Minute, FirstToken: 20 * time.Second, Idle: 25 * time.Second}},
+		{Upstream: "slow", Model: "o3", UpstreamModel: "o3", Timeouts: Timeouts{Attempt: 2 * time.Minute, FirstToken: 20 * time.Second}},
 	}, d.Candidates)
 	assert.Equal(t, []string{"fast", "slow", "chat-only", "fast", "slow"}, d.Upstreams)
 
@@ -60,7 +60,7 @@ func TestTimeoutsResolution(t *testing.T) {
 	require.NoError(t, err)
 	d, err = r.Decide(req)
 	require.NoError(t, err)
-	assert.Equal(t, []Candidate{{"a", "gpt-4.1", "gpt-4.1", Timeouts{}, 0}, {"b", "gpt-4.1", "gpt-4.1", Timeouts{Idle: time.Minute}, 0}}, d.Candidates)
+	assert.Equal(t, []Candidate{{Upstream: "a", Model: "gpt-4.1", UpstreamModel: "gpt-4.1", Timeouts: Timeouts{}}, {Upstream: "b", Model: "gpt-4.1", UpstreamModel: "gpt-4.1", Timeouts: Timeouts{Idle: time.Minute}}}, d.Candidates)
 }
 
 // TestTimeoutsValidation: New names the timeout settings it refuses.

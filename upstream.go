@@ -35,6 +35,7 @@ type learned struct {
 	circ     circuit
 	queues   queues      // the limiter's
 	blocks   blockRecord // the prompt-prefix blocks it served (StrategyExpectedCost)
+	fits     ttftFits
 }
 
 // newUpstream returns the upstream us with the state it learned: from

@@ -516,6 +516,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "simulate: unloaded bound: %v\n", err)
 		return 1
 	}
+	if err := addCalm(o, w, results, stderr); err != nil {
+		fmt.Fprintf(stderr, "simulate: %s without stalls: %v\n", calmMode, err)
+		return 1
+	}
 	if o.replicas > 0 {
 		rows, err := runReplicas(o, w, stderr)
 		if err != nil {
