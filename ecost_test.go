@@ -325,3 +325,27 @@ func TestBlocksBoundedOnHugePrompts(t *testing.T) {
 	require.NoError(t, r2.Update(Config{Strategy: StrategyExpectedCost, Upstreams: upstreamsN(2)}))
 	assert.Positive(t, r2.current().ups[0].blocks.run(c.blocks, "gpt-4.1", time.Time{}), "the upstream keeps what it served")
 }
+
+// TestExpectedCostPredictsTimeToFirstTokenFromCachedTokens: under
+// StrategyExpectedCost, a candidate's predicted time to first token takes
+// off the cached tokens predicted on that upstream for this very prompt,
+// not the upstream's recent cache share.
+func TestExpectedCostPredictsTimeToFirstTokenFromCachedTokens(t *testing.T) {
+	f := newEcostFleet(t, nil)
+	first := longChat("gpt-4.1", 1500, "q1")
+	home := f.decide(t, first).Upstreams[0]
+	f.send(t, first)
+	for _, name := range []string{"a", "b", "c"} { // 100 ms + 1 ms per uncached token, everywhere
+		warmFit(t, f.r, name, "gpt-4.1", 100*time.Millisecond, time.Millisecond)
+	}
+	d := f.decide(t, longChat("gpt-4.1", 1500, "q2"))
+	require.Len(t, d.Candidates, 3)
+	p := d.Request.PromptTokens
+	for _, c := range d.Candidates {
+		want := 100*time.Millisecond + time.Duration(p-c.PredictedCached)*time.Millisecond
+		assert.InDelta(t, want, c.PredictedTTFT, float64(time.Microsecond), c.Upstream)
+	}
+	require.Equal(t, home, d.Candidates[0].Upstream)
+	require.Positive(t, d.Candidates[0].PredictedCached)
+	assert.Less(t, d.Candidates[0].PredictedTTFT, d.Candidates[1].PredictedTTFT, "the warm upstream answers sooner")
+}

@@ -80,7 +80,14 @@ const ttftFloor = float64(time.Millisecond)
 // predict returns the median and p95 for a request of prompt tokens,
 // asking for at most maxOut output tokens (0: unknown).
 func (c *ttftCoef) predict(prompt, maxOut int) (p50, p95 time.Duration) {
-	n := int(float64(prompt) * (1 - c.cached))
+	return c.predictCached(prompt, int(float64(prompt)*c.cached), maxOut)
+}
+
+// predictCached is predict for a request whose cached tokens are known
+// (StrategyExpectedCost's prediction) instead of taken from the
+// upstream's recent share.
+func (c *ttftCoef) predictCached(prompt, cached, maxOut int) (p50, p95 time.Duration) {
+	n := prompt - min(max(cached, 0), prompt)
 	out := maxOut
 	if out <= 0 {
 		out = int(c.out)
@@ -453,6 +460,12 @@ func (t *trip) predictedTTFT(cand *candidate) (p50, p95 time.Duration, ok bool) 
 	c := cand.up.fits.predict(cand.model, t.c.req.Stream)
 	if c == nil {
 		return 0, 0, false
+	}
+	if t.r.s.strategy == StrategyExpectedCost {
+		// The strategy predicted this upstream's cached tokens for this
+		// very prompt: a better guess than the upstream's recent share.
+		p50, p95 = c.predictCached(t.c.req.PromptTokens, int(cand.predicted), t.c.req.MaxTokens)
+		return p50, p95, true
 	}
 	p50, p95 = c.predict(t.c.req.PromptTokens, t.c.req.MaxTokens)
 	return p50, p95, true
