@@ -453,6 +453,8 @@ func TestClampHedgeAndRetry(t *testing.T) {
 	for _, rec := range append(first.Requests(), second.Requests()...) {
 		assert.EqualValues(t, 50, gjson.GetBytes(rec.Body, "max_tokens").Int(), "%s", rec.Body)
 	}
-	assert.Equal(t, 2, first.Calls())
-	assert.Equal(t, 2, second.Calls())
+	// The hedged request's first attempt may be cancelled for the hedge's
+	// answer before its upstream has read it; the 503 is always read.
+	assert.Contains(t, []int{1, 2}, first.Calls())
+	assert.Equal(t, 2, second.Calls(), "the hedge and the retry")
 }
