@@ -48,6 +48,29 @@ func BenchmarkAdmit(b *testing.B) {
 	report(b, lat, be.calls.n.Load()-sent, sub(evalshaCalls(b, be), evals))
 }
 
+// BenchmarkAdmitPing is BenchmarkAdmit's baseline: a PING through the
+// same client, the least one round trip to Redis costs on this host.
+// BenchmarkAdmit's p99 over this one's is what the admission script adds.
+//
+//	go test -run '^$' -bench 'BenchmarkAdmit(Ping)?$' -benchtime 20000x ./redisstate/
+func BenchmarkAdmitPing(b *testing.B) {
+	be := newReal(b)
+	ctx := context.Background()
+	be.calls.quiet.Store(true)
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for b.Loop() {
+		start := time.Now()
+		err := be.c.Ping(ctx).Err()
+		lat = append(lat, time.Since(start))
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	report(b, lat, int64(len(lat)), [2]int64{})
+}
+
 // BenchmarkAdmitParallel: 8 callers sharing one client, as the requests
 // of one replica do.
 func BenchmarkAdmitParallel(b *testing.B) {
