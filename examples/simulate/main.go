@@ -792,7 +792,8 @@ func runMode(o options, m mode, w *workload, stderr io.Writer) (result, simfleet
 //
 // The open sessions wait in ready; a worker takes the one at the front,
 // sends its next request, and puts it back at the end (or, when it is
-// over, opens the next session). The last request closes ready.
+// over, opens the one after it in the workload). The last request closes
+// ready.
 func drive(t traffic, snd *sender, fleet *simfleet.Fleet, done *atomic.Int64) time.Duration {
 	type open struct {
 		reqs []request

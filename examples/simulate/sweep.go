@@ -50,8 +50,8 @@ const sweepJitter = 0.125
 // interleaved returns w's requests in the order a run sends them when
 // every answer takes the same time: the users open sessions in turn, each
 // sending its next request and going to the back of the line, a finished
-// session's place taken by the next session (drive's order). users <= 0
-// opens every session at once.
+// session's place taken by the one after it in the workload (drive's
+// order). users <= 0 opens every session at once.
 func (w *workload) interleaved(users int) []*request {
 	if users <= 0 {
 		users = len(w.sessions)
