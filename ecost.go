@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"sync"
@@ -144,9 +145,9 @@ func blocksOf(c *classified) *promptBlocks {
 }
 
 // runeStartAtOrBefore returns the largest offset i <= n, within
-// utf8.UTFMax bytes of n, where t[i] starts a rune (n itself when t ends
-// there, or none does).
-func runeStartAtOrBefore(t []byte, n int) int {
+// utf8.UTFMax bytes of n, where t[i] starts a rune (len(t) when n is past
+// it; n itself when no byte there starts one).
+func runeStartAtOrBefore[T ~string | ~[]byte](t T, n int) int {
 	if n >= len(t) {
 		return len(t)
 	}
@@ -256,15 +257,9 @@ func (rec *blockRecord) len() int {
 	return n
 }
 
-// predictCached predicts the cached tokens a request of promptTokens
-// tokens, whose blocks are b, would report on u serving model at now.
-func predictCached(u *upstream, b *promptBlocks, model string, promptTokens int, now time.Time) int {
-	cached, _ := predict(u, b, model, promptTokens, now)
-	return cached
-}
-
-// predict is predictCached, with the run of leading blocks u served for
-// model within its TTL.
+// predict returns the cached tokens a request of promptTokens tokens,
+// whose blocks are b, would report on u serving model at now, and the run
+// of leading blocks u served for model within its TTL.
 func predict(u *upstream, b *promptBlocks, model string, promptTokens int, now time.Time) (cached, run int) {
 	rules := u.cache
 	if rules.off || b == nil {
@@ -347,13 +342,7 @@ func (r *Router) rankModel(seg []candidate, c *classified, key uint64, p, out in
 		}
 	}
 	slices.SortStableFunc(scores, func(a, b score) int {
-		switch {
-		case a.cost != b.cost:
-			return cmpFloat(a.cost, b.cost)
-		case a.prefill != b.prefill:
-			return cmpFloat(a.prefill, b.prefill)
-		}
-		return cmpUint(a.tie, b.tie)
+		return cmp.Or(cmp.Compare(a.cost, b.cost), cmp.Compare(a.prefill, b.prefill), cmp.Compare(a.tie, b.tie))
 	})
 	var tmp [16]candidate
 	old := append(tmp[:0], seg...)
@@ -374,13 +363,6 @@ func tieKey(b *promptBlocks, key uint64, longest int) uint64 {
 		return key
 	}
 	return b.hashes[min(longest, len(b.hashes)-1)]
-}
-
-func cmpFloat(a, b float64) int {
-	if a < b {
-		return -1
-	}
-	return 1
 }
 
 // noteServed records the blocks of the answered request on the upstream

@@ -32,6 +32,12 @@ func classifiedOf(t *testing.T, r *Router, body string) *classified {
 	return &c
 }
 
+// predictCached is predict's cached tokens alone.
+func predictCached(u *upstream, b *promptBlocks, model string, promptTokens int, now time.Time) int {
+	cached, _ := predict(u, b, model, promptTokens, now)
+	return cached
+}
+
 func TestBlockRecordBounded(t *testing.T) {
 	var rec blockRecord
 	now := time.Unix(1000, 0)

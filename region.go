@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -214,7 +215,7 @@ func (r *Router) order(seg []candidate, key uint64, now time.Time, random bool) 
 func sortBy(seg []candidate, key func(*candidate) uint64) {
 	n := len(seg)
 	if n > 16 {
-		slices.SortStableFunc(seg, func(a, b candidate) int { return cmpUint(key(&a), key(&b)) })
+		slices.SortStableFunc(seg, func(a, b candidate) int { return cmp.Compare(key(&a), key(&b)) })
 		return
 	}
 	var keys [16]uint64
@@ -235,16 +236,6 @@ func sortBy(seg []candidate, key func(*candidate) uint64) {
 	for i := range n {
 		seg[i] = tmp[idx[i]]
 	}
-}
-
-func cmpUint(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // rendezvous is the highest-random-weight score of an upstream for a key.

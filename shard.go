@@ -295,15 +295,7 @@ type known struct{ pos, cum int }
 
 // prefixCut cuts text to the bytes the shards cover (step 1).
 func prefixCut(text string) string {
-	if len(text) <= prefixLimit {
-		return text
-	}
-	for i := prefixLimit; i >= 0 && i > prefixLimit-utf8.UTFMax; i-- {
-		if utf8.RuneStart(text[i]) {
-			return text[:i]
-		}
-	}
-	return text[:prefixLimit]
+	return text[:runeStartAtOrBefore(text, prefixLimit)]
 }
 
 // shardText is the text the shards tile: t holds all of it, or a prefix
